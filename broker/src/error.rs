@@ -1,0 +1,35 @@
+//! Errors of the broker layer.
+
+use thiserror::Error;
+
+/// What went wrong talking to RabbitMQ.
+#[derive(Debug, Error)]
+pub enum BrokerError {
+    /// The broker could not be reached at start.
+    #[error("cannot connect to RabbitMQ at {url}: {source}")]
+    Connect {
+        /// The URL tried, password masked.
+        url: String,
+        /// The client's error.
+        #[source]
+        source: lapin::Error,
+    },
+    /// An AMQP operation failed (channel closed, connection lost, ...).
+    #[error("RabbitMQ {operation} failed: {source}")]
+    Amqp {
+        /// What was being done.
+        operation: &'static str,
+        /// The client's error.
+        #[source]
+        source: lapin::Error,
+    },
+    /// The broker did not confirm a publish in time.
+    #[error("RabbitMQ did not confirm the publish within {0:?}")]
+    ConfirmTimeout(std::time::Duration),
+}
+
+impl BrokerError {
+    pub(crate) fn amqp(operation: &'static str) -> impl FnOnce(lapin::Error) -> Self {
+        move |source| Self::Amqp { operation, source }
+    }
+}

@@ -1,0 +1,191 @@
+//! Publishing job messages with publisher confirms.
+//!
+//! Every job message is persistent and published with `mandatory`: the
+//! broker either confirms it into at least one queue, returns it as
+//! unroutable (no worker group serves its job type), or nacks it. The caller
+//! learns which, per message, and decides what the ledger records.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::publisher_confirm::Confirmation;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel};
+
+use belfry_protocol::topology::{
+    CONTENT_TYPE_JSON, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ORIGINAL_ROUTING_KEY,
+    HEADER_TRACEPARENT, HEADER_TRACESTATE, HEADER_VERSION,
+};
+use belfry_protocol::{JobMessage, Topology, MESSAGE_VERSION};
+
+use crate::BrokerError;
+
+/// How long to wait for the broker's confirm before giving up on a publish.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the broker said about one published message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// Stored in at least one queue.
+    Confirmed,
+    /// Returned: no queue is bound for its routing key.
+    Unroutable,
+    /// The broker refused it (internal error, queue limit).
+    Nacked,
+}
+
+/// A message that can never be processed, on its way to the dead-letter
+/// queue.
+#[derive(Debug, Clone)]
+pub struct DeadLetter<'a> {
+    /// The original body, byte for byte (it may not even be JSON).
+    pub body: &'a [u8],
+    /// Why it is dead; becomes the `x-belfry-dead-reason` header.
+    pub reason: &'a str,
+    /// The routing key it arrived with.
+    pub routing_key: &'a str,
+    /// The worker instance giving up on it.
+    pub by: &'a str,
+    /// The original message id, when known.
+    pub message_id: Option<String>,
+    /// The original trace context headers, kept so the dead letter stays in
+    /// the run's trace.
+    pub traceparent: Option<String>,
+}
+
+/// A confirming publisher on its own channel. Cheap to share behind an
+/// `Arc`: lapin channels accept concurrent publishes and match confirms to
+/// them by delivery tag.
+#[derive(Debug)]
+pub struct Publisher {
+    channel: Channel,
+    topology: Topology,
+}
+
+impl Publisher {
+    pub(crate) async fn open(channel: Channel, topology: Topology) -> Result<Self, BrokerError> {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(BrokerError::amqp("enable publisher confirms"))?;
+        Ok(Self { channel, topology })
+    }
+
+    /// Whether the channel is still usable.
+    pub fn is_open(&self) -> bool {
+        self.channel.status().connected()
+    }
+
+    /// Publishes `message` to the job exchange with its job type as routing
+    /// key and waits for the broker's confirm.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::Amqp`] when the channel or connection failed, and
+    /// [`BrokerError::ConfirmTimeout`] when no confirm arrived in time. In
+    /// both cases the message may or may not have been stored; the caller
+    /// keeps the run `claimed` so it can be published again with the same
+    /// message id.
+    pub async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, BrokerError> {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            HEADER_VERSION.into(),
+            AMQPValue::LongUInt(MESSAGE_VERSION),
+        );
+        if let Some(trace) = &message.trace {
+            insert_str(&mut headers, HEADER_TRACEPARENT, &trace.traceparent);
+            if let Some(state) = &trace.tracestate {
+                insert_str(&mut headers, HEADER_TRACESTATE, state);
+            }
+        }
+        let properties = persistent_json()
+            .with_message_id(ShortString::from(message.message_id.to_string()))
+            .with_headers(headers);
+        self.send(
+            &self.topology.jobs_exchange(),
+            &message.job_type,
+            &message.to_vec(),
+            properties,
+        )
+        .await
+    }
+
+    /// Publishes a dead letter to the dead-letter exchange, keeping its body
+    /// unchanged and adding why, from where and by whom as headers.
+    ///
+    /// # Errors
+    ///
+    /// As [`Publisher::publish`].
+    pub async fn dead_letter(&self, dead: &DeadLetter<'_>) -> Result<PublishOutcome, BrokerError> {
+        let mut headers = FieldTable::default();
+        insert_str(&mut headers, HEADER_DEAD_REASON, dead.reason);
+        insert_str(&mut headers, HEADER_ORIGINAL_ROUTING_KEY, dead.routing_key);
+        insert_str(&mut headers, HEADER_DEAD_BY, dead.by);
+        if let Some(tp) = &dead.traceparent {
+            insert_str(&mut headers, HEADER_TRACEPARENT, tp);
+        }
+        let mut properties = persistent_json().with_headers(headers);
+        if let Some(id) = &dead.message_id {
+            properties = properties.with_message_id(ShortString::from(id.clone()));
+        }
+        self.send(
+            &self.topology.dead_letter_exchange(),
+            dead.routing_key,
+            dead.body,
+            properties,
+        )
+        .await
+    }
+
+    async fn send(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<PublishOutcome, BrokerError> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let confirm = self
+            .channel
+            .basic_publish(exchange, routing_key, options, body, properties)
+            .await
+            .map_err(BrokerError::amqp("publish"))?;
+        let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
+            .await
+            .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))?
+            .map_err(BrokerError::amqp("publish confirm"))?;
+        Ok(match confirmation {
+            // With `mandatory`, an unroutable message is returned and then
+            // acked: the returned message rides on the ack.
+            Confirmation::Ack(Some(_)) => PublishOutcome::Unroutable,
+            Confirmation::Ack(None) => PublishOutcome::Confirmed,
+            Confirmation::Nack(_) => PublishOutcome::Nacked,
+            // Confirm mode is always selected in `open`; treat the
+            // impossible answer as a refusal rather than a success.
+            Confirmation::NotRequested => PublishOutcome::Nacked,
+        })
+    }
+
+    /// Closes the channel.
+    pub async fn close(&self) {
+        let _ = self.channel.close(200, "publisher closed").await;
+    }
+}
+
+fn persistent_json() -> BasicProperties {
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type(ShortString::from(CONTENT_TYPE_JSON))
+        .with_timestamp(u64::try_from(Utc::now().timestamp()).unwrap_or(0))
+}
+
+fn insert_str(headers: &mut FieldTable, key: &str, value: &str) {
+    headers.insert(
+        ShortString::from(key),
+        AMQPValue::LongString(LongString::from(value.to_owned())),
+    );
+}

@@ -1,0 +1,457 @@
+//! `job_runs`: claiming a fire and every later transition of a run.
+//!
+//! Every transition is one guarded `UPDATE` whose `WHERE` names the statuses
+//! it may leave, so concurrent or repeated callers (two replicas, a
+//! redelivered message) cannot move a run backwards or finish it twice.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use uuid::Uuid;
+
+use belfry_protocol::JobMessage;
+
+use crate::{Ledger, LedgerError, RunStatus};
+
+/// Statuses a worker may start an attempt from.
+const STARTABLE: &str = "('claimed', 'dispatched', 'running', 'retrying')";
+
+/// A run to claim: the row a scheduler replica tries to insert for a fire.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    /// Row id and message id.
+    pub id: Uuid,
+    /// Schedule (or ad-hoc job) name.
+    pub job_name: String,
+    /// The run key of the fire.
+    pub run_key: String,
+    /// The job type.
+    pub job_type: String,
+    /// The job's payload.
+    pub payload: serde_json::Value,
+    /// Nominal fire instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// The claiming scheduler instance.
+    pub claimed_by: String,
+    /// The run's trace id.
+    pub trace_id: Option<String>,
+    /// The traceparent the run is published with.
+    pub traceparent: Option<String>,
+}
+
+/// One finished attempt, appended to `job_runs.attempt_log`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptEntry {
+    /// 1-based attempt number.
+    pub attempt: i32,
+    /// The worker instance that ran it.
+    pub worker: String,
+    /// When the handler was called.
+    pub started_at: DateTime<Utc>,
+    /// When the attempt ended.
+    pub finished_at: DateTime<Utc>,
+    /// `succeeded`, `retry`, `failed`, `timeout`, `panicked`, ...
+    pub outcome: String,
+    /// The error text, when the attempt failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A row of `job_runs`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RunRecord {
+    /// Row id (= message id).
+    pub id: Uuid,
+    /// Schedule or job name.
+    pub job_name: String,
+    /// Run key.
+    pub run_key: String,
+    /// Job type.
+    pub job_type: String,
+    /// Status, as stored; see [`RunRecord::status`].
+    #[sqlx(rename = "status")]
+    pub status_text: String,
+    /// Payload.
+    pub payload: serde_json::Value,
+    /// Nominal fire instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// Attempts started so far.
+    pub attempts: i32,
+    /// Claiming scheduler instance.
+    pub claimed_by: Option<String>,
+    /// When the fire was claimed.
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// When the broker confirmed the publish.
+    pub dispatched_at: Option<DateTime<Utc>>,
+    /// When the first attempt started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the run reached a terminal status.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Worker of the latest attempt.
+    pub worker: Option<String>,
+    /// Latest error text.
+    pub last_error: Option<String>,
+    /// Finished attempts, as JSON ([`AttemptEntry`] objects).
+    pub attempt_log: serde_json::Value,
+    /// Trace id.
+    pub trace_id: Option<String>,
+    /// Traceparent the run was published with.
+    pub traceparent: Option<String>,
+}
+
+impl RunRecord {
+    /// The parsed status.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Corrupt`] when the stored text is not a known status.
+    pub fn status(&self) -> Result<RunStatus, LedgerError> {
+        self.status_text.parse().map_err(LedgerError::Corrupt)
+    }
+
+    /// The finished attempts.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Corrupt`] when the stored log is not a list of
+    /// attempt entries.
+    pub fn attempt_entries(&self) -> Result<Vec<AttemptEntry>, LedgerError> {
+        serde_json::from_value(self.attempt_log.clone())
+            .map_err(|e| LedgerError::Corrupt(format!("attempt_log of run {}: {e}", self.id)))
+    }
+}
+
+/// What a worker learns when it asks to start an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptStart {
+    /// The attempt may run; this is its 1-based number (durable across
+    /// worker restarts).
+    Started {
+        /// The run's id.
+        id: Uuid,
+        /// The attempt number.
+        attempt: i32,
+    },
+    /// The run is already terminal: the delivery is a duplicate.
+    AlreadyFinished {
+        /// The run's id.
+        id: Uuid,
+        /// Its terminal status.
+        status: RunStatus,
+    },
+}
+
+const RUN_COLUMNS: &str = "id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \
+     claimed_by, claimed_at, dispatched_at, started_at, finished_at, worker, last_error, \
+     attempt_log, trace_id, traceparent";
+
+impl Ledger {
+    /// Tries to own a fire: inserts the run as `claimed` unless a row with
+    /// the same `(job_name, run_key)` exists.
+    ///
+    /// Returns `true` when this call inserted the row (this replica owns the
+    /// fire) and `false` when another replica already had it. The unique
+    /// constraint makes this exact even when the Redis lock is unavailable.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn claim(&self, run: &NewRun) -> Result<bool, LedgerError> {
+        let inserted = sqlx::query(
+            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
+                 claimed_by, claimed_at, trace_id, traceparent) \
+             VALUES ($1, $2, $3, $4, 'claimed', $5, $6, $7, now(), $8, $9) \
+             ON CONFLICT (job_name, run_key) DO NOTHING \
+             RETURNING id",
+        )
+        .bind(run.id)
+        .bind(&run.job_name)
+        .bind(&run.run_key)
+        .bind(&run.job_type)
+        .bind(&run.payload)
+        .bind(run.scheduled_at)
+        .bind(&run.claimed_by)
+        .bind(&run.trace_id)
+        .bind(&run.traceparent)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(inserted.is_some())
+    }
+
+    /// Marks a claimed run `dispatched` after the broker confirmed it.
+    ///
+    /// Only a `claimed` row moves: a fast worker may already have marked it
+    /// `running` (or finished it) before this update, and that must not be
+    /// undone. Returns whether the row moved.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
+        let done = sqlx::query(
+            "UPDATE job_runs SET status = 'dispatched', dispatched_at = now(), updated_at = now() \
+             WHERE id = $1 AND status = 'claimed'",
+        )
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        // dispatched_at is also worth having when the worker was faster.
+        if done.rows_affected() == 0 {
+            sqlx::query(
+                "UPDATE job_runs SET dispatched_at = now() WHERE id = $1 AND dispatched_at IS NULL",
+            )
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Marks a non-terminal run `dead` with `reason`. Returns whether the
+    /// row moved (a run that already finished keeps its outcome).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
+        let done = sqlx::query(&format!(
+            "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
+                 updated_at = now() \
+             WHERE id = $1 AND status IN {STARTABLE}"
+        ))
+        .bind(id)
+        .bind(reason)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Starts the next attempt of the run `message` belongs to: counts it
+    /// durably and marks the run `running` by `worker`.
+    ///
+    /// A message published by hand (another language, no scheduler) has no
+    /// row yet; it is recorded here first, so every run is in `job_runs`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::IdConflict`] when the message id belongs to a different
+    /// run; [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn begin_attempt(
+        &self,
+        message: &JobMessage,
+        worker: &str,
+    ) -> Result<AttemptStart, LedgerError> {
+        // The common path is one statement: the row exists and is startable.
+        if let Some(start) = self.try_begin(message, worker).await? {
+            return Ok(start);
+        }
+        if let Some(status) = self.status_by_key(&message.job_name, &message.run_key).await? {
+            return self.finished_or_raced(message, worker, status).await;
+        }
+        let trace_id = message
+            .trace
+            .as_ref()
+            .and_then(|t| t.trace_id())
+            .map(str::to_owned);
+        let inserted = sqlx::query(
+            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
+                 dispatched_at, trace_id, traceparent) \
+             VALUES ($1, $2, $3, $4, 'dispatched', $5, $6, $7, $8, $9) \
+             ON CONFLICT (job_name, run_key) DO NOTHING",
+        )
+        .bind(message.message_id)
+        .bind(&message.job_name)
+        .bind(&message.run_key)
+        .bind(&message.job_type)
+        .bind(&message.payload)
+        .bind(message.scheduled_at)
+        .bind(message.published_at)
+        .bind(trace_id)
+        .bind(message.trace.as_ref().map(|t| t.traceparent.as_str()))
+        .execute(&self.pool)
+        .await;
+        match inserted {
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                return Err(LedgerError::IdConflict {
+                    id: message.message_id,
+                    run_key: message.run_key.clone(),
+                })
+            }
+            other => {
+                other?;
+            }
+        }
+        match self.try_begin(message, worker).await? {
+            Some(start) => Ok(start),
+            None => {
+                let status = self
+                    .status_by_key(&message.job_name, &message.run_key)
+                    .await?
+                    .ok_or_else(|| {
+                        LedgerError::Corrupt(format!("run {} vanished", message.run_key))
+                    })?;
+                self.finished_or_raced(message, worker, status).await
+            }
+        }
+    }
+
+    async fn finished_or_raced(
+        &self,
+        message: &JobMessage,
+        worker: &str,
+        (id, status): (Uuid, RunStatus),
+    ) -> Result<AttemptStart, LedgerError> {
+        if status.is_terminal() {
+            return Ok(AttemptStart::AlreadyFinished { id, status });
+        }
+        // The row became startable between the two statements (another
+        // transition raced us); one more try settles it.
+        self.try_begin(message, worker).await?.ok_or_else(|| {
+            LedgerError::Corrupt(format!("run {} is {status} but cannot start", message.run_key))
+        })
+    }
+
+    async fn try_begin(
+        &self,
+        message: &JobMessage,
+        worker: &str,
+    ) -> Result<Option<AttemptStart>, LedgerError> {
+        let row = sqlx::query(&format!(
+            "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
+                 started_at = COALESCE(started_at, now()), worker = $3, updated_at = now() \
+             WHERE job_name = $1 AND run_key = $2 AND status IN {STARTABLE} \
+             RETURNING id, attempts"
+        ))
+        .bind(&message.job_name)
+        .bind(&message.run_key)
+        .bind(worker)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(AttemptStart::Started {
+                id: r.try_get("id")?,
+                attempt: r.try_get("attempts")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn status_by_key(
+        &self,
+        job_name: &str,
+        run_key: &str,
+    ) -> Result<Option<(Uuid, RunStatus)>, LedgerError> {
+        let row = sqlx::query("SELECT id, status FROM job_runs WHERE job_name = $1 AND run_key = $2")
+            .bind(job_name)
+            .bind(run_key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            let status: String = r.try_get("status")?;
+            Ok((r.try_get("id")?, status.parse().map_err(LedgerError::Corrupt)?))
+        })
+        .transpose()
+    }
+
+    /// Records the end of an attempt and moves the run to `status`
+    /// (`retrying` for an attempt that will be retried, or a terminal
+    /// status). Returns whether the row moved.
+    ///
+    /// Terminal statuses set `finished_at`. `error` becomes `last_error`
+    /// (cleared on success).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn end_attempt(
+        &self,
+        id: Uuid,
+        status: RunStatus,
+        entry: &AttemptEntry,
+    ) -> Result<bool, LedgerError> {
+        let entry_json = serde_json::to_value(entry)
+            .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
+        let done = sqlx::query(&format!(
+            "UPDATE job_runs SET status = $2, last_error = $3, \
+                 finished_at = CASE WHEN $4 THEN now() ELSE NULL END, \
+                 attempt_log = attempt_log || jsonb_build_array($5::jsonb), updated_at = now() \
+             WHERE id = $1 AND status IN {STARTABLE}"
+        ))
+        .bind(id)
+        .bind(status.as_str())
+        .bind(&entry.error)
+        .bind(status.is_terminal())
+        .bind(entry_json)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Hands an interrupted attempt back (worker shutting down): the run
+    /// returns to `retrying` so the redelivered message picks it up. The
+    /// interrupted attempt stays counted.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn hand_back(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
+        let done = sqlx::query(
+            "UPDATE job_runs SET status = 'retrying', last_error = $2, updated_at = now() \
+             WHERE id = $1 AND status = 'running'",
+        )
+        .bind(id)
+        .bind(reason)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// One run by id.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
+        Ok(
+            sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM job_runs WHERE id = $1"))
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    /// One run by `(job_name, run_key)`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn run_by_key(
+        &self,
+        job_name: &str,
+        run_key: &str,
+    ) -> Result<Option<RunRecord>, LedgerError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = $1 AND run_key = $2"
+        ))
+        .bind(job_name)
+        .bind(run_key)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The runs of `job_name`, oldest fire first, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = $1 \
+             ORDER BY scheduled_at ASC LIMIT $2"
+        ))
+        .bind(job_name)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

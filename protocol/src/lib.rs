@@ -1,0 +1,21 @@
+//! Wire types shared by every belfry component and by producers written in
+//! other languages.
+//!
+//! This crate deliberately has no runtime dependencies (no tokio, sqlx or
+//! lapin): it only says what goes over the wire and how things are named, so
+//! that a producer, a scheduler and a worker can never disagree about a
+//! message layout, a run key or a queue name.
+
+pub mod message;
+pub mod name;
+pub mod run_key;
+pub mod schedule_spec;
+pub mod topology;
+pub mod trace_context;
+
+pub use message::{JobMessage, MessageError, MESSAGE_VERSION};
+pub use name::{validate_name, NameError};
+pub use run_key::{run_key, RunKeyError};
+pub use schedule_spec::ScheduleSpec;
+pub use topology::Topology;
+pub use trace_context::TraceContext;

@@ -1,0 +1,178 @@
+//! `JobMessage` v1: the JSON body of every job published to the broker.
+//!
+//! The format is documented for producers in other languages in
+//! `docs/wire-format.md`; its JSON Schema is `docs/job-message.schema.json`.
+//! Unknown fields are ignored so that later minor additions stay readable by
+//! older workers; a different `version` is refused, since its meaning is not
+//! known.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use uuid::Uuid;
+
+use crate::name::{validate_name, NameError};
+use crate::trace_context::TraceContext;
+
+/// The message format version this crate writes and reads.
+pub const MESSAGE_VERSION: u32 = 1;
+
+/// One job to run: a fire of a schedule, or an ad-hoc job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobMessage {
+    /// Format version; always [`MESSAGE_VERSION`] for messages this crate writes.
+    pub version: u32,
+    /// Unique per run; equal to the `job_runs.id` of the run. A republished
+    /// message keeps it, so consumers can recognise duplicates.
+    pub message_id: Uuid,
+    /// The schedule (or ad-hoc job) name.
+    pub job_name: String,
+    /// The job type; also the AMQP routing key. Selects the handler.
+    pub job_type: String,
+    /// `{job_name}@{scheduled_at}`; see [`crate::run_key`].
+    pub run_key: String,
+    /// The nominal fire instant (UTC).
+    pub scheduled_at: DateTime<Utc>,
+    /// When this copy of the message was published (UTC).
+    pub published_at: DateTime<Utc>,
+    /// The attempt this delivery is expected to make (1 for a first
+    /// delivery). The durable count in `job_runs.attempts` wins when they
+    /// differ.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The job's input; any JSON value, decoded by the job type's handler.
+    #[serde(default)]
+    pub payload: serde_json::Value,
+    /// W3C trace context of the run, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+/// Why a message body could not be read as a [`JobMessage`].
+#[derive(Debug, Error)]
+pub enum MessageError {
+    /// The body is not JSON, or lacks a required field.
+    #[error("message body is not a valid job message: {0}")]
+    Malformed(#[from] serde_json::Error),
+    /// The body declares a version this code does not understand.
+    #[error("message version {found} is not supported; this build reads version {MESSAGE_VERSION}")]
+    UnsupportedVersion {
+        /// The version the message declared.
+        found: u32,
+    },
+    /// A name inside the message breaks the naming rule.
+    #[error("invalid message: {0}")]
+    BadName(#[from] NameError),
+    /// The run key is not `{job_name}@...`.
+    #[error("invalid message: run_key {run_key:?} does not start with \"{job_name}@\"")]
+    RunKeyMismatch {
+        /// The job name of the message.
+        job_name: String,
+        /// The run key of the message.
+        run_key: String,
+    },
+}
+
+impl JobMessage {
+    /// Decodes and validates a message body.
+    ///
+    /// # Errors
+    ///
+    /// [`MessageError`] when the body is not JSON, lacks a required field,
+    /// has another version, carries an invalid job name or type, or a run key
+    /// that does not belong to its job name.
+    pub fn from_slice(body: &[u8]) -> Result<Self, MessageError> {
+        #[derive(Deserialize)]
+        struct Version {
+            version: u32,
+        }
+        let Version { version } = serde_json::from_slice(body)?;
+        if version != MESSAGE_VERSION {
+            return Err(MessageError::UnsupportedVersion { found: version });
+        }
+        let message: JobMessage = serde_json::from_slice(body)?;
+        validate_name("job name", &message.job_name)?;
+        validate_name("job type", &message.job_type)?;
+        let prefix_ok = message
+            .run_key
+            .strip_prefix(message.job_name.as_str())
+            .is_some_and(|rest| rest.starts_with('@') && rest.len() > 1);
+        if !prefix_ok {
+            return Err(MessageError::RunKeyMismatch {
+                job_name: message.job_name,
+                run_key: message.run_key,
+            });
+        }
+        Ok(message)
+    }
+
+    /// Encodes the message as JSON.
+    pub fn to_vec(&self) -> Vec<u8> {
+        // Serialising a struct of strings, numbers, timestamps and a
+        // `serde_json::Value` cannot fail (no maps with non-string keys).
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn sample() -> JobMessage {
+        let at = Utc.with_ymd_and_hms(2026, 7, 26, 3, 0, 0).single().unwrap();
+        JobMessage {
+            version: MESSAGE_VERSION,
+            message_id: Uuid::new_v4(),
+            job_name: "nightly-report".into(),
+            job_type: "noop".into(),
+            run_key: crate::run_key("nightly-report", at).unwrap(),
+            scheduled_at: at,
+            published_at: at,
+            attempt: 1,
+            payload: serde_json::json!({"k": [1, 2]}),
+            trace: Some(TraceContext::new_root()),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let m = sample();
+        assert_eq!(JobMessage::from_slice(&m.to_vec()).unwrap(), m);
+    }
+
+    #[test]
+    fn reads_a_hand_written_message() {
+        let body = br#"{"version":1,"message_id":"5b8c2f5e-4b8a-4a43-9d0e-1b2f3c4d5e6f",
+            "job_name":"py-export","job_type":"noop","run_key":"py-export@2026-07-26T03:00:00Z",
+            "scheduled_at":"2026-07-26T03:00:00Z","published_at":"2026-07-26T03:00:00.5Z",
+            "extra":"ignored"}"#;
+        let m = JobMessage::from_slice(body).unwrap();
+        assert_eq!(m.attempt, 1);
+        assert_eq!(m.payload, serde_json::Value::Null);
+    }
+
+    #[test]
+    fn refuses_other_versions_garbage_and_foreign_run_keys() {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["version"] = 2.into();
+        assert!(matches!(
+            JobMessage::from_slice(v.to_string().as_bytes()),
+            Err(MessageError::UnsupportedVersion { found: 2 })
+        ));
+        assert!(matches!(
+            JobMessage::from_slice(b"{not json"),
+            Err(MessageError::Malformed(_))
+        ));
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["run_key"] = "other@2026-07-26T03:00:00Z".into();
+        assert!(matches!(
+            JobMessage::from_slice(v.to_string().as_bytes()),
+            Err(MessageError::RunKeyMismatch { .. })
+        ));
+    }
+}

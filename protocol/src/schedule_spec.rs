@@ -1,0 +1,42 @@
+//! The definition of one schedule, as written in a schedule file's
+//! `[[schedule]]` table (and, in a later issue, as JSON over the API).
+//!
+//! ```toml
+//! [[schedule]]
+//! name = "nightly-report"
+//! cron = "0 0 3 * * *"          # 6 fields, with seconds; or `every = "30s"`
+//! timezone = "Asia/Shanghai"    # IANA name; default UTC
+//! job_type = "http"
+//! payload = { url = "http://127.0.0.1:9000/report" }
+//! ```
+//!
+//! This type only carries the fields; the scheduler validates them (cron
+//! syntax, time zone, interval) and reports errors naming the schedule and
+//! the field.
+
+use serde::{Deserialize, Serialize};
+
+/// One schedule definition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// Unique name; also the job name of its runs and the prefix of their
+    /// run keys.
+    pub name: String,
+    /// A cron expression: 6 fields with seconds, or 5 fields (seconds = 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// A fixed interval such as `"30s"`, `"5m"` or `"1h 30m"`, in whole
+    /// seconds, anchored at the Unix epoch so every replica computes the same
+    /// instants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    /// IANA time zone the cron expression is read in; default `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// The job type its runs are routed by and handled as.
+    pub job_type: String,
+    /// The payload of its runs; any value (an inline table in TOML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+}

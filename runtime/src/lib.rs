@@ -1,0 +1,28 @@
+//! Process plumbing shared by the belfry binaries and their libraries:
+//! typed settings from environment variables, service URLs with credentials
+//! masked, logging set-up, the shutdown token and the clock.
+//!
+//! Nothing here knows about jobs or schedules; it exists so that the
+//! scheduler and the worker read configuration, log and stop the same way.
+
+pub mod clock;
+pub mod endpoint;
+pub mod setting;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use clock::{Clock, SharedClock, SkewedClock, SystemClock};
+pub use endpoint::masked;
+pub use setting::{SettingError, Settings};
+pub use shutdown::shutdown_token;
+pub use telemetry::{init_logging, LogFormat};
+
+/// The default instance name: `{hostname}-{pid}`.
+///
+/// Unique per process on a host and readable in `job_runs.claimed_by` /
+/// `job_runs.worker`.
+pub fn default_instance() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    let host = if host.is_empty() { "localhost".into() } else { host };
+    format!("{host}-{}", std::process::id())
+}

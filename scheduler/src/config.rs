@@ -1,0 +1,125 @@
+//! Scheduler configuration, from environment variables.
+//!
+//! | variable | default | meaning |
+//! | --- | --- | --- |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger |
+//! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; empty string `-` disables it |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ |
+//! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.claimed_by` |
+//! | `BELFRY_NAMESPACE` | `belfry` | prefix of every exchange, queue and Redis key |
+//! | `BELFRY_SCHEDULES` | `examples/schedules.toml` | schedule file |
+//! | `BELFRY_LOCK_TTL` | `60s` | how long a fire's Redis lock lives |
+//! | `BELFRY_MAX_INFLIGHT_FIRES` | `64` | fires claimed/published concurrently |
+//! | `BELFRY_DB_POOL` | `8` | Postgres connections |
+//! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight fires may take after SIGTERM |
+//! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use belfry_runtime::{default_instance, LogFormat, SettingError, Settings};
+
+/// Default Postgres URL (the local trust-auth server of a dev machine).
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// Default Redis URL.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
+/// Default RabbitMQ URL.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// Everything a scheduler replica needs to start.
+#[derive(Clone)]
+pub struct SchedulerConfig {
+    /// Postgres URL (may hold a password: never log it unmasked).
+    pub database_url: String,
+    /// Redis URL; `None` disables the lock (database-only claiming).
+    pub redis_url: Option<String>,
+    /// RabbitMQ URL (may hold a password).
+    pub amqp_url: String,
+    /// This replica's name.
+    pub instance: String,
+    /// Namespace of AMQP objects and Redis keys.
+    pub namespace: String,
+    /// Schedule file.
+    pub schedules_path: PathBuf,
+    /// Redis lock lifetime.
+    pub lock_ttl: Duration,
+    /// Concurrent fires.
+    pub max_inflight_fires: usize,
+    /// Postgres pool size.
+    pub db_pool: u32,
+    /// Shutdown deadline for in-flight fires.
+    pub shutdown_timeout: Duration,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+impl std::fmt::Debug for SchedulerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // URLs are masked: this is what a "config loaded" log line prints.
+        f.debug_struct("SchedulerConfig")
+            .field("database_url", &belfry_runtime::masked(&self.database_url))
+            .field("redis_url", &self.redis_url.as_deref().map(belfry_runtime::masked))
+            .field("amqp_url", &belfry_runtime::masked(&self.amqp_url))
+            .field("instance", &self.instance)
+            .field("namespace", &self.namespace)
+            .field("schedules_path", &self.schedules_path)
+            .field("lock_ttl", &self.lock_ttl)
+            .field("max_inflight_fires", &self.max_inflight_fires)
+            .field("db_pool", &self.db_pool)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+impl SchedulerConfig {
+    /// Reads the configuration from `settings`.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingError`] naming the first variable with an unusable value.
+    pub fn from_settings(settings: &Settings) -> Result<Self, SettingError> {
+        let redis_url = settings.string("REDIS_URL", DEFAULT_REDIS_URL);
+        Ok(Self {
+            database_url: settings.string("DATABASE_URL", DEFAULT_DATABASE_URL),
+            redis_url: (redis_url != "-").then_some(redis_url),
+            amqp_url: settings.string("AMQP_URL", DEFAULT_AMQP_URL),
+            instance: settings.string("BELFRY_INSTANCE", &default_instance()),
+            namespace: settings.string("BELFRY_NAMESPACE", belfry_protocol::topology::DEFAULT_NAMESPACE),
+            schedules_path: settings.string("BELFRY_SCHEDULES", "examples/schedules.toml").into(),
+            lock_ttl: settings.duration("BELFRY_LOCK_TTL", Duration::from_secs(60), Duration::from_secs(1))?,
+            max_inflight_fires: usize::try_from(settings.number("BELFRY_MAX_INFLIGHT_FIRES", 64, 1, 100_000)?)
+                .unwrap_or(64),
+            db_pool: u32::try_from(settings.number("BELFRY_DB_POOL", 8, 1, 1_000)?).unwrap_or(8),
+            shutdown_timeout: settings.duration("BELFRY_SHUTDOWN_TIMEOUT", Duration::from_secs(30), Duration::ZERO)?,
+            log_format: settings.parsed("BELFRY_LOG_FORMAT", LogFormat::Text, "\"text\" or \"json\"")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_masking() {
+        let c = SchedulerConfig::from_settings(&Settings::from_pairs([
+            ("DATABASE_URL", "postgres://app:hunter2@db/belfry"),
+            ("REDIS_URL", "-"),
+        ]))
+        .unwrap();
+        assert_eq!(c.redis_url, None);
+        assert_eq!(c.namespace, "belfry");
+        assert_eq!(c.lock_ttl, Duration::from_secs(60));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2") && shown.contains("app:***@db"), "{shown}");
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = SchedulerConfig::from_settings(&Settings::from_pairs([("BELFRY_LOCK_TTL", "10")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("BELFRY_LOCK_TTL"), "{e}");
+    }
+}

@@ -1,0 +1,30 @@
+//! Errors of the scheduler layer.
+
+use thiserror::Error;
+
+use crate::schedule::ScheduleError;
+use crate::schedule_file::ScheduleFileError;
+
+/// What can stop a scheduler replica from starting or a fire from being
+/// handled.
+#[derive(Debug, Error)]
+pub enum SchedulerError {
+    /// A setting is invalid.
+    #[error(transparent)]
+    Setting(#[from] belfry_runtime::SettingError),
+    /// The schedule file could not be loaded.
+    #[error(transparent)]
+    ScheduleFile(#[from] ScheduleFileError),
+    /// A schedule definition is invalid.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// The ledger (Postgres) failed.
+    #[error(transparent)]
+    Ledger(#[from] belfry_ledger::LedgerError),
+    /// The broker (RabbitMQ) failed.
+    #[error(transparent)]
+    Broker(#[from] belfry_broker::BrokerError),
+    /// A name (namespace, job name) breaks the naming rule.
+    #[error(transparent)]
+    Name(#[from] belfry_protocol::NameError),
+}

@@ -1,0 +1,35 @@
+//! belfry's scheduler: every replica computes the same fire instants, and
+//! for each fire exactly one replica wins and publishes it.
+//!
+//! The flow of one fire, and the module that owns each step:
+//!
+//! 1. [`timer`]: a heap of next fire instants, one per schedule; the fire
+//!    instant comes from the [`schedule`], never from when the timer woke.
+//! 2. [`claim`]: Redis `SET NX PX` as a cheap filter ([`lock`]), then
+//!    `INSERT ... ON CONFLICT DO NOTHING` in the ledger as the guarantee.
+//! 3. [`dispatch`]: publish with confirm and `mandatory`, then mark the run
+//!    `dispatched` (or `dead` when no worker group serves its type).
+//!
+//! [`replica`] wires these into the loop a `belfry-scheduler` process runs;
+//! [`config`] reads its settings from the environment.
+
+pub mod claim;
+pub mod config;
+pub mod counters;
+pub mod dispatch;
+pub mod error;
+pub mod lock;
+pub mod replica;
+pub mod schedule;
+pub mod schedule_file;
+pub mod timer;
+
+pub use claim::{ClaimOutcome, Claimer};
+pub use config::SchedulerConfig;
+pub use counters::FireCounters;
+pub use dispatch::{DispatchOutcome, Dispatcher};
+pub use error::SchedulerError;
+pub use lock::ClaimLock;
+pub use replica::{FireOutcome, Replica};
+pub use schedule::{Schedule, ScheduleError};
+pub use timer::{Fire, Timer};
