@@ -220,7 +220,10 @@ impl Broker {
     /// [`BrokerError::Amqp`] when a delete fails.
     pub async fn delete_namespace(&self, groups: &[&str]) -> Result<(), BrokerError> {
         let channel = self.channel().await?;
-        let mut queues: Vec<String> = groups.iter().map(|g| self.topology.group_queue(g)).collect();
+        let mut queues: Vec<String> = groups
+            .iter()
+            .map(|g| self.topology.group_queue(g))
+            .collect();
         queues.push(self.topology.dead_letter_queue());
         for queue in queues {
             channel

@@ -10,9 +10,11 @@
 mod broker;
 mod error;
 mod publisher;
+mod publisher_slot;
 
 pub use broker::Broker;
 pub use error::BrokerError;
 pub use lapin::message::Delivery;
 pub use lapin::Consumer;
 pub use publisher::{DeadLetter, PublishOutcome, Publisher};
+pub use publisher_slot::PublisherSlot;

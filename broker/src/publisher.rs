@@ -89,10 +89,7 @@ impl Publisher {
     /// message id.
     pub async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, BrokerError> {
         let mut headers = FieldTable::default();
-        headers.insert(
-            HEADER_VERSION.into(),
-            AMQPValue::LongUInt(MESSAGE_VERSION),
-        );
+        headers.insert(HEADER_VERSION.into(), AMQPValue::LongUInt(MESSAGE_VERSION));
         if let Some(trace) = &message.trace {
             insert_str(&mut headers, HEADER_TRACEPARENT, &trace.traceparent);
             if let Some(state) = &trace.tracestate {

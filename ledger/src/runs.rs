@@ -141,7 +141,8 @@ pub enum AttemptStart {
     },
 }
 
-const RUN_COLUMNS: &str = "id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \
+const RUN_COLUMNS: &str =
+    "id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \
      claimed_by, claimed_at, dispatched_at, started_at, finished_at, worker, last_error, \
      attempt_log, trace_id, traceparent";
 
@@ -245,7 +246,10 @@ impl Ledger {
         if let Some(start) = self.try_begin(message, worker).await? {
             return Ok(start);
         }
-        if let Some(status) = self.status_by_key(&message.job_name, &message.run_key).await? {
+        if let Some(status) = self
+            .status_by_key(&message.job_name, &message.run_key)
+            .await?
+        {
             return self.finished_or_raced(message, worker, status).await;
         }
         let trace_id = message
@@ -307,7 +311,10 @@ impl Ledger {
         // The row became startable between the two statements (another
         // transition raced us); one more try settles it.
         self.try_begin(message, worker).await?.ok_or_else(|| {
-            LedgerError::Corrupt(format!("run {} is {status} but cannot start", message.run_key))
+            LedgerError::Corrupt(format!(
+                "run {} is {status} but cannot start",
+                message.run_key
+            ))
         })
     }
 
@@ -341,16 +348,65 @@ impl Ledger {
         job_name: &str,
         run_key: &str,
     ) -> Result<Option<(Uuid, RunStatus)>, LedgerError> {
-        let row = sqlx::query("SELECT id, status FROM job_runs WHERE job_name = $1 AND run_key = $2")
-            .bind(job_name)
-            .bind(run_key)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row =
+            sqlx::query("SELECT id, status FROM job_runs WHERE job_name = $1 AND run_key = $2")
+                .bind(job_name)
+                .bind(run_key)
+                .fetch_optional(&self.pool)
+                .await?;
         row.map(|r| {
             let status: String = r.try_get("status")?;
-            Ok((r.try_get("id")?, status.parse().map_err(LedgerError::Corrupt)?))
+            Ok((
+                r.try_get("id")?,
+                status.parse().map_err(LedgerError::Corrupt)?,
+            ))
         })
         .transpose()
+    }
+
+    /// Records a run that can never be processed (unknown job type, id
+    /// conflict) as `dead` with `reason`, inserting its row when the message
+    /// was published by hand and has none. A run that already finished keeps
+    /// its outcome. Returns whether the row changed.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::IdConflict`] when the message id belongs to a
+    /// different run; [`LedgerError::Query`] when the database cannot be
+    /// reached.
+    pub async fn record_dead(
+        &self,
+        message: &JobMessage,
+        reason: &str,
+    ) -> Result<bool, LedgerError> {
+        let done = sqlx::query(&format!(
+            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
+                 last_error, finished_at, traceparent) \
+             VALUES ($1, $2, $3, $4, 'dead', $5, $6, $7, now(), $8) \
+             ON CONFLICT (job_name, run_key) DO UPDATE SET status = 'dead', \
+                 last_error = EXCLUDED.last_error, finished_at = now(), updated_at = now() \
+             WHERE job_runs.status IN {STARTABLE}"
+        ))
+        .bind(message.message_id)
+        .bind(&message.job_name)
+        .bind(&message.run_key)
+        .bind(&message.job_type)
+        .bind(&message.payload)
+        .bind(message.scheduled_at)
+        .bind(reason)
+        .bind(message.trace.as_ref().map(|t| t.traceparent.as_str()))
+        .execute(&self.pool)
+        .await;
+        match done {
+            Ok(done) => Ok(done.rows_affected() == 1),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(LedgerError::IdConflict {
+                    id: message.message_id,
+                    run_key: message.run_key.clone(),
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Records the end of an attempt and moves the run to `status`

@@ -75,6 +75,8 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn now(&self) -> Result<DateTime<Utc>, LedgerError> {
-        Ok(sqlx::query_scalar("SELECT now()").fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar("SELECT now()")
+            .fetch_one(&self.pool)
+            .await?)
     }
 }

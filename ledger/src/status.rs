@@ -87,8 +87,14 @@ mod tests {
         for st in RunStatus::ALL {
             assert_eq!(st.as_str().parse::<RunStatus>().unwrap(), st);
         }
-        let terminal: Vec<_> = RunStatus::ALL.into_iter().filter(|s| s.is_terminal()).collect();
-        assert_eq!(terminal, [RunStatus::Succeeded, RunStatus::Failed, RunStatus::Dead]);
+        let terminal: Vec<_> = RunStatus::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .collect();
+        assert_eq!(
+            terminal,
+            [RunStatus::Succeeded, RunStatus::Failed, RunStatus::Dead]
+        );
         assert!("bogus".parse::<RunStatus>().is_err());
     }
 }

@@ -59,7 +59,9 @@ pub enum MessageError {
     #[error("message body is not a valid job message: {0}")]
     Malformed(#[from] serde_json::Error),
     /// The body declares a version this code does not understand.
-    #[error("message version {found} is not supported; this build reads version {MESSAGE_VERSION}")]
+    #[error(
+        "message version {found} is not supported; this build reads version {MESSAGE_VERSION}"
+    )]
     UnsupportedVersion {
         /// The version the message declared.
         found: u32,

@@ -23,6 +23,10 @@ pub use telemetry::{init_logging, LogFormat};
 /// `job_runs.worker`.
 pub fn default_instance() -> String {
     let host = gethostname::gethostname().to_string_lossy().into_owned();
-    let host = if host.is_empty() { "localhost".into() } else { host };
+    let host = if host.is_empty() {
+        "localhost".into()
+    } else {
+        host
+    };
     format!("{host}-{}", std::process::id())
 }

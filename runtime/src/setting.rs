@@ -120,7 +120,12 @@ impl Settings {
     ///
     /// [`SettingError::Invalid`] when the value is not a duration or is
     /// shorter than `min`.
-    pub fn duration(&self, var: &str, default: Duration, min: Duration) -> Result<Duration, SettingError> {
+    pub fn duration(
+        &self,
+        var: &str,
+        default: Duration,
+        min: Duration,
+    ) -> Result<Duration, SettingError> {
         let Some(raw) = self.get(var) else {
             return Ok(default);
         };
@@ -152,7 +157,8 @@ mod tests {
         assert_eq!(s.number("MISSING", 3, 1, 10).unwrap(), 3);
         assert_eq!(s.string("BLANK", "x"), "x");
         assert_eq!(
-            s.duration("D", Duration::from_secs(1), Duration::ZERO).unwrap(),
+            s.duration("D", Duration::from_secs(1), Duration::ZERO)
+                .unwrap(),
             Duration::from_millis(250)
         );
     }
@@ -162,8 +168,15 @@ mod tests {
         let s = Settings::from_pairs([("A", "70"), ("B", "x"), ("D", "soon"), ("E", "1ms")]);
         let e = s.number("A", 1, 1, 10).unwrap_err().to_string();
         assert!(e.contains("A=\"70\"") && e.contains("from 1 to 10"), "{e}");
-        assert!(s.number("B", 1, 1, 10).unwrap_err().to_string().contains("B=\"x\""));
-        let e = s.duration("D", Duration::ZERO, Duration::ZERO).unwrap_err().to_string();
+        assert!(s
+            .number("B", 1, 1, 10)
+            .unwrap_err()
+            .to_string()
+            .contains("B=\"x\""));
+        let e = s
+            .duration("D", Duration::ZERO, Duration::ZERO)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("30s"), "{e}");
         let e = s
             .duration("E", Duration::ZERO, Duration::from_millis(10))

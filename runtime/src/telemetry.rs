@@ -25,7 +25,9 @@ impl FromStr for LogFormat {
         match s.to_ascii_lowercase().as_str() {
             "text" | "" => Ok(Self::Text),
             "json" => Ok(Self::Json),
-            other => Err(format!("unknown log format {other:?}; use \"text\" or \"json\"")),
+            other => Err(format!(
+                "unknown log format {other:?}; use \"text\" or \"json\""
+            )),
         }
     }
 }

@@ -62,7 +62,11 @@ impl Claimer {
     /// [`SchedulerError::Ledger`] when the ledger cannot be reached (the
     /// fire is not claimed by this replica); [`SchedulerError::Name`] when the
     /// schedule name cannot form a run key (validated schedules always can).
-    pub async fn claim(&self, schedule: &Schedule, at: DateTime<Utc>) -> Result<ClaimOutcome, SchedulerError> {
+    pub async fn claim(
+        &self,
+        schedule: &Schedule,
+        at: DateTime<Utc>,
+    ) -> Result<ClaimOutcome, SchedulerError> {
         let key = run_key(&schedule.name, at).map_err(|belfry_protocol::RunKeyError::Name(e)| e)?;
         if let Some(lock) = &self.lock {
             match lock.try_acquire(&schedule.name, &key).await {

@@ -58,7 +58,10 @@ impl std::fmt::Debug for SchedulerConfig {
         // URLs are masked: this is what a "config loaded" log line prints.
         f.debug_struct("SchedulerConfig")
             .field("database_url", &belfry_runtime::masked(&self.database_url))
-            .field("redis_url", &self.redis_url.as_deref().map(belfry_runtime::masked))
+            .field(
+                "redis_url",
+                &self.redis_url.as_deref().map(belfry_runtime::masked),
+            )
             .field("amqp_url", &belfry_runtime::masked(&self.amqp_url))
             .field("instance", &self.instance)
             .field("namespace", &self.namespace)
@@ -85,14 +88,36 @@ impl SchedulerConfig {
             redis_url: (redis_url != "-").then_some(redis_url),
             amqp_url: settings.string("AMQP_URL", DEFAULT_AMQP_URL),
             instance: settings.string("BELFRY_INSTANCE", &default_instance()),
-            namespace: settings.string("BELFRY_NAMESPACE", belfry_protocol::topology::DEFAULT_NAMESPACE),
-            schedules_path: settings.string("BELFRY_SCHEDULES", "examples/schedules.toml").into(),
-            lock_ttl: settings.duration("BELFRY_LOCK_TTL", Duration::from_secs(60), Duration::from_secs(1))?,
-            max_inflight_fires: usize::try_from(settings.number("BELFRY_MAX_INFLIGHT_FIRES", 64, 1, 100_000)?)
-                .unwrap_or(64),
+            namespace: settings.string(
+                "BELFRY_NAMESPACE",
+                belfry_protocol::topology::DEFAULT_NAMESPACE,
+            ),
+            schedules_path: settings
+                .string("BELFRY_SCHEDULES", "examples/schedules.toml")
+                .into(),
+            lock_ttl: settings.duration(
+                "BELFRY_LOCK_TTL",
+                Duration::from_secs(60),
+                Duration::from_secs(1),
+            )?,
+            max_inflight_fires: usize::try_from(settings.number(
+                "BELFRY_MAX_INFLIGHT_FIRES",
+                64,
+                1,
+                100_000,
+            )?)
+            .unwrap_or(64),
             db_pool: u32::try_from(settings.number("BELFRY_DB_POOL", 8, 1, 1_000)?).unwrap_or(8),
-            shutdown_timeout: settings.duration("BELFRY_SHUTDOWN_TIMEOUT", Duration::from_secs(30), Duration::ZERO)?,
-            log_format: settings.parsed("BELFRY_LOG_FORMAT", LogFormat::Text, "\"text\" or \"json\"")?,
+            shutdown_timeout: settings.duration(
+                "BELFRY_SHUTDOWN_TIMEOUT",
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )?,
+            log_format: settings.parsed(
+                "BELFRY_LOG_FORMAT",
+                LogFormat::Text,
+                "\"text\" or \"json\"",
+            )?,
         })
     }
 }
@@ -112,7 +137,10 @@ mod tests {
         assert_eq!(c.namespace, "belfry");
         assert_eq!(c.lock_ttl, Duration::from_secs(60));
         let shown = format!("{c:?}");
-        assert!(!shown.contains("hunter2") && shown.contains("app:***@db"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("app:***@db"),
+            "{shown}"
+        );
     }
 
     #[test]

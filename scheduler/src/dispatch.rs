@@ -10,7 +10,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use uuid::Uuid;
 
-use belfry_broker::{Broker, PublishOutcome, Publisher};
+use belfry_broker::{Broker, PublishOutcome, PublisherSlot};
 use belfry_ledger::{Ledger, NewRun};
 use belfry_protocol::{JobMessage, TraceContext, MESSAGE_VERSION};
 
@@ -33,13 +33,9 @@ pub enum DispatchOutcome {
 /// Publishes claimed runs for one replica.
 #[derive(Debug)]
 pub struct Dispatcher {
-    broker: Broker,
     ledger: Ledger,
     counters: Arc<FireCounters>,
-    // The publisher channel is opened lazily and replaced when it breaks; a
-    // tokio mutex because opening a channel awaits. It is held only to clone
-    // or replace the Arc, never across a publish.
-    publisher: tokio::sync::Mutex<Option<Arc<Publisher>>>,
+    publisher: PublisherSlot,
 }
 
 /// The job message for a run.
@@ -65,25 +61,10 @@ impl Dispatcher {
     /// A dispatcher publishing through `broker` and recording in `ledger`.
     pub fn new(broker: Broker, ledger: Ledger, counters: Arc<FireCounters>) -> Self {
         Self {
-            broker,
+            publisher: PublisherSlot::new(broker),
             ledger,
             counters,
-            publisher: tokio::sync::Mutex::new(None),
         }
-    }
-
-    async fn publisher(&self) -> Result<Arc<Publisher>, SchedulerError> {
-        let mut slot = self.publisher.lock().await;
-        if let Some(p) = slot.as_ref().filter(|p| p.is_open()) {
-            return Ok(p.clone());
-        }
-        let fresh = Arc::new(self.broker.publisher().await?);
-        *slot = Some(fresh.clone());
-        Ok(fresh)
-    }
-
-    async fn forget_publisher(&self) {
-        *self.publisher.lock().await = None;
     }
 
     /// Publishes the run and records the broker's answer in the ledger.
@@ -94,8 +75,8 @@ impl Dispatcher {
     /// could not record it (the run stays `claimed`; a republish is safe).
     pub async fn dispatch(&self, run: &NewRun) -> Result<DispatchOutcome, SchedulerError> {
         let message = message_for(run);
-        let published = match self.publisher().await {
-            Ok(p) => p.publish(&message).await.map_err(SchedulerError::from),
+        let published = match self.publisher.get().await {
+            Ok(p) => p.publish(&message).await,
             Err(e) => Err(e),
         };
         match published {
@@ -116,9 +97,11 @@ impl Dispatcher {
                 self.ledger.mark_dead(run.id, &reason).await?;
                 Ok(DispatchOutcome::Unroutable)
             }
-            Ok(PublishOutcome::Nacked) => Ok(self.not_confirmed(run.id, &run.run_key, "broker nacked the publish".into())),
+            Ok(PublishOutcome::Nacked) => {
+                Ok(self.not_confirmed(run.id, &run.run_key, "broker nacked the publish".into()))
+            }
             Err(e) => {
-                self.forget_publisher().await;
+                self.publisher.reset().await;
                 Ok(self.not_confirmed(run.id, &run.run_key, e.to_string()))
             }
         }

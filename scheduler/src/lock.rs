@@ -86,7 +86,12 @@ impl ClaimLock {
     /// # Errors
     ///
     /// [`LockError::Unavailable`] when `url` is not a Redis URL.
-    pub fn new(url: &str, topology: Topology, instance: &str, ttl: Duration) -> Result<Self, LockError> {
+    pub fn new(
+        url: &str,
+        topology: Topology,
+        instance: &str,
+        ttl: Duration,
+    ) -> Result<Self, LockError> {
         let url_masked = belfry_runtime::masked(url);
         let client = redis::Client::open(url).map_err(|e| LockError::Unavailable {
             url: url_masked.clone(),
@@ -112,7 +117,11 @@ impl ClaimLock {
     ///
     /// [`LockError::Unavailable`] when Redis cannot answer; the caller falls
     /// back to the ledger alone.
-    pub async fn try_acquire(&self, job_name: &str, run_key: &str) -> Result<LockOutcome, LockError> {
+    pub async fn try_acquire(
+        &self,
+        job_name: &str,
+        run_key: &str,
+    ) -> Result<LockOutcome, LockError> {
         let mut conn = self.connection().await?;
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
         let reply: Result<Option<String>, _> = redis::cmd("SET")
@@ -181,7 +190,10 @@ impl ClaimLock {
     fn unavailable(&self, message: String) -> LockError {
         let mut state = self.lock_state();
         let now = Instant::now();
-        if state.warned_at.is_none_or(|t| now.duration_since(t) >= WARN_EVERY) {
+        if state
+            .warned_at
+            .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
+        {
             state.warned_at = Some(now);
             tracing::warn!(
                 url = %self.url_masked,

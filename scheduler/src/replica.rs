@@ -79,7 +79,9 @@ impl Replica {
     ///
     /// [`SchedulerError`] naming the service (URL masked), file or schedule
     /// that is wrong.
-    pub async fn start(config: &SchedulerConfig) -> Result<(Self, Vec<Arc<Schedule>>), SchedulerError> {
+    pub async fn start(
+        config: &SchedulerConfig,
+    ) -> Result<(Self, Vec<Arc<Schedule>>), SchedulerError> {
         let schedules = schedule_file::load(&config.schedules_path)?;
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
@@ -104,7 +106,14 @@ impl Replica {
             },
             None => None,
         };
-        let replica = Self::new(&config.instance, lock, ledger, broker, config.max_inflight_fires, config.shutdown_timeout);
+        let replica = Self::new(
+            &config.instance,
+            lock,
+            ledger,
+            broker,
+            config.max_inflight_fires,
+            config.shutdown_timeout,
+        );
         Ok((replica, schedules.into_iter().map(Arc::new).collect()))
     }
 
@@ -148,17 +157,24 @@ impl Replica {
             Err(e) => {
                 FireCounters::add(&self.counters.claim_errors, 1);
                 tracing::error!(schedule = %schedule.name, %at, error = %e, "fire could not be claimed");
-                return FireOutcome::ClaimFailed { reason: e.to_string() };
+                return FireOutcome::ClaimFailed {
+                    reason: e.to_string(),
+                };
             }
         };
         tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed");
         match self.dispatcher.dispatch(&run).await {
             Ok(DispatchOutcome::Dispatched) => FireOutcome::Dispatched { id: run.id },
             Ok(DispatchOutcome::Unroutable) => FireOutcome::Unroutable { id: run.id },
-            Ok(DispatchOutcome::NotConfirmed(reason)) => FireOutcome::NotConfirmed { id: run.id, reason },
+            Ok(DispatchOutcome::NotConfirmed(reason)) => {
+                FireOutcome::NotConfirmed { id: run.id, reason }
+            }
             Err(e) => {
                 tracing::error!(run_key = %run.run_key, error = %e, "dispatch could not be recorded; the run stays claimed");
-                FireOutcome::NotConfirmed { id: run.id, reason: e.to_string() }
+                FireOutcome::NotConfirmed {
+                    id: run.id,
+                    reason: e.to_string(),
+                }
             }
         }
     }
@@ -183,7 +199,12 @@ impl Replica {
     ///
     /// On cancellation it stops firing, then waits up to the shutdown
     /// timeout for in-flight claims and publishes to finish.
-    pub async fn run(self: Arc<Self>, mut timer: Timer, clock: SharedClock, cancel: CancellationToken) {
+    pub async fn run(
+        self: Arc<Self>,
+        mut timer: Timer,
+        clock: SharedClock,
+        cancel: CancellationToken,
+    ) {
         let permits = Arc::new(Semaphore::new(self.max_inflight));
         let mut inflight = JoinSet::new();
         tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
@@ -206,7 +227,9 @@ impl Replica {
                 // Waiting for a permit bounds in-flight fires; the timer
                 // catches up afterwards because instants come from the
                 // schedule, not from when this loop gets to them.
-                let Ok(permit) = permits.clone().acquire_owned().await else { break };
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    break;
+                };
                 let this = self.clone();
                 inflight.spawn(async move {
                     let _permit = permit;
@@ -215,13 +238,19 @@ impl Replica {
             }
         }
         let pending = inflight.len();
-        tracing::info!(pending, "stopping: finishing in-flight claims and publishes");
+        tracing::info!(
+            pending,
+            "stopping: finishing in-flight claims and publishes"
+        );
         let drained = tokio::time::timeout(self.shutdown_timeout, async {
             while inflight.join_next().await.is_some() {}
         })
         .await;
         if drained.is_err() {
-            tracing::warn!(left = inflight.len(), "shutdown deadline passed; unfinished fires stay claimed for the reconciler");
+            tracing::warn!(
+                left = inflight.len(),
+                "shutdown deadline passed; unfinished fires stay claimed for the reconciler"
+            );
             inflight.abort_all();
         }
         self.broker.close().await;

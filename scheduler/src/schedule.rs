@@ -77,62 +77,61 @@ impl Schedule {
         validate_name("schedule name", &spec.name).map_err(|e| err("name", e.to_string()))?;
         validate_name("job type", &spec.job_type).map_err(|e| err("job_type", e.to_string()))?;
         let tz_name = spec.timezone.as_deref().unwrap_or("UTC");
-        let kind = match (&spec.cron, &spec.every) {
-            (Some(expr), None) => {
-                let tz: Tz = tz_name.parse().map_err(|_| {
-                    err(
-                        "timezone",
-                        format!(
-                            "unknown time zone {tz_name:?}; use an IANA name such as \
-                             \"UTC\", \"Europe/London\" or \"Asia/Shanghai\""
-                        ),
-                    )
-                })?;
-                let cron = Cron::new(expr)
-                    .with_seconds_optional()
-                    .parse()
-                    .map_err(|e| {
+        let kind =
+            match (&spec.cron, &spec.every) {
+                (Some(expr), None) => {
+                    let tz: Tz = tz_name.parse().map_err(|_| {
                         err(
-                            "cron",
+                            "timezone",
                             format!(
-                                "invalid cron expression {expr:?}: {e}; expected 6 fields \
-                                 (sec min hour day-of-month month day-of-week) or 5 \
-                                 (seconds = 0), e.g. \"0 */5 * * * *\""
+                                "unknown time zone {tz_name:?}; use an IANA name such as \
+                             \"UTC\", \"Europe/London\" or \"Asia/Shanghai\""
                             ),
                         )
                     })?;
-                ScheduleKind::Cron {
-                    expr: expr.clone(),
-                    cron: Box::new(cron),
-                    tz,
+                    let cron = Cron::new(expr)
+                        .with_seconds_optional()
+                        .parse()
+                        .map_err(|e| {
+                            err(
+                                "cron",
+                                format!(
+                                    "invalid cron expression {expr:?}: {e}; expected 6 fields \
+                                 (sec min hour day-of-month month day-of-week) or 5 \
+                                 (seconds = 0), e.g. \"0 */5 * * * *\""
+                                ),
+                            )
+                        })?;
+                    ScheduleKind::Cron {
+                        expr: expr.clone(),
+                        cron: Box::new(cron),
+                        tz,
+                    }
                 }
-            }
-            (None, Some(every)) => {
-                if spec.timezone.is_some() {
-                    return Err(err(
+                (None, Some(every)) => {
+                    if spec.timezone.is_some() {
+                        return Err(err(
                         "timezone",
                         "interval schedules live in absolute time; remove `timezone` or use `cron`"
                             .into(),
                     ));
+                    }
+                    ScheduleKind::Every {
+                        period: parse_period(every).map_err(|m| err("every", m))?,
+                    }
                 }
-                ScheduleKind::Every {
-                    period: parse_period(every).map_err(|m| err("every", m))?,
-                }
-            }
-            (None, None) => {
-                return Err(err(
+                (None, None) => return Err(err(
                     "cron",
                     "give exactly one of `cron` (e.g. \"0 0 3 * * *\") or `every` (e.g. \"30s\")"
                         .into(),
-                ))
-            }
-            (Some(_), Some(_)) => {
-                return Err(err(
-                    "every",
-                    "`cron` and `every` are exclusive; keep one of them".into(),
-                ))
-            }
-        };
+                )),
+                (Some(_), Some(_)) => {
+                    return Err(err(
+                        "every",
+                        "`cron` and `every` are exclusive; keep one of them".into(),
+                    ))
+                }
+            };
         Ok(Self {
             name: spec.name.clone(),
             job_type: spec.job_type.clone(),
@@ -223,29 +222,48 @@ mod tests {
     #[test]
     fn six_and_five_field_cron() {
         let s = Schedule::from_spec(&spec(Some("*/2 * * * * *"), None, None)).unwrap();
-        assert_eq!(s.next_after(at("2026-07-26T03:00:00.700Z")), Some(at("2026-07-26T03:00:02Z")));
+        assert_eq!(
+            s.next_after(at("2026-07-26T03:00:00.700Z")),
+            Some(at("2026-07-26T03:00:02Z"))
+        );
         let s = Schedule::from_spec(&spec(Some("0 3 * * *"), None, None)).unwrap();
-        assert_eq!(s.next_after(at("2026-07-26T03:00:00Z")), Some(at("2026-07-27T03:00:00Z")));
+        assert_eq!(
+            s.next_after(at("2026-07-26T03:00:00Z")),
+            Some(at("2026-07-27T03:00:00Z"))
+        );
     }
 
     #[test]
     fn cron_in_a_time_zone() {
-        let s = Schedule::from_spec(&spec(Some("0 0 3 * * *"), None, Some("Asia/Shanghai"))).unwrap();
-        assert_eq!(s.next_after(at("2026-07-26T00:00:00Z")), Some(at("2026-07-26T19:00:00Z")));
+        let s =
+            Schedule::from_spec(&spec(Some("0 0 3 * * *"), None, Some("Asia/Shanghai"))).unwrap();
+        assert_eq!(
+            s.next_after(at("2026-07-26T00:00:00Z")),
+            Some(at("2026-07-26T19:00:00Z"))
+        );
     }
 
     #[test]
     fn intervals_are_epoch_anchored() {
         let s = Schedule::from_spec(&spec(None, Some("30s"), None)).unwrap();
-        assert_eq!(s.next_after(at("2026-07-26T03:00:10.5Z")), Some(at("2026-07-26T03:00:30Z")));
-        assert_eq!(s.next_after(at("2026-07-26T03:00:30Z")), Some(at("2026-07-26T03:01:00Z")));
+        assert_eq!(
+            s.next_after(at("2026-07-26T03:00:10.5Z")),
+            Some(at("2026-07-26T03:00:30Z"))
+        );
+        assert_eq!(
+            s.next_after(at("2026-07-26T03:00:30Z")),
+            Some(at("2026-07-26T03:01:00Z"))
+        );
     }
 
     #[test]
     fn bad_definitions_name_the_field() {
         let cases = [
             (spec(Some("not cron"), None, None), "cron"),
-            (spec(Some("* * * * * *"), None, Some("Mars/Base")), "timezone"),
+            (
+                spec(Some("* * * * * *"), None, Some("Mars/Base")),
+                "timezone",
+            ),
             (spec(None, Some("0s"), None), "every"),
             (spec(None, Some("1500ms"), None), "every"),
             (spec(None, Some("-5s"), None), "every"),

@@ -46,7 +46,9 @@ pub enum ScheduleFileError {
         source: ScheduleError,
     },
     /// Two schedules share a name.
-    #[error("schedule file {path}: schedule name {name:?} is used more than once; names must be unique")]
+    #[error(
+        "schedule file {path}: schedule name {name:?} is used more than once; names must be unique"
+    )]
     Duplicate {
         /// The file.
         path: PathBuf,
@@ -146,7 +148,9 @@ mod tests {
         let bad = "[[schedule]]\nname='a'\ncron='61 * * * * *'\njob_type='noop'\n";
         let e = parse(Path::new(P), bad).unwrap_err().to_string();
         assert!(e.contains("schedule \"a\": field `cron`"), "{e}");
-        let missing = load(Path::new("/nonexistent/belfry.toml")).unwrap_err().to_string();
+        let missing = load(Path::new("/nonexistent/belfry.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("/nonexistent/belfry.toml"), "{missing}");
     }
 }

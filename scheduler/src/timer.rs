@@ -121,18 +121,27 @@ mod tests {
 
     #[test]
     fn fires_nominal_instants_in_order() {
-        let mut t = Timer::new(vec![every("a", "2s"), every("b", "3s")], at("2026-01-01T00:00:00.5Z"));
+        let mut t = Timer::new(
+            vec![every("a", "2s"), every("b", "3s")],
+            at("2026-01-01T00:00:00.5Z"),
+        );
         assert_eq!(t.next_at(), Some(at("2026-01-01T00:00:02Z")));
         assert!(t.due(at("2026-01-01T00:00:01.999Z")).is_empty());
         // A late wake-up still yields the nominal instant.
         let f = t.due(at("2026-01-01T00:00:02.400Z"));
         assert_eq!(f.len(), 1);
-        assert_eq!((f[0].schedule.name.as_str(), f[0].at), ("a", at("2026-01-01T00:00:02Z")));
+        assert_eq!(
+            (f[0].schedule.name.as_str(), f[0].at),
+            ("a", at("2026-01-01T00:00:02Z"))
+        );
         let f = t.due(at("2026-01-01T00:00:04Z"));
         let names: Vec<_> = f.iter().map(|f| (f.schedule.name.as_str(), f.at)).collect();
         assert_eq!(
             names,
-            [("b", at("2026-01-01T00:00:03Z")), ("a", at("2026-01-01T00:00:04Z"))]
+            [
+                ("b", at("2026-01-01T00:00:03Z")),
+                ("a", at("2026-01-01T00:00:04Z"))
+            ]
         );
     }
 
@@ -151,8 +160,16 @@ mod tests {
         let s = vec![every("a", "1s")];
         let mut fast = Timer::new(s.clone(), at("2026-01-01T00:00:00.9Z"));
         let mut slow = Timer::new(s, at("2026-01-01T00:00:00.1Z"));
-        let f1: Vec<_> = fast.due(at("2026-01-01T00:00:01.9Z")).into_iter().map(|f| f.at).collect();
-        let f2: Vec<_> = slow.due(at("2026-01-01T00:00:01.1Z")).into_iter().map(|f| f.at).collect();
+        let f1: Vec<_> = fast
+            .due(at("2026-01-01T00:00:01.9Z"))
+            .into_iter()
+            .map(|f| f.at)
+            .collect();
+        let f2: Vec<_> = slow
+            .due(at("2026-01-01T00:00:01.1Z"))
+            .into_iter()
+            .map(|f| f.at)
+            .collect();
         assert_eq!(f1, f2);
     }
 }

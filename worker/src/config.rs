@@ -1,0 +1,175 @@
+//! Worker configuration, from environment variables.
+//!
+//! | variable | default | meaning |
+//! | --- | --- | --- |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ |
+//! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.worker` |
+//! | `BELFRY_NAMESPACE` | `belfry` | prefix of every exchange and queue |
+//! | `BELFRY_WORKER_GROUP` | `default` | group; its queue is `{ns}.jobs.{group}` |
+//! | `BELFRY_PREFETCH` | `32` | unacknowledged deliveries held at once |
+//! | `BELFRY_CONCURRENCY` | `16` | jobs run at once |
+//! | `BELFRY_JOB_TIMEOUT` | `5m` | per-attempt timeout |
+//! | `BELFRY_MAX_ATTEMPTS` | `5` | attempts per run, the first included |
+//! | `BELFRY_RETRY_INITIAL` | `1s` | delay after the first failed attempt |
+//! | `BELFRY_RETRY_MULTIPLIER` | `2` | growth of the delay per failure |
+//! | `BELFRY_RETRY_MAX_DELAY` | `5m` | cap of the delay |
+//! | `BELFRY_RETRY_JITTER` | `true` | stretch delays randomly by up to 100 % |
+//! | `BELFRY_DB_POOL` | `8` | Postgres connections |
+//! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight jobs may finish after SIGTERM |
+//! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
+
+use std::time::Duration;
+
+use belfry_runtime::{default_instance, LogFormat, SettingError, Settings};
+
+use crate::RetryPolicy;
+
+/// Everything a worker needs to start.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    /// Postgres URL (may hold a password).
+    pub database_url: String,
+    /// RabbitMQ URL (may hold a password).
+    pub amqp_url: String,
+    /// This worker's name.
+    pub instance: String,
+    /// Namespace of AMQP objects.
+    pub namespace: String,
+    /// Worker group.
+    pub group: String,
+    /// Prefetch (unacked deliveries).
+    pub prefetch: u16,
+    /// Concurrent jobs.
+    pub concurrency: usize,
+    /// Per-attempt timeout.
+    pub job_timeout: Duration,
+    /// Retry policy.
+    pub retry: RetryPolicy,
+    /// Postgres pool size.
+    pub db_pool: u32,
+    /// Shutdown deadline.
+    pub shutdown_timeout: Duration,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("database_url", &belfry_runtime::masked(&self.database_url))
+            .field("amqp_url", &belfry_runtime::masked(&self.amqp_url))
+            .field("instance", &self.instance)
+            .field("namespace", &self.namespace)
+            .field("group", &self.group)
+            .field("prefetch", &self.prefetch)
+            .field("concurrency", &self.concurrency)
+            .field("job_timeout", &self.job_timeout)
+            .field("retry", &self.retry)
+            .field("db_pool", &self.db_pool)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+impl WorkerConfig {
+    /// Reads the configuration from `settings`.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingError`] naming the first variable with an unusable value.
+    pub fn from_settings(s: &Settings) -> Result<Self, SettingError> {
+        let defaults = RetryPolicy::default();
+        let multiplier: f32 = s.parsed(
+            "BELFRY_RETRY_MULTIPLIER",
+            defaults.multiplier,
+            "a number from 1 to 100",
+        )?;
+        if !(1.0..=100.0).contains(&multiplier) {
+            return Err(SettingError::Invalid {
+                var: "BELFRY_RETRY_MULTIPLIER".into(),
+                value: multiplier.to_string(),
+                reason: "expected a number from 1 to 100".into(),
+            });
+        }
+        let num = |var, default, min, max| s.number(var, default, min, max);
+        Ok(Self {
+            database_url: s.string(
+                "DATABASE_URL",
+                "postgres://postgres@127.0.0.1:5432/postgres",
+            ),
+            amqp_url: s.string("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            instance: s.string("BELFRY_INSTANCE", &default_instance()),
+            namespace: s.string(
+                "BELFRY_NAMESPACE",
+                belfry_protocol::topology::DEFAULT_NAMESPACE,
+            ),
+            group: s.string("BELFRY_WORKER_GROUP", "default"),
+            prefetch: u16::try_from(num("BELFRY_PREFETCH", 32, 1, 65_535)?).unwrap_or(32),
+            concurrency: usize::try_from(num("BELFRY_CONCURRENCY", 16, 1, 100_000)?).unwrap_or(16),
+            job_timeout: s.duration(
+                "BELFRY_JOB_TIMEOUT",
+                Duration::from_secs(300),
+                Duration::from_millis(1),
+            )?,
+            retry: RetryPolicy {
+                max_attempts: u32::try_from(num("BELFRY_MAX_ATTEMPTS", 5, 1, 1_000)?).unwrap_or(5),
+                initial_delay: s.duration(
+                    "BELFRY_RETRY_INITIAL",
+                    defaults.initial_delay,
+                    Duration::ZERO,
+                )?,
+                multiplier,
+                max_delay: s.duration(
+                    "BELFRY_RETRY_MAX_DELAY",
+                    defaults.max_delay,
+                    Duration::ZERO,
+                )?,
+                jitter: s.parsed("BELFRY_RETRY_JITTER", defaults.jitter, "true or false")?,
+            },
+            db_pool: u32::try_from(num("BELFRY_DB_POOL", 8, 1, 1_000)?).unwrap_or(8),
+            shutdown_timeout: s.duration(
+                "BELFRY_SHUTDOWN_TIMEOUT",
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )?,
+            log_format: s.parsed("BELFRY_LOG_FORMAT", LogFormat::Text, "\"text\" or \"json\"")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_retry_settings_and_masks() {
+        let c = WorkerConfig::from_settings(&Settings::from_pairs([
+            ("AMQP_URL", "amqp://u:topsecret@mq/%2f"),
+            ("BELFRY_MAX_ATTEMPTS", "3"),
+            ("BELFRY_RETRY_INITIAL", "50ms"),
+            ("BELFRY_RETRY_JITTER", "false"),
+        ]))
+        .unwrap();
+        assert_eq!(c.retry.max_attempts, 3);
+        assert_eq!(c.retry.initial_delay, Duration::from_millis(50));
+        assert!(!c.retry.jitter);
+        assert!(!format!("{c:?}").contains("topsecret"));
+    }
+
+    #[test]
+    fn refuses_bad_values() {
+        for (var, value) in [
+            ("BELFRY_RETRY_MULTIPLIER", "0.5"),
+            ("BELFRY_PREFETCH", "0"),
+            ("BELFRY_RETRY_JITTER", "maybe"),
+            ("BELFRY_JOB_TIMEOUT", "forever"),
+        ] {
+            let e = WorkerConfig::from_settings(&Settings::from_pairs([(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(var), "{e}");
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Errors of the worker layer (not of jobs: see [`crate::JobError`]).
+
+use thiserror::Error;
+
+/// What can stop a worker from starting or consuming.
+#[derive(Debug, Error)]
+pub enum WorkerError {
+    /// A setting is invalid.
+    #[error(transparent)]
+    Setting(#[from] belfry_runtime::SettingError),
+    /// The registry is invalid.
+    #[error(transparent)]
+    Registry(#[from] crate::RegistryError),
+    /// The ledger (Postgres) failed.
+    #[error(transparent)]
+    Ledger(#[from] belfry_ledger::LedgerError),
+    /// The broker (RabbitMQ) failed.
+    #[error(transparent)]
+    Broker(#[from] belfry_broker::BrokerError),
+    /// A name (namespace, group) breaks the naming rule.
+    #[error(transparent)]
+    Name(#[from] belfry_protocol::NameError),
+    /// The broker closed the consumer.
+    #[error("the broker closed the consumer of queue {0}")]
+    ConsumerClosed(String),
+}

@@ -1,0 +1,28 @@
+//! `belfry-worker`: a worker serving the built-in job types (`noop`,
+//! `sleep`, `http`). Your own worker binary looks the same with your job
+//! types registered; see `examples/custom-worker`.
+
+use belfry_runtime::{init_logging, shutdown_token, Settings};
+use belfry_worker::{Registry, Worker, WorkerConfig};
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        tracing::error!("{e}");
+        // One line naming what is wrong (service and masked URL, variable,
+        // file or schedule); the error's own text already includes its cause.
+        eprintln!("belfry-worker: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let config = WorkerConfig::from_settings(&Settings::from_env())?;
+    init_logging(config.log_format);
+    tracing::info!(?config, "starting belfry-worker");
+    let cancel = shutdown_token();
+    let registry = Registry::builder().builtins().build()?;
+    let worker = Worker::start(&config, registry).await?;
+    worker.run(cancel).await?;
+    Ok(())
+}

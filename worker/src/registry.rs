@@ -1,0 +1,177 @@
+//! The registry of job types a worker serves.
+//!
+//! Built once at start with [`Registry::builder`]; the worker binds its
+//! group queue to exactly these types, so it never receives a type it
+//! cannot handle, and looks handlers up by the message's `job_type`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use belfry_protocol::{validate_name, NameError};
+
+use crate::job::{Job, JobContext, JobError};
+
+/// A running attempt, type-erased.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send>>;
+
+/// A job type's handler, type-erased so handlers of different payload
+/// types live in one map.
+pub trait Handler: Send + Sync {
+    /// Decodes `payload` and starts the attempt.
+    ///
+    /// # Errors
+    ///
+    /// The decode error when `payload` does not match the job's payload
+    /// type; the run cannot succeed with this payload.
+    fn start(
+        &self,
+        ctx: JobContext,
+        payload: serde_json::Value,
+    ) -> Result<HandlerFuture, serde_json::Error>;
+}
+
+struct Typed<J: Job>(Arc<J>);
+
+impl<J: Job> Handler for Typed<J> {
+    fn start(
+        &self,
+        ctx: JobContext,
+        payload: serde_json::Value,
+    ) -> Result<HandlerFuture, serde_json::Error> {
+        let payload: J::Payload = serde_json::from_value(payload)?;
+        let job = self.0.clone();
+        Ok(Box::pin(async move { job.run(ctx, payload).await }))
+    }
+}
+
+/// Why a registry could not be built.
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    /// Two jobs claim the same type name.
+    #[error("job type {0:?} is registered twice; each type needs exactly one handler")]
+    Duplicate(String),
+    /// A type name breaks the naming rule.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// Nothing was registered.
+    #[error("the registry is empty; register at least one job type")]
+    Empty,
+}
+
+/// Job types and their handlers.
+#[derive(Clone)]
+pub struct Registry {
+    handlers: BTreeMap<String, Arc<dyn Handler>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("types", &self.types())
+            .finish()
+    }
+}
+
+/// Collects job types; see [`Registry::builder`].
+#[derive(Default)]
+pub struct RegistryBuilder {
+    entries: Vec<(String, Arc<dyn Handler>)>,
+}
+
+impl RegistryBuilder {
+    /// Registers job type `J`.
+    pub fn job<J: Job>(mut self, job: J) -> Self {
+        self.entries
+            .push((J::TYPE.to_owned(), Arc::new(Typed(Arc::new(job)))));
+        self
+    }
+
+    /// Registers the built-in `noop`, `sleep` and `http` job types.
+    pub fn builtins(self) -> Self {
+        self.job(crate::builtin::Noop)
+            .job(crate::builtin::Sleep)
+            .job(crate::builtin::Http::default())
+    }
+
+    /// Builds the registry.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError`] for a duplicate or invalid type name, or an empty
+    /// registry.
+    pub fn build(self) -> Result<Registry, RegistryError> {
+        let mut handlers = BTreeMap::new();
+        for (name, handler) in self.entries {
+            validate_name("job type", &name)?;
+            if handlers.insert(name.clone(), handler).is_some() {
+                return Err(RegistryError::Duplicate(name));
+            }
+        }
+        if handlers.is_empty() {
+            return Err(RegistryError::Empty);
+        }
+        Ok(Registry { handlers })
+    }
+}
+
+impl Registry {
+    /// Starts an empty builder.
+    pub fn builder() -> RegistryBuilder {
+        RegistryBuilder::default()
+    }
+
+    /// The registered type names, sorted.
+    pub fn types(&self) -> Vec<&str> {
+        self.handlers.keys().map(String::as_str).collect()
+    }
+
+    /// The handler of `job_type`.
+    pub fn get(&self, job_type: &str) -> Option<&Arc<dyn Handler>> {
+        self.handlers.get(job_type)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Named;
+    impl Job for Named {
+        const TYPE: &'static str = "noop";
+        type Payload = serde_json::Value;
+        async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+
+    struct BadName;
+    impl Job for BadName {
+        const TYPE: &'static str = "bad name";
+        type Payload = ();
+        async fn run(&self, _: JobContext, _: ()) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn builds_and_refuses() {
+        let r = Registry::builder().builtins().build().unwrap();
+        assert_eq!(r.types(), ["http", "noop", "sleep"]);
+        assert!(matches!(
+            Registry::builder().builtins().job(Named).build(),
+            Err(RegistryError::Duplicate(t)) if t == "noop"
+        ));
+        assert!(matches!(
+            Registry::builder().job(BadName).build(),
+            Err(RegistryError::Name(_))
+        ));
+        assert!(matches!(
+            Registry::builder().build(),
+            Err(RegistryError::Empty)
+        ));
+    }
+}

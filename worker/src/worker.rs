@@ -1,0 +1,203 @@
+//! The worker: start-up wiring, the consume loop and graceful shutdown.
+//!
+//! Shutdown, in order: stop consuming (the broker sends nothing new), let
+//! in-flight jobs finish until the shutdown deadline, then interrupt what is
+//! left and hand it back to the queue (its attempt count is durable), and
+//! close the channel, which returns any prefetched delivery that was never
+//! started.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::BasicCancelOptions;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use belfry_broker::{Broker, PublisherSlot};
+use belfry_ledger::Ledger;
+use belfry_protocol::{validate_name, Topology};
+
+use crate::counters::WorkerCounters;
+use crate::{Registry, RetryPolicy, WorkerConfig, WorkerError};
+
+/// How long interrupted jobs get to hand their runs back after the
+/// shutdown deadline.
+const HAND_BACK_GRACE: Duration = Duration::from_secs(5);
+
+/// A worker of one group.
+#[derive(Debug)]
+pub struct Worker {
+    pub(crate) instance: String,
+    pub(crate) group: String,
+    pub(crate) queue: String,
+    pub(crate) ledger: Ledger,
+    pub(crate) broker: Broker,
+    pub(crate) registry: Registry,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) job_timeout: Duration,
+    pub(crate) prefetch: u16,
+    pub(crate) concurrency: usize,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) counters: Arc<WorkerCounters>,
+    pub(crate) dead_letters: PublisherSlot,
+}
+
+impl Worker {
+    /// Connects to the services of `config`, applies migrations, declares
+    /// the topology and binds the group's queue to the registry's job types.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError`] naming the service (URL masked) or setting that is
+    /// wrong.
+    pub async fn start(config: &WorkerConfig, registry: Registry) -> Result<Self, WorkerError> {
+        validate_name("worker group", &config.group)?;
+        let topology = Topology::new(&config.namespace)?;
+        let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
+        ledger.migrate().await?;
+        let broker = Broker::connect(
+            &config.amqp_url,
+            topology,
+            &format!("belfry-worker {} ({})", config.instance, config.group),
+        )
+        .await?;
+        broker.declare_core().await?;
+        let queue = broker
+            .declare_group(&config.group, &registry.types())
+            .await?;
+        tracing::info!(group = %config.group, %queue, types = ?registry.types(), "worker group queue bound");
+        Ok(Self {
+            instance: config.instance.clone(),
+            group: config.group.clone(),
+            queue,
+            ledger,
+            dead_letters: PublisherSlot::new(broker.clone()),
+            broker,
+            registry,
+            retry: config.retry.clone(),
+            job_timeout: config.job_timeout,
+            prefetch: config.prefetch,
+            concurrency: config.concurrency.max(1),
+            shutdown_timeout: config.shutdown_timeout,
+            counters: Arc::new(WorkerCounters::default()),
+        })
+    }
+
+    /// This worker's counters.
+    pub fn counters(&self) -> &Arc<WorkerCounters> {
+        &self.counters
+    }
+
+    /// This worker's instance name.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The queue this worker consumes.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The broker handle (tests publish through it).
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Consumes until `cancel`, then shuts down gracefully (see the module
+    /// docs).
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError::Broker`] when consuming cannot start, and
+    /// [`WorkerError::ConsumerClosed`] when the broker closes the consumer.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), WorkerError> {
+        let this = Arc::new(self);
+        let tag = format!("{}-{}", this.instance, uuid::Uuid::new_v4().simple());
+        let (channel, mut consumer) = this
+            .broker
+            .consume(&this.queue, &tag, this.prefetch)
+            .await?;
+        tracing::info!(instance = %this.instance, queue = %this.queue, prefetch = this.prefetch,
+            concurrency = this.concurrency, "worker consuming");
+        let permits = Arc::new(Semaphore::new(this.concurrency));
+        let hard_stop = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let mut closed = None;
+        loop {
+            while tasks.try_join_next().is_some() {}
+            // A permit first, so at most `concurrency` jobs run; deliveries
+            // beyond that wait in the prefetch buffer.
+            let permit = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            };
+            // Shutdown is checked first so no delivery is started after it.
+            let delivery = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                d = consumer.next() => d,
+            };
+            match delivery {
+                Some(Ok(delivery)) => {
+                    let worker = this.clone();
+                    let stop = hard_stop.clone();
+                    tasks.spawn(async move {
+                        let _permit = permit;
+                        worker.process_one(delivery, &stop).await
+                    });
+                }
+                Some(Err(e)) => {
+                    closed = Some(WorkerError::Broker(belfry_broker::BrokerError::Amqp {
+                        operation: "consume",
+                        source: e,
+                    }));
+                    break;
+                }
+                None => {
+                    closed = Some(WorkerError::ConsumerClosed(this.queue.clone()));
+                    break;
+                }
+            }
+        }
+        // Stop deliveries before waiting: the broker keeps prefetched but
+        // unstarted deliveries unacked and requeues them when the channel
+        // closes below.
+        if let Err(e) = channel
+            .basic_cancel(&tag, BasicCancelOptions::default())
+            .await
+        {
+            tracing::warn!(error = %e, "consumer cancel failed");
+        }
+        let in_flight = tasks.len();
+        tracing::info!(in_flight, deadline = ?this.shutdown_timeout, "worker stopping: finishing in-flight jobs");
+        let finished = tokio::time::timeout(this.shutdown_timeout, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                left = tasks.len(),
+                "shutdown deadline passed; interrupting and handing back the rest"
+            );
+            hard_stop.cancel();
+            if tokio::time::timeout(HAND_BACK_GRACE, async {
+                while tasks.join_next().await.is_some() {}
+            })
+            .await
+            .is_err()
+            {
+                tasks.abort_all();
+            }
+        }
+        let _ = channel.close(200, "worker stopped").await;
+        this.broker.close().await;
+        tracing::info!(instance = %this.instance, "worker stopped");
+        match closed {
+            Some(e) if !cancel.is_cancelled() => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
