@@ -1,1 +1,72 @@
+//! Building blocks for belfry's end-to-end tests and demos: scheduler
+//! replicas and workers wired to a [`TestEnv`], each replica with its own
+//! connections, as separate processes would have.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_broker::Broker;
+use belfry_ledger::Ledger;
+use belfry_protocol::ScheduleSpec;
+use belfry_runtime::Settings;
+use belfry_scheduler::{ClaimLock, Replica, Schedule};
+use belfry_testkit::{amqp_url, TestEnv};
+use belfry_worker::{Registry, Worker, WorkerConfig};
+
+pub use belfry_testkit;
+
+/// A scheduler replica named `instance` in `env`, locking through
+/// `redis_url` (`None`: database only).
+pub async fn replica(env: &TestEnv, instance: &str, redis_url: Option<&str>) -> Replica {
+    let lock = redis_url.map(|url| {
+        ClaimLock::new(url, env.topology.clone(), instance, Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{e}"))
+    });
+    let ledger = Ledger::connect(&env.database_url, 4)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let broker = Broker::connect(&amqp_url(), env.topology.clone(), instance)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    Replica::new(instance, lock, ledger, broker, 64, Duration::from_secs(10))
+}
+
+/// A worker named `instance` of group `group` in `env`, with extra settings
+/// (`BELFRY_MAX_ATTEMPTS`, `BELFRY_RETRY_INITIAL`, ...).
+pub async fn worker(
+    env: &TestEnv,
+    instance: &str,
+    group: &str,
+    registry: Registry,
+    extra: &[(&str, &str)],
+) -> Worker {
+    let mut pairs: Vec<(String, String)> = env.process_env();
+    pairs.push(("BELFRY_INSTANCE".into(), instance.into()));
+    pairs.push(("BELFRY_WORKER_GROUP".into(), group.into()));
+    pairs.push(("BELFRY_RETRY_JITTER".into(), "false".into()));
+    pairs.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    let config =
+        WorkerConfig::from_settings(&Settings::from_pairs(pairs)).unwrap_or_else(|e| panic!("{e}"));
+    Worker::start(&config, registry)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// An interval schedule of `job_type` every `every`.
+pub fn every(name: &str, every: &str, job_type: &str) -> Arc<Schedule> {
+    Arc::new(
+        Schedule::from_spec(&ScheduleSpec {
+            name: name.into(),
+            cron: None,
+            every: Some(every.into()),
+            timezone: None,
+            job_type: job_type.into(),
+            payload: None,
+        })
+        .unwrap_or_else(|e| panic!("{e}")),
+    )
+}

@@ -1,0 +1,361 @@
+//! Isolated environments on the real services for belfry's tests.
+//!
+//! Each [`TestEnv`] gets its own Postgres database (`belfry_t_{uuid}`) and a
+//! uuid namespace that prefixes every exchange, queue and Redis key, so
+//! tests run in parallel against one Postgres, one RabbitMQ and one Redis
+//! without seeing each other. [`TestEnv::teardown`] drops all of it.
+//!
+//! The services come from `BELFRY_TEST_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`), `BELFRY_TEST_AMQP_URL`
+//! and `BELFRY_TEST_REDIS_URL`. When one does not answer, the test fails
+//! with a message naming it: a service-backed test that could not run is a
+//! failure, never a silent pass.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lapin::options::{BasicGetOptions, BasicPublishOptions};
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+use belfry_broker::{Broker, Publisher};
+use belfry_ledger::{Ledger, NewRun, RunRecord, RunStatus};
+use belfry_protocol::{run_key, JobMessage, Topology, TraceContext, MESSAGE_VERSION};
+
+/// Admin URL of the Postgres server tests create databases on.
+pub fn admin_database_url() -> String {
+    std::env::var("BELFRY_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// RabbitMQ URL for tests.
+pub fn amqp_url() -> String {
+    std::env::var("BELFRY_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// Redis URL for tests.
+pub fn redis_url() -> String {
+    std::env::var("BELFRY_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+/// A Redis URL where nothing listens: for tests of Redis being down.
+pub const DEAD_REDIS_URL: &str = "redis://127.0.0.1:1/";
+
+/// One test's private slice of the real services.
+pub struct TestEnv {
+    /// The database name.
+    pub database: String,
+    /// URL of the private database.
+    pub database_url: String,
+    /// The private namespace.
+    pub namespace: String,
+    /// Names within the namespace.
+    pub topology: Topology,
+    /// The ledger on the private database, migrated.
+    pub ledger: Ledger,
+    /// A broker connection in the namespace, core topology declared.
+    pub broker: Broker,
+}
+
+impl TestEnv {
+    /// Creates the database, applies migrations, declares the core topology.
+    ///
+    /// # Panics
+    ///
+    /// When a service does not answer: the message names the service and
+    /// URL so CI shows why the test could not run.
+    pub async fn new() -> Self {
+        let id = Uuid::new_v4().simple().to_string();
+        let database = format!("belfry_t_{id}");
+        let admin = admin_database_url();
+        let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|e| {
+            panic!(
+                "service-backed test could not run: Postgres at {} is not reachable: {e}",
+                belfry_runtime::masked(&admin)
+            )
+        });
+        sqlx::query(&format!("CREATE DATABASE {database}"))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("cannot create test database {database}: {e}"));
+        let _ = conn.close().await;
+        let database_url = with_database(&admin, &database);
+        let ledger = Ledger::connect(&database_url, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        ledger.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+        let namespace = format!("t{id}");
+        let topology = Topology::new(&namespace).unwrap_or_else(|e| panic!("{e}"));
+        let broker = Broker::connect(&amqp_url(), topology.clone(), "belfry-test")
+            .await
+            .unwrap_or_else(|e| panic!("service-backed test could not run: {e}"));
+        broker
+            .declare_core()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            database,
+            database_url,
+            namespace,
+            topology,
+            ledger,
+            broker,
+        }
+    }
+
+    /// Environment variables that point a `belfry-scheduler` or
+    /// `belfry-worker` process at this environment.
+    pub fn process_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("DATABASE_URL".into(), self.database_url.clone()),
+            ("AMQP_URL".into(), amqp_url()),
+            ("REDIS_URL".into(), redis_url()),
+            ("BELFRY_NAMESPACE".into(), self.namespace.clone()),
+        ]
+    }
+
+    /// A confirming publisher in this namespace.
+    pub async fn publisher(&self) -> Publisher {
+        self.broker
+            .publisher()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Claims a fire the way a scheduler does (row `claimed`) and publishes
+    /// its message; returns the message. For worker tests that need no
+    /// scheduler.
+    pub async fn enqueue(
+        &self,
+        job_name: &str,
+        job_type: &str,
+        payload: serde_json::Value,
+        at: DateTime<Utc>,
+    ) -> JobMessage {
+        let trace = TraceContext::new_root();
+        let key = run_key(job_name, at).unwrap_or_else(|e| panic!("{e}"));
+        let run = NewRun {
+            id: Uuid::now_v7(),
+            job_name: job_name.into(),
+            run_key: key.clone(),
+            job_type: job_type.into(),
+            payload: payload.clone(),
+            scheduled_at: at,
+            claimed_by: "test".into(),
+            trace_id: trace.trace_id().map(str::to_owned),
+            traceparent: Some(trace.traceparent.clone()),
+        };
+        assert!(
+            self.ledger
+                .claim(&run)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            "run {key} already exists"
+        );
+        let message = JobMessage {
+            version: MESSAGE_VERSION,
+            message_id: run.id,
+            job_name: job_name.into(),
+            job_type: job_type.into(),
+            run_key: key,
+            scheduled_at: at,
+            published_at: Utc::now(),
+            attempt: 1,
+            payload,
+            trace: Some(trace),
+        };
+        let outcome = self
+            .publisher()
+            .await
+            .publish(&message)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            outcome,
+            belfry_broker::PublishOutcome::Confirmed,
+            "publish of {} not confirmed",
+            message.run_key
+        );
+        message
+    }
+
+    /// Publishes raw bytes to the job exchange with `routing_key`.
+    pub async fn publish_raw(&self, routing_key: &str, body: &[u8]) {
+        let channel = self.broker_channel().await;
+        channel
+            .basic_publish(
+                &self.topology.jobs_exchange(),
+                routing_key,
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    async fn broker_channel(&self) -> lapin::Channel {
+        let conn = lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        conn.create_channel()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Takes every message now in the dead-letter queue: `(body, reason)`.
+    pub async fn drain_dead_letters(&self) -> Vec<(Vec<u8>, String)> {
+        let channel = self.broker_channel().await;
+        let mut out = Vec::new();
+        while let Some(msg) = channel
+            .basic_get(
+                &self.topology.dead_letter_queue(),
+                BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+        {
+            let reason = msg
+                .delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| {
+                    h.inner()
+                        .get(belfry_protocol::topology::HEADER_DEAD_REASON)
+                        .cloned()
+                })
+                .and_then(|v| v.as_long_string().map(|s| s.to_string()))
+                .unwrap_or_default();
+            out.push((msg.delivery.data.clone(), reason));
+        }
+        out
+    }
+
+    /// Waits until the run `(job_name, run_key)` is terminal, up to `within`.
+    ///
+    /// # Panics
+    ///
+    /// When it is not terminal in time; the message shows its last state.
+    pub async fn wait_terminal(
+        &self,
+        job_name: &str,
+        run_key: &str,
+        within: Duration,
+    ) -> RunRecord {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let run = self
+                .ledger
+                .run_by_key(job_name, run_key)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            if let Some(run) = &run {
+                if run.status().is_ok_and(RunStatus::is_terminal) {
+                    return run.clone();
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("run {run_key} not terminal within {within:?}: {run:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Every run of the environment, oldest fire first.
+    pub async fn all_runs(&self) -> Vec<RunRecord> {
+        sqlx::query_as(
+            "SELECT id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \
+             claimed_by, claimed_at, dispatched_at, started_at, finished_at, worker, last_error, \
+             attempt_log, trace_id, traceparent FROM job_runs ORDER BY scheduled_at, job_name",
+        )
+        .fetch_all(self.ledger.pool())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Drops the database, the namespace's AMQP objects (for `groups`) and
+    /// its Redis keys.
+    pub async fn teardown(self, groups: &[&str]) {
+        let _ = self.broker.delete_namespace(groups).await;
+        self.broker.close().await;
+        self.ledger.pool().close().await;
+        if let Ok(mut conn) = PgConnection::connect(&admin_database_url()).await {
+            let _ = sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.database
+            ))
+            .execute(&mut conn)
+            .await;
+        }
+        if let Ok(client) = redis::Client::open(redis_url()) {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                // KEYS is fine here: a test Redis holds a handful of keys.
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{}:*", self.namespace))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                if !keys.is_empty() {
+                    let _: Result<(), _> = redis::AsyncCommands::del(&mut conn, keys).await;
+                }
+            }
+        }
+    }
+}
+
+/// Counts messages currently in `queue` (declared passively).
+pub async fn queue_len(env: &TestEnv, queue: &str) -> u32 {
+    let channel = env.broker_channel().await;
+    channel
+        .queue_declare(
+            queue,
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map(|q| q.message_count())
+        .unwrap_or(0)
+}
+
+fn with_database(url: &str, database: &str) -> String {
+    // Replace the path of the admin URL with the new database's name.
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map(|i| i + authority_start)
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{database}", &base[..path_start]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn replaces_the_database() {
+        assert_eq!(
+            super::with_database("postgres://postgres@127.0.0.1:5432/postgres", "x"),
+            "postgres://postgres@127.0.0.1:5432/x"
+        );
+        assert_eq!(
+            super::with_database("postgres://h?sslmode=off", "x"),
+            "postgres://h/x?sslmode=off"
+        );
+    }
+}
