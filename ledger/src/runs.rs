@@ -413,8 +413,10 @@ impl Ledger {
     /// (`retrying` for an attempt that will be retried, or a terminal
     /// status). Returns whether the row moved.
     ///
-    /// Terminal statuses set `finished_at`. `error` becomes `last_error`
-    /// (cleared on success).
+    /// Terminal statuses set `finished_at`. `last_error` is stored as the
+    /// run's latest error (`None` clears it, as on success); it may say more
+    /// than the attempt's own error, e.g. "retries exhausted after 3
+    /// attempts; last error: ...".
     ///
     /// # Errors
     ///
@@ -424,6 +426,7 @@ impl Ledger {
         id: Uuid,
         status: RunStatus,
         entry: &AttemptEntry,
+        last_error: Option<&str>,
     ) -> Result<bool, LedgerError> {
         let entry_json = serde_json::to_value(entry)
             .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
@@ -435,7 +438,7 @@ impl Ledger {
         ))
         .bind(id)
         .bind(status.as_str())
-        .bind(&entry.error)
+        .bind(last_error)
         .bind(status.is_terminal())
         .bind(entry_json)
         .execute(&self.pool)

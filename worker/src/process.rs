@@ -242,7 +242,7 @@ impl Worker {
             tracing::warn!(%error, ?delay, "attempt failed; retrying");
             if let Err(e) = self
                 .ledger
-                .end_attempt(id, RunStatus::Retrying, &entry)
+                .end_attempt(id, RunStatus::Retrying, &entry, entry.error.as_deref())
                 .await
             {
                 tracing::error!(error = %e, "cannot record the failed attempt; handing the delivery back");
@@ -260,7 +260,12 @@ impl Worker {
     }
 
     async fn finish(&self, delivery: &Delivery, f: Finish<'_>) -> ProcessOutcome {
-        match self.ledger.end_attempt(f.id, f.status, &f.entry).await {
+        let last_error = f.dead_letter.or(f.entry.error.as_deref());
+        match self
+            .ledger
+            .end_attempt(f.id, f.status, &f.entry, last_error)
+            .await
+        {
             Ok(_) => {}
             Err(e) => {
                 tracing::error!(id = %f.id, error = %e, "cannot record the outcome; handing the delivery back");
