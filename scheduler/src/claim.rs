@@ -22,7 +22,7 @@ use crate::SchedulerError;
 #[derive(Debug, Clone)]
 pub enum ClaimOutcome {
     /// This replica owns the fire; the row is `claimed`.
-    Won(NewRun),
+    Won(Box<NewRun>),
     /// Another replica holds the Redis lock for this fire.
     LostAtLock,
     /// Another replica inserted the row first.
@@ -99,7 +99,7 @@ impl Claimer {
         };
         if self.ledger.claim(&run).await? {
             FireCounters::add(&self.counters.claims_won, 1);
-            Ok(ClaimOutcome::Won(run))
+            Ok(ClaimOutcome::Won(Box::new(run)))
         } else {
             FireCounters::add(&self.counters.claims_lost_ledger, 1);
             tracing::debug!(run_key = %run.run_key, "fire taken by another replica (ledger)");

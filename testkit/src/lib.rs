@@ -309,6 +309,22 @@ impl TestEnv {
     }
 }
 
+/// Whether `queue` exists (a passive declare succeeds).
+pub async fn queue_exists(env: &TestEnv, queue: &str) -> bool {
+    let channel = env.broker_channel().await;
+    channel
+        .queue_declare(
+            queue,
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .is_ok()
+}
+
 /// Counts messages currently in `queue` (declared passively).
 pub async fn queue_len(env: &TestEnv, queue: &str) -> u32 {
     let channel = env.broker_channel().await;

@@ -1,0 +1,130 @@
+//! The `belfry-scheduler` binary as a process: it fires its schedule file,
+//! exits 0 on SIGTERM leaving nothing `claimed`, and refuses bad input with
+//! one clear line.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use belfry_testkit::TestEnv;
+
+const BIN: &str = env!("CARGO_BIN_EXE_belfry-scheduler");
+
+fn schedule_file(text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("belfry-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fires_and_stops_cleanly_on_sigterm() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let file = schedule_file(
+        "[[schedule]]\nname = \"every-second\"\nevery = \"1s\"\njob_type = \"noop\"\n",
+    );
+    let mut child = Command::new(BIN)
+        .envs(env.process_env())
+        .env("BELFRY_SCHEDULES", &file)
+        .env("BELFRY_INSTANCE", "sched-under-test")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let runs = env.all_runs().await;
+        if runs.len() >= 2 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no fires: {runs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let exit = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let runs = env.all_runs().await;
+    assert!(
+        runs.iter().all(|r| r.status_text == "dispatched"),
+        "nothing left claimed: {runs:?}"
+    );
+    assert!(runs
+        .iter()
+        .all(|r| r.claimed_by.as_deref() == Some("sched-under-test")));
+    // The schedule file was synced into `schedules`.
+    let stored = env.ledger.schedules().await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(
+        (stored[0].name.as_str(), stored[0].every_ms),
+        ("every-second", Some(1000))
+    );
+    let _ = std::fs::remove_file(file);
+    env.teardown(&["default"]).await;
+}
+
+fn run_expecting_failure(envs: &[(&str, &str)]) -> String {
+    let out = Command::new(BIN)
+        .envs(envs.iter().copied())
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines = stderr.lines().filter(|l| !l.trim().is_empty()).count();
+    assert_eq!(lines, 1, "one line expected: {stderr}");
+    stderr
+}
+
+#[test]
+fn an_invalid_schedule_names_the_schedule_and_the_field() {
+    let file = schedule_file(
+        "[[schedule]]\nname = \"nightly\"\ncron = \"0 0 25 * * *\"\njob_type = \"noop\"\n",
+    );
+    let stderr = run_expecting_failure(&[("BELFRY_SCHEDULES", file.to_str().unwrap())]);
+    assert!(
+        stderr.contains("schedule \"nightly\": field `cron`"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn unreachable_services_name_the_url_with_the_password_masked() {
+    let env = TestEnv::new().await;
+    let file = schedule_file("");
+    let stderr = run_expecting_failure(&[
+        ("BELFRY_SCHEDULES", file.to_str().unwrap()),
+        ("DATABASE_URL", &env.database_url),
+        ("AMQP_URL", "amqp://guest:s3cret@127.0.0.1:1/%2f"),
+    ]);
+    assert!(
+        stderr.contains("cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/%2f"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"));
+    let stderr = run_expecting_failure(&[
+        ("BELFRY_SCHEDULES", file.to_str().unwrap()),
+        (
+            "DATABASE_URL",
+            "postgres://postgres:pw@127.0.0.1:1/postgres",
+        ),
+    ]);
+    assert!(
+        stderr
+            .contains("cannot connect to Postgres at postgres://postgres:***@127.0.0.1:1/postgres"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(file);
+    env.teardown(&[]).await;
+}

@@ -1,0 +1,203 @@
+//! The built-in `http` and `sleep` job types against real endpoints, and
+//! migrations applied by several replicas at once.
+
+use std::time::Duration;
+
+use belfry_testkit::TestEnv;
+use belfry_tests::worker;
+use belfry_worker::Registry;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A minimal HTTP server on port 0 answering each path with the status in
+/// it (`/status/503` → 503).
+async fn status_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let n = sock.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let code = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|p| p.strip_prefix("/status/"))
+                    .and_then(|c| c.parse::<u16>().ok())
+                    .unwrap_or(200);
+                let reply =
+                    format!("HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = sock.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn at(s: &str) -> DateTime<Utc> {
+    s.parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_maps_statuses_to_outcomes() {
+    let env = TestEnv::new().await;
+    let base = status_server().await;
+    let w = worker(
+        &env,
+        "w1",
+        "default",
+        Registry::builder().builtins().build().unwrap(),
+        &[
+            ("BELFRY_MAX_ATTEMPTS", "2"),
+            ("BELFRY_RETRY_INITIAL", "10ms"),
+        ],
+    )
+    .await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(w.run(stop.clone()));
+    let t = at("2026-07-26T03:00:00Z");
+    let ok = env
+        .enqueue(
+            "h-ok",
+            "http",
+            json!({"url": format!("{base}/status/204")}),
+            t,
+        )
+        .await;
+    let server_error = env
+        .enqueue(
+            "h-5xx",
+            "http",
+            json!({"url": format!("{base}/status/503")}),
+            t,
+        )
+        .await;
+    let not_found = env
+        .enqueue(
+            "h-4xx",
+            "http",
+            json!({"url": format!("{base}/status/404")}),
+            t,
+        )
+        .await;
+    let closed = env
+        .enqueue(
+            "h-down",
+            "http",
+            json!({"url": "http://127.0.0.1:1/", "timeout_ms": 500}),
+            t,
+        )
+        .await;
+
+    let run = env
+        .wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(10))
+        .await;
+    assert_eq!((run.status_text.as_str(), run.attempts), ("succeeded", 1));
+    let run = env
+        .wait_terminal(
+            &server_error.job_name,
+            &server_error.run_key,
+            Duration::from_secs(10),
+        )
+        .await;
+    assert_eq!(
+        (run.status_text.as_str(), run.attempts),
+        ("dead", 2),
+        "5xx is retried"
+    );
+    assert!(run.last_error.unwrap().contains("503"));
+    let run = env
+        .wait_terminal(
+            &not_found.job_name,
+            &not_found.run_key,
+            Duration::from_secs(10),
+        )
+        .await;
+    assert_eq!(
+        (run.status_text.as_str(), run.attempts),
+        ("failed", 1),
+        "4xx is permanent"
+    );
+    let run = env
+        .wait_terminal(&closed.job_name, &closed.run_key, Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        (run.status_text.as_str(), run.attempts),
+        ("dead", 2),
+        "connection errors are retried"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_attempt_is_cancelled_and_retried() {
+    let env = TestEnv::new().await;
+    let w = worker(
+        &env,
+        "w1",
+        "default",
+        Registry::builder().builtins().build().unwrap(),
+        &[
+            ("BELFRY_MAX_ATTEMPTS", "2"),
+            ("BELFRY_RETRY_INITIAL", "10ms"),
+            ("BELFRY_JOB_TIMEOUT", "200ms"),
+        ],
+    )
+    .await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(w.run(stop.clone()));
+    let m = env
+        .enqueue(
+            "slow",
+            "sleep",
+            json!({"duration_ms": 60_000}),
+            at("2026-07-26T03:00:00Z"),
+        )
+        .await;
+    let run = env
+        .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
+        .await;
+    assert_eq!((run.status_text.as_str(), run.attempts), ("dead", 2));
+    let log = run.attempt_entries().unwrap();
+    assert!(log.iter().all(|e| e.outcome == "timeout"), "{log:?}");
+    assert!(log
+        .iter()
+        .all(|e| e.finished_at - e.started_at < chrono::Duration::seconds(5)));
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_are_safe_when_replicas_start_together() {
+    let env = TestEnv::new().await;
+    // A fresh database (the env's own is already migrated).
+    let fresh = TestEnv::new().await;
+    sqlx::query("DROP TABLE job_runs, schedules, _sqlx_migrations")
+        .execute(fresh.ledger.pool())
+        .await
+        .unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..6 {
+        let url = fresh.database_url.clone();
+        handles.push(tokio::spawn(async move {
+            let ledger = belfry_ledger::Ledger::connect(&url, 2).await.unwrap();
+            ledger.migrate().await
+        }));
+    }
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(fresh.ledger.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    fresh.teardown(&[]).await;
+    env.teardown(&[]).await;
+}

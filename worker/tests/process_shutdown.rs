@@ -1,0 +1,122 @@
+//! The `belfry-worker` binary as a process: SIGTERM during a job lets the
+//! job finish and be recorded before the process exits 0; an unreachable
+//! service gives one clear line with the URL masked.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use belfry_testkit::TestEnv;
+use chrono::Utc;
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_belfry-worker");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
+    let env = TestEnv::new().await;
+    let mut child = Command::new(BIN)
+        .envs(env.process_env())
+        .env("BELFRY_INSTANCE", "worker-under-test")
+        .env("BELFRY_SHUTDOWN_TIMEOUT", "20s")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn belfry-worker");
+    // Wait until the worker has bound its queue (it declares it at start).
+    let queue = env.topology.group_queue("default");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !queue_exists(&env, &queue).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker never bound {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = env
+        .enqueue("long", "sleep", json!({"duration_ms": 3000}), Utc::now())
+        .await;
+    // Wait until the job is running, then ask the worker to stop.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let run = env
+            .ledger
+            .run_by_key(&m.job_name, &m.run_key)
+            .await
+            .unwrap()
+            .unwrap();
+        if run.status_text == "running" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job never started: {run:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let term_sent = Utc::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "worker exited with {exit:?}");
+    let run = env
+        .ledger
+        .run_by_key(&m.job_name, &m.run_key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(run.status_text, "succeeded", "{run:?}");
+    assert_eq!(run.worker.as_deref(), Some("worker-under-test"));
+    let finished = run.finished_at.unwrap();
+    assert!(
+        finished > term_sent,
+        "the job finished after SIGTERM, not before"
+    );
+    assert!(finished - run.started_at.unwrap() >= chrono::Duration::milliseconds(3000));
+    env.teardown(&["default"]).await;
+}
+
+async fn queue_exists(env: &TestEnv, queue: &str) -> bool {
+    // A passive declare fails (and closes its channel) when the queue is
+    // missing; the testkit opens a fresh channel every time.
+    belfry_testkit::queue_exists(env, queue).await
+}
+
+#[test]
+fn an_unreachable_database_is_one_clear_line_with_the_password_masked() {
+    let out = Command::new(BIN)
+        .env("DATABASE_URL", "postgres://app:hunter2@127.0.0.1:1/belfry")
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run belfry-worker");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<_> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains("cannot connect to Postgres at postgres://app:***@127.0.0.1:1/belfry"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+#[test]
+fn a_bad_setting_names_the_variable() {
+    let out = Command::new(BIN)
+        .env("BELFRY_PREFETCH", "lots")
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("BELFRY_PREFETCH=\"lots\" is invalid"),
+        "{stderr}"
+    );
+}
