@@ -1,0 +1,12 @@
+# Builds both belfry binaries; docker-compose.yml runs them.
+FROM rust:1.85-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bin belfry-scheduler --bin belfry-worker
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/belfry-scheduler /src/target/release/belfry-worker /usr/local/bin/
+COPY examples/schedules.toml /etc/belfry/schedules.toml
+ENV BELFRY_SCHEDULES=/etc/belfry/schedules.toml
+USER nobody
