@@ -182,20 +182,42 @@ mod tests {
     fn the_committed_json_schema_matches_the_type() {
         let schema: serde_json::Value =
             serde_json::from_str(include_str!("../../docs/job-message.schema.json")).unwrap();
-        let props: Vec<&str> = schema["properties"].as_object().unwrap().keys().map(String::as_str).collect();
+        let props: Vec<&str> = schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         let written = serde_json::to_value(sample()).unwrap();
-        let mut fields: Vec<&str> = written.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut fields: Vec<&str> = written
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         let mut props_sorted = props.clone();
         props_sorted.sort_unstable();
         fields.sort_unstable();
-        assert_eq!(props_sorted, fields, "schema properties and JobMessage fields differ");
+        assert_eq!(
+            props_sorted, fields,
+            "schema properties and JobMessage fields differ"
+        );
         // Exactly the fields without a serde default are required.
-        let required: Vec<&str> = schema["required"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
         for field in fields {
             let mut partial = written.clone();
             partial.as_object_mut().unwrap().remove(field);
             let decodes = JobMessage::from_slice(partial.to_string().as_bytes()).is_ok();
-            assert_eq!(!decodes, required.contains(&field), "field {field}: required in schema vs in code");
+            assert_eq!(
+                !decodes,
+                required.contains(&field),
+                "field {field}: required in schema vs in code"
+            );
         }
     }
 }
