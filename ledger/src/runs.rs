@@ -252,39 +252,10 @@ impl Ledger {
         {
             return self.finished_or_raced(message, worker, status).await;
         }
-        let trace_id = message
-            .trace
-            .as_ref()
-            .and_then(|t| t.trace_id())
-            .map(str::to_owned);
-        let inserted = sqlx::query(
-            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-                 dispatched_at, trace_id, traceparent) \
-             VALUES ($1, $2, $3, $4, 'dispatched', $5, $6, $7, $8, $9) \
-             ON CONFLICT (job_name, run_key) DO NOTHING",
-        )
-        .bind(message.message_id)
-        .bind(&message.job_name)
-        .bind(&message.run_key)
-        .bind(&message.job_type)
-        .bind(&message.payload)
-        .bind(message.scheduled_at)
-        .bind(message.published_at)
-        .bind(trace_id)
-        .bind(message.trace.as_ref().map(|t| t.traceparent.as_str()))
-        .execute(&self.pool)
-        .await;
-        match inserted {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                return Err(LedgerError::IdConflict {
-                    id: message.message_id,
-                    run_key: message.run_key.clone(),
-                })
-            }
-            other => {
-                other?;
-            }
-        }
+        // A message published by hand: record it as dispatched (the broker
+        // had it) and start it like any other.
+        self.insert_from_message(message, RunStatus::Dispatched, None, "DO NOTHING")
+            .await?;
         match self.try_begin(message, worker).await? {
             Some(start) => Ok(start),
             None => {
@@ -379,26 +350,56 @@ impl Ledger {
         message: &JobMessage,
         reason: &str,
     ) -> Result<bool, LedgerError> {
+        let changed = self
+            .insert_from_message(
+                message,
+                RunStatus::Dead,
+                Some(reason),
+                &format!(
+                    "DO UPDATE SET status = 'dead', last_error = EXCLUDED.last_error, \
+                     finished_at = now(), updated_at = now() WHERE job_runs.status IN {STARTABLE}"
+                ),
+            )
+            .await?;
+        Ok(changed == 1)
+    }
+
+    /// Inserts the row of a run known only from its message, with
+    /// `status`, and `on_conflict` (an `ON CONFLICT (job_name, run_key)`
+    /// action) deciding what happens when the run key is already there.
+    /// Returns the number of rows inserted or updated.
+    async fn insert_from_message(
+        &self,
+        message: &JobMessage,
+        status: RunStatus,
+        last_error: Option<&str>,
+        on_conflict: &str,
+    ) -> Result<u64, LedgerError> {
+        let trace = message.trace.as_ref();
         let done = sqlx::query(&format!(
             "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-                 last_error, finished_at, traceparent) \
-             VALUES ($1, $2, $3, $4, 'dead', $5, $6, $7, now(), $8) \
-             ON CONFLICT (job_name, run_key) DO UPDATE SET status = 'dead', \
-                 last_error = EXCLUDED.last_error, finished_at = now(), updated_at = now() \
-             WHERE job_runs.status IN {STARTABLE}"
+                 dispatched_at, last_error, finished_at, trace_id, traceparent) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN now() END, $11, $12) \
+             ON CONFLICT (job_name, run_key) {on_conflict}"
         ))
         .bind(message.message_id)
         .bind(&message.job_name)
         .bind(&message.run_key)
         .bind(&message.job_type)
+        .bind(status.as_str())
         .bind(&message.payload)
         .bind(message.scheduled_at)
-        .bind(reason)
-        .bind(message.trace.as_ref().map(|t| t.traceparent.as_str()))
+        .bind(message.published_at)
+        .bind(last_error)
+        .bind(status.is_terminal())
+        .bind(trace.and_then(|t| t.trace_id()))
+        .bind(trace.map(|t| t.traceparent.as_str()))
         .execute(&self.pool)
         .await;
         match done {
-            Ok(done) => Ok(done.rows_affected() == 1),
+            Ok(done) => Ok(done.rows_affected()),
+            // The run key is handled by ON CONFLICT; a unique violation here
+            // can only be the primary key: the id belongs to another run.
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                 Err(LedgerError::IdConflict {
                     id: message.message_id,

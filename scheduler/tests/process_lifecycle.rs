@@ -35,15 +35,10 @@ async fn fires_and_stops_cleanly_on_sigterm() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let runs = env.all_runs().await;
-        if runs.len() >= 2 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no fires: {runs:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    belfry_testkit::eventually("two fires", Duration::from_secs(20), || async {
+        (env.all_runs().await.len() >= 2).then_some(())
+    })
+    .await;
     assert!(Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -267,6 +267,19 @@ impl TestEnv {
         }
     }
 
+    /// The run of `message`.
+    ///
+    /// # Panics
+    ///
+    /// When it has no row.
+    pub async fn run_of(&self, message: &JobMessage) -> RunRecord {
+        self.ledger
+            .run_by_key(&message.job_name, &message.run_key)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no row for {}", message.run_key))
+    }
+
     /// Every run of the environment, oldest fire first.
     pub async fn all_runs(&self) -> Vec<RunRecord> {
         sqlx::query_as(
@@ -311,35 +324,46 @@ impl TestEnv {
 
 /// Whether `queue` exists (a passive declare succeeds).
 pub async fn queue_exists(env: &TestEnv, queue: &str) -> bool {
-    let channel = env.broker_channel().await;
-    channel
-        .queue_declare(
-            queue,
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .is_ok()
+    queue_len(env, queue).await.is_some()
 }
 
-/// Counts messages currently in `queue` (declared passively).
-pub async fn queue_len(env: &TestEnv, queue: &str) -> u32 {
+/// Counts messages currently in `queue`, or `None` when it does not exist.
+pub async fn queue_len(env: &TestEnv, queue: &str) -> Option<u32> {
+    // A passive declare fails, and closes its channel, when the queue is
+    // missing: every call opens a fresh channel.
     let channel = env.broker_channel().await;
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
     channel
-        .queue_declare(
-            queue,
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+        .queue_declare(queue, passive, FieldTable::default())
         .await
+        .ok()
         .map(|q| q.message_count())
-        .unwrap_or(0)
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, up to `within`.
+///
+/// # Panics
+///
+/// When `within` passes first; the message says what was awaited.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn with_database(url: &str, database: &str) -> String {

@@ -11,7 +11,9 @@ use belfry_protocol::ScheduleSpec;
 use belfry_runtime::Settings;
 use belfry_scheduler::{ClaimLock, Replica, Schedule};
 use belfry_testkit::{amqp_url, TestEnv};
-use belfry_worker::{Registry, Worker, WorkerConfig};
+use belfry_worker::{Registry, Worker, WorkerConfig, WorkerCounters, WorkerError};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 pub use belfry_testkit;
 
@@ -69,4 +71,36 @@ pub fn every(name: &str, every: &str, job_type: &str) -> Arc<Schedule> {
         })
         .unwrap_or_else(|e| panic!("{e}")),
     )
+}
+
+/// A worker running its consume loop in the background.
+pub struct RunningWorker {
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), WorkerError>>,
+    /// The worker's counters.
+    pub counters: Arc<WorkerCounters>,
+}
+
+impl RunningWorker {
+    /// Starts `worker`'s loop.
+    pub fn spawn(worker: Worker) -> Self {
+        let stop = CancellationToken::new();
+        let counters = worker.counters().clone();
+        let task = tokio::spawn(worker.run(stop.clone()));
+        Self {
+            stop,
+            task,
+            counters,
+        }
+    }
+
+    /// Stops the loop gracefully and checks it ended without error.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("worker loop failed: {e}"),
+            Err(e) => panic!("worker task failed: {e}"),
+        }
+    }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use belfry_testkit::TestEnv;
-use belfry_tests::worker;
+use belfry_tests::{worker, RunningWorker};
 use belfry_worker::Registry;
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -56,81 +56,68 @@ async fn http_maps_statuses_to_outcomes() {
         ],
     )
     .await;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(w.run(stop.clone()));
+    let running = RunningWorker::spawn(w);
     let t = at("2026-07-26T03:00:00Z");
-    let ok = env
-        .enqueue(
+    // (name, payload, expected status, expected attempts, why)
+    let cases = [
+        (
             "h-ok",
-            "http",
             json!({"url": format!("{base}/status/204")}),
-            t,
-        )
-        .await;
-    let server_error = env
-        .enqueue(
+            "succeeded",
+            1,
+            "2xx succeeds",
+        ),
+        (
             "h-5xx",
-            "http",
             json!({"url": format!("{base}/status/503")}),
-            t,
-        )
-        .await;
-    let not_found = env
-        .enqueue(
+            "dead",
+            2,
+            "5xx is retried",
+        ),
+        (
+            "h-429",
+            json!({"url": format!("{base}/status/429")}),
+            "dead",
+            2,
+            "429 is retried",
+        ),
+        (
             "h-4xx",
-            "http",
             json!({"url": format!("{base}/status/404")}),
-            t,
-        )
-        .await;
-    let closed = env
-        .enqueue(
+            "failed",
+            1,
+            "4xx is permanent",
+        ),
+        (
             "h-down",
-            "http",
             json!({"url": "http://127.0.0.1:1/", "timeout_ms": 500}),
-            t,
-        )
-        .await;
-
-    let run = env
-        .wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(10))
-        .await;
-    assert_eq!((run.status_text.as_str(), run.attempts), ("succeeded", 1));
-    let run = env
-        .wait_terminal(
-            &server_error.job_name,
-            &server_error.run_key,
-            Duration::from_secs(10),
-        )
-        .await;
-    assert_eq!(
-        (run.status_text.as_str(), run.attempts),
-        ("dead", 2),
-        "5xx is retried"
-    );
-    assert!(run.last_error.unwrap().contains("503"));
-    let run = env
-        .wait_terminal(
-            &not_found.job_name,
-            &not_found.run_key,
-            Duration::from_secs(10),
-        )
-        .await;
-    assert_eq!(
-        (run.status_text.as_str(), run.attempts),
-        ("failed", 1),
-        "4xx is permanent"
-    );
-    let run = env
-        .wait_terminal(&closed.job_name, &closed.run_key, Duration::from_secs(10))
-        .await;
-    assert_eq!(
-        (run.status_text.as_str(), run.attempts),
-        ("dead", 2),
-        "connection errors are retried"
-    );
-    stop.cancel();
-    task.await.unwrap().unwrap();
+            "dead",
+            2,
+            "connection errors are retried",
+        ),
+        (
+            "h-bad-url",
+            json!({"url": "not a url"}),
+            "failed",
+            1,
+            "an invalid url is permanent",
+        ),
+    ];
+    let mut messages = Vec::new();
+    for (name, payload, ..) in &cases {
+        messages.push(env.enqueue(name, "http", payload.clone(), t).await);
+    }
+    for ((name, _, status, attempts, why), m) in cases.iter().zip(&messages) {
+        let run = env
+            .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
+            .await;
+        assert_eq!(
+            (run.status_text.as_str(), run.attempts),
+            (*status, *attempts),
+            "{name}: {why}: {run:?}"
+        );
+    }
+    running.stop().await;
     env.teardown(&["default"]).await;
 }
 
@@ -149,8 +136,7 @@ async fn a_timed_out_attempt_is_cancelled_and_retried() {
         ],
     )
     .await;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(w.run(stop.clone()));
+    let running = RunningWorker::spawn(w);
     let m = env
         .enqueue(
             "slow",
@@ -168,8 +154,7 @@ async fn a_timed_out_attempt_is_cancelled_and_retried() {
     assert!(log
         .iter()
         .all(|e| e.finished_at - e.started_at < chrono::Duration::seconds(5)));
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
     env.teardown(&["default"]).await;
 }
 

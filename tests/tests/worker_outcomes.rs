@@ -9,11 +9,10 @@ use std::time::Duration;
 use belfry_ledger::AttemptEntry;
 use belfry_scheduler::FireOutcome;
 use belfry_testkit::{redis_url, TestEnv};
-use belfry_tests::{every, replica, worker};
-use belfry_worker::{Job, JobContext, JobError, Registry, Worker, WorkerCounters};
+use belfry_tests::{every, replica, worker, RunningWorker};
+use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 /// Fails with a retryable error until its `fail_first` count is used up.
 #[derive(Clone)]
@@ -78,19 +77,6 @@ fn at(s: &str) -> DateTime<Utc> {
     s.parse().unwrap()
 }
 
-async fn running(
-    w: Worker,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), belfry_worker::WorkerError>>,
-    Arc<WorkerCounters>,
-) {
-    let stop = CancellationToken::new();
-    let counters = w.counters().clone();
-    let task = tokio::spawn(w.run(stop.clone()));
-    (stop, task, counters)
-}
-
 fn entries(run: &belfry_ledger::RunRecord) -> Vec<AttemptEntry> {
     run.attempt_entries().unwrap()
 }
@@ -111,7 +97,7 @@ async fn fails_twice_then_succeeds_with_growing_delays() {
         ],
     )
     .await;
-    let (stop, task, _) = running(w).await;
+    let running = RunningWorker::spawn(w);
     let m = env
         .enqueue(
             "flaky-job",
@@ -140,8 +126,7 @@ async fn fails_twice_then_succeeds_with_growing_delays() {
     assert!(run.last_error.is_none());
     assert_eq!(run.worker.as_deref(), Some("w1"));
     assert!(run.started_at.is_some() && run.finished_at.is_some());
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
     env.teardown(&["default"]).await;
 }
 
@@ -160,7 +145,8 @@ async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on() {
         ],
     )
     .await;
-    let (stop, task, counters) = running(w).await;
+    let running = RunningWorker::spawn(w);
+    let counters = running.counters.clone();
     let bad = env
         .enqueue(
             "always-fails",
@@ -194,8 +180,7 @@ async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on() {
     assert_eq!(body["run_key"], bad.run_key.as_str());
     assert!(dead[0].1.contains("retries exhausted"), "{}", dead[0].1);
     assert_eq!(WorkerCounters::get(&counters.dead_lettered), 1);
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
     env.teardown(&["default"]).await;
 }
 
@@ -203,7 +188,8 @@ async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on() {
 async fn malformed_json_is_dead_lettered_and_consuming_goes_on() {
     let env = TestEnv::new().await;
     let w = worker(&env, "w1", "default", registry(&flaky(0)), &[]).await;
-    let (stop, task, counters) = running(w).await;
+    let running = RunningWorker::spawn(w);
+    let counters = running.counters.clone();
     env.publish_raw("noop", b"{this is not json").await;
     // A well-formed message of an unknown type, routed to this group by hand.
     let unknown = json!({
@@ -250,8 +236,7 @@ async fn malformed_json_is_dead_lettered_and_consuming_goes_on() {
         garbage.1
     );
     assert_eq!(WorkerCounters::get(&counters.dead_lettered), 2);
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
     env.teardown(&["default"]).await;
 }
 
@@ -269,7 +254,7 @@ async fn permanent_errors_bad_payloads_and_panics() {
         ],
     )
     .await;
-    let (stop, task, _) = running(w).await;
+    let running = RunningWorker::spawn(w);
     let t = at("2026-07-26T03:00:00Z");
     let refused = env.enqueue("refused", "refuses", json!(null), t).await;
     let bad_payload = env
@@ -323,8 +308,7 @@ async fn permanent_errors_bad_payloads_and_panics() {
         1,
         "only the bad payload is dead-lettered: {dead:?}"
     );
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
     env.teardown(&["default"]).await;
 }
 
@@ -333,7 +317,8 @@ async fn a_redelivered_message_of_a_finished_run_is_dropped() {
     let env = TestEnv::new().await;
     let job = flaky(0);
     let w = worker(&env, "w1", "default", registry(&job), &[]).await;
-    let (stop, task, counters) = running(w).await;
+    let running = RunningWorker::spawn(w);
+    let counters = running.counters.clone();
     let m = env
         .enqueue("once", "flaky", json!(null), at("2026-07-26T03:00:00Z"))
         .await;
@@ -342,28 +327,20 @@ async fn a_redelivered_message_of_a_finished_run_is_dropped() {
     // The same message again, as a broker redelivery or a republish would.
     let outcome = env.publisher().await.publish(&m).await.unwrap();
     assert_eq!(outcome, belfry_broker::PublishOutcome::Confirmed);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while WorkerCounters::get(&counters.duplicates) == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "duplicate never processed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    belfry_testkit::eventually(
+        "the duplicate delivery",
+        Duration::from_secs(10),
+        || async { (WorkerCounters::get(&counters.duplicates) > 0).then_some(()) },
+    )
+    .await;
     assert_eq!(
         job.calls.load(Ordering::SeqCst),
         1,
         "finished work ran again"
     );
-    let run = env
-        .ledger
-        .run_by_key(&m.job_name, &m.run_key)
-        .await
-        .unwrap()
-        .unwrap();
+    let run = env.run_of(&m).await;
     assert_eq!((run.status_text.as_str(), run.attempts), ("succeeded", 1));
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
     env.teardown(&["default"]).await;
 }
 

@@ -116,17 +116,7 @@ impl Worker {
                 );
                 entry.outcome = "exhausted".into();
                 entry.error = Some(reason.clone());
-                return self
-                    .finish(
-                        &delivery,
-                        Finish {
-                            id,
-                            status: RunStatus::Dead,
-                            entry,
-                            dead_letter: Some(&reason),
-                        },
-                    )
-                    .await;
+                return self.dead(&delivery, id, entry, &reason).await;
             }
             let trace_id = message
                 .trace
@@ -195,17 +185,7 @@ impl Worker {
                     entry.outcome = "invalid_payload".into();
                     entry.error = Some(reason.clone());
                     tracing::error!(error = %reason, "dead-lettering: payload cannot be decoded");
-                    return self
-                        .finish(
-                            &delivery,
-                            Finish {
-                                id,
-                                status: RunStatus::Dead,
-                                entry,
-                                dead_letter: Some(&reason),
-                            },
-                        )
-                        .await;
+                    return self.dead(&delivery, id, entry, &reason).await;
                 }
                 AttemptResult::Interrupted => {
                     tracing::warn!("attempt interrupted by shutdown; handing the run back");
@@ -226,17 +206,7 @@ impl Worker {
                 let reason =
                     format!("retries exhausted after {attempt} attempts; last error: {error}");
                 tracing::error!(error = %reason, "run is dead");
-                return self
-                    .finish(
-                        &delivery,
-                        Finish {
-                            id,
-                            status: RunStatus::Dead,
-                            entry,
-                            dead_letter: Some(&reason),
-                        },
-                    )
-                    .await;
+                return self.dead(&delivery, id, entry, &reason).await;
             };
             let delay = requested_delay.unwrap_or(policy_delay);
             tracing::warn!(%error, ?delay, "attempt failed; retrying");
@@ -291,6 +261,24 @@ impl Worker {
             None => self.ack(delivery).await,
         }
         outcome
+    }
+
+    /// Ends the attempt with the run `dead` for `reason`, dead-lettering
+    /// the delivery.
+    async fn dead(
+        &self,
+        delivery: &Delivery,
+        id: Uuid,
+        entry: AttemptEntry,
+        reason: &str,
+    ) -> ProcessOutcome {
+        let finish = Finish {
+            id,
+            status: RunStatus::Dead,
+            entry,
+            dead_letter: Some(reason),
+        };
+        self.finish(delivery, finish).await
     }
 
     /// Records the run `dead` with `reason` and dead-letters the delivery.

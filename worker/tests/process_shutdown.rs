@@ -25,35 +25,26 @@ async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
         .expect("spawn belfry-worker");
     // Wait until the worker has bound its queue (it declares it at start).
     let queue = env.topology.group_queue("default");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !queue_exists(&env, &queue).await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "worker never bound {queue}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    belfry_testkit::eventually("the worker's queue", Duration::from_secs(20), || async {
+        belfry_testkit::queue_exists(&env, &queue)
+            .await
+            .then_some(())
+    })
+    .await;
     let m = env
         .enqueue("long", "sleep", json!({"duration_ms": 3000}), Utc::now())
         .await;
     // Wait until the job is running, then ask the worker to stop.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    belfry_testkit::eventually("the job to start", Duration::from_secs(10), || async {
         let run = env
             .ledger
             .run_by_key(&m.job_name, &m.run_key)
             .await
-            .unwrap()
-            .unwrap();
-        if run.status_text == "running" {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "job never started: {run:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .ok()
+            .flatten()?;
+        (run.status_text == "running").then_some(())
+    })
+    .await;
     let term_sent = Utc::now();
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -65,12 +56,7 @@ async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
         .unwrap()
         .unwrap();
     assert!(exit.success(), "worker exited with {exit:?}");
-    let run = env
-        .ledger
-        .run_by_key(&m.job_name, &m.run_key)
-        .await
-        .unwrap()
-        .unwrap();
+    let run = env.run_of(&m).await;
     assert_eq!(run.status_text, "succeeded", "{run:?}");
     assert_eq!(run.worker.as_deref(), Some("worker-under-test"));
     let finished = run.finished_at.unwrap();
@@ -80,12 +66,6 @@ async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
     );
     assert!(finished - run.started_at.unwrap() >= chrono::Duration::milliseconds(3000));
     env.teardown(&["default"]).await;
-}
-
-async fn queue_exists(env: &TestEnv, queue: &str) -> bool {
-    // A passive declare fails (and closes its channel) when the queue is
-    // missing; the testkit opens a fresh channel every time.
-    belfry_testkit::queue_exists(env, queue).await
 }
 
 #[test]
