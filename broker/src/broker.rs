@@ -7,23 +7,49 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use belfry_protocol::Topology;
 
 use crate::publisher::Publisher;
 use crate::BrokerError;
 
-/// A connection to RabbitMQ for one namespace.
+/// How long one connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed reconnect, how long callers get the error at once before
+/// the next attempt (so a dead broker is not hammered once per fire).
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+struct Link {
+    connection: Arc<Connection>,
+    failed_at: Option<Instant>,
+}
+
+struct Inner {
+    url: String,
+    connection_name: String,
+    topology: Topology,
+    // A tokio mutex: reconnecting awaits. Held only to read or replace the
+    // connection; channels are opened after it is released.
+    link: tokio::sync::Mutex<Link>,
+}
+
+/// A connection to RabbitMQ for one namespace, reopened on demand.
+///
+/// Cheap to clone (shared). When the connection drops (broker restart,
+/// network loss) the next call that needs a channel reconnects, at most
+/// once per second, so publishers and consumers recover on their own.
 #[derive(Clone)]
 pub struct Broker {
-    connection: std::sync::Arc<Connection>,
-    topology: Topology,
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
-            .field("namespace", &self.topology.namespace())
-            .field("status", &self.connection.status().state())
+            .field("url", &belfry_runtime::masked(&self.inner.url))
+            .field("namespace", &self.inner.topology.namespace())
             .finish()
     }
 }
@@ -41,44 +67,63 @@ impl Broker {
         topology: Topology,
         connection_name: &str,
     ) -> Result<Self, BrokerError> {
-        // lapin runs its I/O on the caller's tokio runtime instead of a
-        // private thread pool.
-        let properties = ConnectionProperties::default()
-            .with_executor(tokio_executor_trait::Tokio::current())
-            .with_reactor(tokio_reactor_trait::Tokio)
-            .with_connection_name(LongString::from(connection_name.to_owned()));
-        let connect = Connection::connect(url, properties);
-        let connection = tokio::time::timeout(std::time::Duration::from_secs(10), connect)
-            .await
-            .map_err(|_| BrokerError::Connect {
-                url: belfry_runtime::masked(url),
-                source: lapin::Error::IOError(std::sync::Arc::new(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no answer within 10s",
-                ))),
-            })?
-            .map_err(|source| BrokerError::Connect {
-                url: belfry_runtime::masked(url),
-                source,
-            })?;
+        let connection = open(url, connection_name).await?;
         Ok(Self {
-            connection: std::sync::Arc::new(connection),
-            topology,
+            inner: Arc::new(Inner {
+                url: url.to_owned(),
+                connection_name: connection_name.to_owned(),
+                topology,
+                link: tokio::sync::Mutex::new(Link {
+                    connection: Arc::new(connection),
+                    failed_at: None,
+                }),
+            }),
         })
     }
 
     /// The names this broker handle uses.
     pub fn topology(&self) -> &Topology {
-        &self.topology
+        &self.inner.topology
     }
 
-    /// Whether the connection is open.
-    pub fn is_connected(&self) -> bool {
-        self.connection.status().connected()
+    /// Whether the current connection is open.
+    pub async fn is_connected(&self) -> bool {
+        self.inner.link.lock().await.connection.status().connected()
+    }
+
+    /// The open connection, reconnecting when it dropped.
+    async fn connection(&self) -> Result<Arc<Connection>, BrokerError> {
+        let mut link = self.inner.link.lock().await;
+        if link.connection.status().connected() {
+            return Ok(link.connection.clone());
+        }
+        let url = belfry_runtime::masked(&self.inner.url);
+        if link
+            .failed_at
+            .is_some_and(|t| t.elapsed() < RECONNECT_PAUSE)
+        {
+            return Err(BrokerError::Disconnected { url });
+        }
+        match open(&self.inner.url, &self.inner.connection_name).await {
+            Ok(connection) => {
+                tracing::info!(%url, "reconnected to RabbitMQ");
+                link.connection = Arc::new(connection);
+                link.failed_at = None;
+                Ok(link.connection.clone())
+            }
+            Err(e) => {
+                if link.failed_at.is_none() {
+                    tracing::warn!(error = %e, "RabbitMQ connection lost; reconnecting");
+                }
+                link.failed_at = Some(Instant::now());
+                Err(e)
+            }
+        }
     }
 
     async fn channel(&self) -> Result<Channel, BrokerError> {
-        self.connection
+        self.connection()
+            .await?
             .create_channel()
             .await
             .map_err(BrokerError::amqp("channel open"))
@@ -99,7 +144,7 @@ impl Broker {
         };
         channel
             .exchange_declare(
-                &self.topology.jobs_exchange(),
+                &self.inner.topology.jobs_exchange(),
                 ExchangeKind::Topic,
                 durable,
                 FieldTable::default(),
@@ -108,14 +153,14 @@ impl Broker {
             .map_err(BrokerError::amqp("declare job exchange"))?;
         channel
             .exchange_declare(
-                &self.topology.dead_letter_exchange(),
+                &self.inner.topology.dead_letter_exchange(),
                 ExchangeKind::Fanout,
                 durable,
                 FieldTable::default(),
             )
             .await
             .map_err(BrokerError::amqp("declare dead-letter exchange"))?;
-        let dlq = self.topology.dead_letter_queue();
+        let dlq = self.inner.topology.dead_letter_queue();
         channel
             .queue_declare(&dlq, durable_queue(), quorum_args(None))
             .await
@@ -123,7 +168,7 @@ impl Broker {
         channel
             .queue_bind(
                 &dlq,
-                &self.topology.dead_letter_exchange(),
+                &self.inner.topology.dead_letter_exchange(),
                 "",
                 QueueBindOptions::default(),
                 FieldTable::default(),
@@ -150,8 +195,8 @@ impl Broker {
         job_types: &[S],
     ) -> Result<String, BrokerError> {
         let channel = self.channel().await?;
-        let queue = self.topology.group_queue(group);
-        let dlx = self.topology.dead_letter_exchange();
+        let queue = self.inner.topology.group_queue(group);
+        let dlx = self.inner.topology.dead_letter_exchange();
         channel
             .queue_declare(&queue, durable_queue(), quorum_args(Some(&dlx)))
             .await
@@ -160,7 +205,7 @@ impl Broker {
             channel
                 .queue_bind(
                     &queue,
-                    &self.topology.jobs_exchange(),
+                    &self.inner.topology.jobs_exchange(),
                     job_type.as_ref(),
                     QueueBindOptions::default(),
                     FieldTable::default(),
@@ -179,7 +224,7 @@ impl Broker {
     /// [`BrokerError::Amqp`] when the channel cannot be opened or put in
     /// confirm mode.
     pub async fn publisher(&self) -> Result<Publisher, BrokerError> {
-        Publisher::open(self.channel().await?, self.topology.clone()).await
+        Publisher::open(self.channel().await?, self.inner.topology.clone()).await
     }
 
     /// Starts consuming `queue` with manual acks and at most `prefetch`
@@ -222,9 +267,9 @@ impl Broker {
         let channel = self.channel().await?;
         let mut queues: Vec<String> = groups
             .iter()
-            .map(|g| self.topology.group_queue(g))
+            .map(|g| self.inner.topology.group_queue(g))
             .collect();
-        queues.push(self.topology.dead_letter_queue());
+        queues.push(self.inner.topology.dead_letter_queue());
         for queue in queues {
             channel
                 .queue_delete(&queue, QueueDeleteOptions::default())
@@ -232,8 +277,8 @@ impl Broker {
                 .map_err(BrokerError::amqp("delete queue"))?;
         }
         for exchange in [
-            self.topology.jobs_exchange(),
-            self.topology.dead_letter_exchange(),
+            self.inner.topology.jobs_exchange(),
+            self.inner.topology.dead_letter_exchange(),
         ] {
             channel
                 .exchange_delete(&exchange, ExchangeDeleteOptions::default())
@@ -247,7 +292,30 @@ impl Broker {
     /// Closes the connection (after in-flight confirms were awaited by their
     /// publishers).
     pub async fn close(&self) {
-        let _ = self.connection.close(200, "shutdown").await;
+        let connection = self.inner.link.lock().await.connection.clone();
+        let _ = connection.close(200, "shutdown").await;
+    }
+}
+
+async fn open(url: &str, connection_name: &str) -> Result<Connection, BrokerError> {
+    // lapin runs its I/O on the caller's tokio runtime instead of a private
+    // thread pool.
+    let properties = ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio)
+        .with_connection_name(LongString::from(connection_name.to_owned()));
+    let connect_err = |source| BrokerError::Connect {
+        url: belfry_runtime::masked(url),
+        source,
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties)).await {
+        Ok(result) => result.map_err(connect_err),
+        Err(_) => Err(connect_err(lapin::Error::IOError(Arc::new(
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {CONNECT_TIMEOUT:?}"),
+            ),
+        )))),
     }
 }
 

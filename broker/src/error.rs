@@ -23,6 +23,12 @@ pub enum BrokerError {
         #[source]
         source: lapin::Error,
     },
+    /// The connection is down and the last reconnect failed moments ago.
+    #[error("RabbitMQ at {url} is not connected (reconnecting)")]
+    Disconnected {
+        /// The URL, password masked.
+        url: String,
+    },
     /// The broker did not confirm a publish in time.
     #[error("RabbitMQ did not confirm the publish within {0:?}")]
     ConfirmTimeout(std::time::Duration),

@@ -54,13 +54,20 @@ pub struct DeadLetter<'a> {
     pub traceparent: Option<String>,
 }
 
-/// A confirming publisher on its own channel. Cheap to share behind an
-/// `Arc`: lapin channels accept concurrent publishes and match confirms to
-/// them by delivery tag.
+/// A confirming publisher on its own channel.
+///
+/// Publishes on one channel are serialised (publish, then wait for its
+/// confirm): lapin hands a `basic.return` to whichever confirm completes
+/// next, so with several publishes in flight on one channel an unroutable
+/// message could be reported against another publish. One at a time per
+/// channel makes every answer belong to its own message;
+/// [`crate::PublisherSlot`] keeps several channels for concurrency.
 #[derive(Debug)]
 pub struct Publisher {
     channel: Channel,
     topology: Topology,
+    // Held across a publish and its confirm; see the type's docs.
+    serial: tokio::sync::Mutex<()>,
 }
 
 impl Publisher {
@@ -69,7 +76,11 @@ impl Publisher {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(BrokerError::amqp("enable publisher confirms"))?;
-        Ok(Self { channel, topology })
+        Ok(Self {
+            channel,
+            topology,
+            serial: tokio::sync::Mutex::new(()),
+        })
     }
 
     /// Whether the channel is still usable.
@@ -146,6 +157,8 @@ impl Publisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
+        let sent_id = properties.message_id().clone();
+        let _serial = self.serial.lock().await;
         let confirm = self
             .channel
             .basic_publish(exchange, routing_key, options, body, properties)
@@ -157,8 +170,19 @@ impl Publisher {
             .map_err(BrokerError::amqp("publish confirm"))?;
         Ok(match confirmation {
             // With `mandatory`, an unroutable message is returned and then
-            // acked: the returned message rides on the ack.
-            Confirmation::Ack(Some(_)) => PublishOutcome::Unroutable,
+            // acked: the returned message rides on the ack. The id check is
+            // belt and braces: with one publish in flight it always matches.
+            Confirmation::Ack(Some(returned)) if returned.properties.message_id() == &sent_id => {
+                PublishOutcome::Unroutable
+            }
+            Confirmation::Ack(Some(returned)) => {
+                tracing::warn!(
+                    returned = ?returned.properties.message_id(),
+                    sent = ?sent_id,
+                    "a returned message did not match its publish; treating the publish as confirmed"
+                );
+                PublishOutcome::Confirmed
+            }
             Confirmation::Ack(None) => PublishOutcome::Confirmed,
             Confirmation::Nack(_) => PublishOutcome::Nacked,
             // Confirm mode is always selected in `open`; treat the

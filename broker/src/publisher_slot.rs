@@ -1,52 +1,112 @@
-//! A publisher that is opened on first use and replaced when its channel
-//! breaks.
+//! A small pool of publishers, opened on first use and replaced when their
+//! channel breaks.
 //!
 //! A channel dies with any channel-level error (and with the connection);
 //! callers that publish for the life of the process hold a slot instead of
-//! a publisher, so one failed publish does not poison every later one.
+//! a publisher, so one failed publish does not poison every later one. The
+//! pool has several channels because each [`Publisher`] serialises its
+//! publishes (see its docs); publishes are spread over them round-robin.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::{Broker, BrokerError, Publisher};
 
-/// A lazily (re)opened [`Publisher`].
+/// Channels per slot: enough concurrent confirms for a burst of fires on a
+/// local broker without holding many channels open.
+const CHANNELS: usize = 8;
+
+/// A lazily (re)opened pool of [`Publisher`]s.
 #[derive(Debug)]
 pub struct PublisherSlot {
     broker: Broker,
-    // A tokio mutex because opening a channel awaits; it is held only to
-    // clone or replace the Arc, never across a publish, so publishes stay
-    // concurrent.
-    slot: tokio::sync::Mutex<Option<Arc<Publisher>>>,
+    next: AtomicUsize,
+    // Tokio mutexes because opening a channel awaits; each is held only to
+    // clone or replace its Arc, never across a publish.
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Publisher>>>>,
+}
+
+/// A publisher taken from a [`PublisherSlot`], with the index to report a
+/// broken channel for.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    /// The publisher.
+    pub publisher: Arc<Publisher>,
+    index: usize,
 }
 
 impl PublisherSlot {
-    /// A slot publishing through `broker`.
+    /// A pool publishing through `broker`.
     pub fn new(broker: Broker) -> Self {
         Self {
             broker,
-            slot: tokio::sync::Mutex::new(None),
+            next: AtomicUsize::new(0),
+            slots: (0..CHANNELS)
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
         }
     }
 
-    /// The open publisher, opening a new one when there is none or the old
-    /// channel closed.
+    /// An open publisher, opening a new one when its slot is empty or its
+    /// channel closed (reconnecting the broker when needed).
     ///
     /// # Errors
     ///
-    /// [`BrokerError::Amqp`] when no channel can be opened.
-    pub async fn get(&self) -> Result<Arc<Publisher>, BrokerError> {
-        let mut slot = self.slot.lock().await;
+    /// [`BrokerError`] when no channel can be opened.
+    pub async fn get(&self) -> Result<Lease, BrokerError> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[index].lock().await;
         if let Some(p) = slot.as_ref().filter(|p| p.is_open()) {
-            return Ok(p.clone());
+            return Ok(Lease {
+                publisher: p.clone(),
+                index,
+            });
         }
         let fresh = Arc::new(self.broker.publisher().await?);
         *slot = Some(fresh.clone());
-        Ok(fresh)
+        Ok(Lease {
+            publisher: fresh,
+            index,
+        })
     }
 
-    /// Drops the current publisher after an error, so the next
-    /// [`PublisherSlot::get`] opens a fresh channel.
-    pub async fn reset(&self) {
-        *self.slot.lock().await = None;
+    /// Drops a publisher after an error, so its slot opens a fresh channel.
+    pub async fn reset(&self, lease: &Lease) {
+        *self.slots[lease.index].lock().await = None;
+    }
+
+    /// Publishes through any open publisher, dropping a publisher whose
+    /// publish failed.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when no channel can be opened or the publish failed.
+    pub async fn publish(
+        &self,
+        message: &belfry_protocol::JobMessage,
+    ) -> Result<crate::PublishOutcome, BrokerError> {
+        let lease = self.get().await?;
+        let result = lease.publisher.publish(message).await;
+        if result.is_err() {
+            self.reset(&lease).await;
+        }
+        result
+    }
+
+    /// Dead-letters through any open publisher; see [`PublisherSlot::publish`].
+    ///
+    /// # Errors
+    ///
+    /// As [`PublisherSlot::publish`].
+    pub async fn dead_letter(
+        &self,
+        dead: &crate::DeadLetter<'_>,
+    ) -> Result<crate::PublishOutcome, BrokerError> {
+        let lease = self.get().await?;
+        let result = lease.publisher.dead_letter(dead).await;
+        if result.is_err() {
+            self.reset(&lease).await;
+        }
+        result
     }
 }

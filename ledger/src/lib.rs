@@ -10,6 +10,7 @@
 //! worker's outcome recording only talk to Postgres through it.
 
 mod error;
+mod outbox;
 mod runs;
 mod schedules;
 mod status;
@@ -20,7 +21,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 pub use error::LedgerError;
-pub use runs::{AttemptEntry, AttemptStart, NewRun, RunRecord};
+pub use runs::{AttemptEntry, AttemptStart, NewRun, RunRecord, RUN_COLUMNS};
 pub use schedules::ScheduleRow;
 pub use status::RunStatus;
 

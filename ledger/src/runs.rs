@@ -9,12 +9,13 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use uuid::Uuid;
 
-use belfry_protocol::JobMessage;
+use belfry_protocol::{JobMessage, JobOptions, TraceContext, MESSAGE_VERSION};
 
 use crate::{Ledger, LedgerError, RunStatus};
 
 /// Statuses a worker may start an attempt from.
-const STARTABLE: &str = "('claimed', 'dispatched', 'running', 'retrying')";
+/// Statuses of a run no worker is executing right now.
+const WAITING: &str = "('claimed', 'dispatched', 'retrying')";
 
 /// A run to claim: the row a scheduler replica tries to insert for a fire.
 #[derive(Debug, Clone)]
@@ -37,6 +38,56 @@ pub struct NewRun {
     pub trace_id: Option<String>,
     /// The traceparent the run is published with.
     pub traceparent: Option<String>,
+    /// Retry/timeout overrides of the run.
+    pub options: JobOptions,
+    /// When the reconciler should publish the run if nobody confirmed it by
+    /// then: shortly after the claim for runs published at once, the
+    /// requested instant for delayed runs.
+    pub next_dispatch_at: DateTime<Utc>,
+}
+
+impl NewRun {
+    /// The job message that publishes this run.
+    pub fn to_message(&self) -> JobMessage {
+        build_message(
+            self.id,
+            &self.job_name,
+            &self.run_key,
+            &self.job_type,
+            self.scheduled_at,
+            &self.payload,
+            self.traceparent.as_deref(),
+            &self.options,
+            1,
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_message(
+    id: Uuid,
+    job_name: &str,
+    run_key: &str,
+    job_type: &str,
+    scheduled_at: DateTime<Utc>,
+    payload: &serde_json::Value,
+    traceparent: Option<&str>,
+    options: &JobOptions,
+    attempt: u32,
+) -> JobMessage {
+    JobMessage {
+        version: MESSAGE_VERSION,
+        message_id: id,
+        job_name: job_name.to_owned(),
+        job_type: job_type.to_owned(),
+        run_key: run_key.to_owned(),
+        scheduled_at,
+        published_at: Utc::now(),
+        attempt,
+        payload: payload.clone(),
+        trace: traceparent.and_then(|tp| TraceContext::from_traceparent(tp, None)),
+        options: options.clone(),
+    }
 }
 
 /// One finished attempt, appended to `job_runs.attempt_log`.
@@ -97,9 +148,30 @@ pub struct RunRecord {
     pub trace_id: Option<String>,
     /// Traceparent the run was published with.
     pub traceparent: Option<String>,
+    /// Retry/timeout overrides, as JSON ([`JobOptions`]).
+    pub options: serde_json::Value,
+    /// When the reconciler will publish the run (claimed or deferred retry).
+    pub next_dispatch_at: Option<DateTime<Utc>>,
 }
 
 impl RunRecord {
+    /// The job message that (re)publishes this run: same message id, same
+    /// trace, the next attempt's number.
+    pub fn to_message(&self) -> JobMessage {
+        let options = serde_json::from_value(self.options.clone()).unwrap_or_default();
+        build_message(
+            self.id,
+            &self.job_name,
+            &self.run_key,
+            &self.job_type,
+            self.scheduled_at,
+            &self.payload,
+            self.traceparent.as_deref(),
+            &options,
+            u32::try_from(self.attempts).unwrap_or(0).saturating_add(1),
+        )
+    }
+
     /// The parsed status.
     ///
     /// # Errors
@@ -121,6 +193,14 @@ impl RunRecord {
     }
 }
 
+/// Where a run stands, read in one statement with the database's clock.
+struct RunState {
+    id: Uuid,
+    status: RunStatus,
+    lease_until: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+}
+
 /// What a worker learns when it asks to start an attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttemptStart {
@@ -132,6 +212,14 @@ pub enum AttemptStart {
         /// The attempt number.
         attempt: i32,
     },
+    /// Another attempt holds the run under an unexpired lease: this
+    /// delivery is a concurrent duplicate.
+    Busy {
+        /// The run's id.
+        id: Uuid,
+        /// When the other attempt's lease ends.
+        until: DateTime<Utc>,
+    },
     /// The run is already terminal: the delivery is a duplicate.
     AlreadyFinished {
         /// The run's id.
@@ -141,10 +229,11 @@ pub enum AttemptStart {
     },
 }
 
-const RUN_COLUMNS: &str =
+/// The columns of [`RunRecord`], in its order.
+pub const RUN_COLUMNS: &str =
     "id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \
      claimed_by, claimed_at, dispatched_at, started_at, finished_at, worker, last_error, \
-     attempt_log, trace_id, traceparent";
+     attempt_log, trace_id, traceparent, options, next_dispatch_at";
 
 impl Ledger {
     /// Tries to own a fire: inserts the run as `claimed` unless a row with
@@ -160,8 +249,8 @@ impl Ledger {
     pub async fn claim(&self, run: &NewRun) -> Result<bool, LedgerError> {
         let inserted = sqlx::query(
             "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-                 claimed_by, claimed_at, trace_id, traceparent) \
-             VALUES ($1, $2, $3, $4, 'claimed', $5, $6, $7, now(), $8, $9) \
+                 claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at) \
+             VALUES ($1, $2, $3, $4, 'claimed', $5, $6, $7, now(), $8, $9, $10, $11) \
              ON CONFLICT (job_name, run_key) DO NOTHING \
              RETURNING id",
         )
@@ -174,6 +263,8 @@ impl Ledger {
         .bind(&run.claimed_by)
         .bind(&run.trace_id)
         .bind(&run.traceparent)
+        .bind(options_json(&run.options)?)
+        .bind(run.next_dispatch_at)
         .fetch_optional(&self.pool)
         .await?;
         Ok(inserted.is_some())
@@ -190,7 +281,8 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
         let done = sqlx::query(
-            "UPDATE job_runs SET status = 'dispatched', dispatched_at = now(), updated_at = now() \
+            "UPDATE job_runs SET status = 'dispatched', dispatched_at = now(), \
+                 next_dispatch_at = NULL, updated_at = now() \
              WHERE id = $1 AND status = 'claimed'",
         )
         .bind(id)
@@ -208,8 +300,8 @@ impl Ledger {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Marks a non-terminal run `dead` with `reason`. Returns whether the
-    /// row moved (a run that already finished keeps its outcome).
+    /// Marks a run no worker is executing `dead` with `reason`. Returns
+    /// whether the row moved (a finished or running run keeps its state).
     ///
     /// # Errors
     ///
@@ -218,7 +310,7 @@ impl Ledger {
         let done = sqlx::query(&format!(
             "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
                  updated_at = now() \
-             WHERE id = $1 AND status IN {STARTABLE}"
+             WHERE id = $1 AND status IN {WAITING}"
         ))
         .bind(id)
         .bind(reason)
@@ -228,7 +320,14 @@ impl Ledger {
     }
 
     /// Starts the next attempt of the run `message` belongs to: counts it
-    /// durably and marks the run `running` by `worker`.
+    /// durably, marks the run `running` by `worker` and leases it to this
+    /// attempt for `lease` (the attempt's timeout plus a grace).
+    ///
+    /// A run that is `running` under a lease that has not expired belongs to
+    /// another attempt (a duplicate delivery after a channel loss, say):
+    /// the answer is [`AttemptStart::Busy`] and nothing changes. Once the
+    /// lease has expired the holder is presumed dead and the run is taken
+    /// over, its attempt count intact.
     ///
     /// A message published by hand (another language, no scheduler) has no
     /// row yet; it is recorded here first, so every run is in `job_runs`.
@@ -241,68 +340,86 @@ impl Ledger {
         &self,
         message: &JobMessage,
         worker: &str,
+        lease: std::time::Duration,
     ) -> Result<AttemptStart, LedgerError> {
         // The common path is one statement: the row exists and is startable.
-        if let Some(start) = self.try_begin(message, worker).await? {
+        if let Some(start) = self.try_begin(message, worker, lease).await? {
             return Ok(start);
         }
-        if let Some(status) = self
-            .status_by_key(&message.job_name, &message.run_key)
+        if let Some(state) = self
+            .state_by_key(&message.job_name, &message.run_key)
             .await?
         {
-            return self.finished_or_raced(message, worker, status).await;
+            return self.not_startable(message, worker, lease, state).await;
         }
         // A message published by hand: record it as dispatched (the broker
         // had it) and start it like any other.
         self.insert_from_message(message, RunStatus::Dispatched, None, "DO NOTHING")
             .await?;
-        match self.try_begin(message, worker).await? {
-            Some(start) => Ok(start),
-            None => {
-                let status = self
-                    .status_by_key(&message.job_name, &message.run_key)
-                    .await?
-                    .ok_or_else(|| {
-                        LedgerError::Corrupt(format!("run {} vanished", message.run_key))
-                    })?;
-                self.finished_or_raced(message, worker, status).await
-            }
+        if let Some(start) = self.try_begin(message, worker, lease).await? {
+            return Ok(start);
         }
+        let state = self
+            .state_by_key(&message.job_name, &message.run_key)
+            .await?
+            .ok_or_else(|| LedgerError::Corrupt(format!("run {} vanished", message.run_key)))?;
+        self.not_startable(message, worker, lease, state).await
     }
 
-    async fn finished_or_raced(
+    async fn not_startable(
         &self,
         message: &JobMessage,
         worker: &str,
-        (id, status): (Uuid, RunStatus),
+        lease: std::time::Duration,
+        state: RunState,
     ) -> Result<AttemptStart, LedgerError> {
-        if status.is_terminal() {
-            return Ok(AttemptStart::AlreadyFinished { id, status });
+        if state.status.is_terminal() {
+            return Ok(AttemptStart::AlreadyFinished {
+                id: state.id,
+                status: state.status,
+            });
+        }
+        if let (RunStatus::Running, Some(until)) = (state.status, state.lease_until) {
+            if until > state.now {
+                return Ok(AttemptStart::Busy {
+                    id: state.id,
+                    until,
+                });
+            }
         }
         // The row became startable between the two statements (another
-        // transition raced us); one more try settles it.
-        self.try_begin(message, worker).await?.ok_or_else(|| {
-            LedgerError::Corrupt(format!(
-                "run {} is {status} but cannot start",
-                message.run_key
-            ))
-        })
+        // transition raced us, or the lease just expired); one more try
+        // settles it.
+        match self.try_begin(message, worker, lease).await? {
+            Some(start) => Ok(start),
+            None => Ok(AttemptStart::Busy {
+                id: state.id,
+                until: state.lease_until.unwrap_or(state.now),
+            }),
+        }
     }
 
     async fn try_begin(
         &self,
         message: &JobMessage,
         worker: &str,
+        lease: std::time::Duration,
     ) -> Result<Option<AttemptStart>, LedgerError> {
-        let row = sqlx::query(&format!(
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let row = sqlx::query(
             "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
-                 started_at = COALESCE(started_at, now()), worker = $3, updated_at = now() \
-             WHERE job_name = $1 AND run_key = $2 AND status IN {STARTABLE} \
-             RETURNING id, attempts"
-        ))
+                 started_at = COALESCE(started_at, now()), worker = $3, next_dispatch_at = NULL, \
+                 lease_until = now() + make_interval(secs => $4::double precision / 1000), \
+                 updated_at = now() \
+             WHERE job_name = $1 AND run_key = $2 \
+               AND (status IN ('claimed', 'dispatched', 'retrying') \
+                    OR (status = 'running' AND (lease_until IS NULL OR lease_until < now()))) \
+             RETURNING id, attempts",
+        )
         .bind(&message.job_name)
         .bind(&message.run_key)
         .bind(worker)
+        .bind(lease_ms)
         .fetch_optional(&self.pool)
         .await?;
         row.map(|r| {
@@ -314,23 +431,27 @@ impl Ledger {
         .transpose()
     }
 
-    async fn status_by_key(
+    async fn state_by_key(
         &self,
         job_name: &str,
         run_key: &str,
-    ) -> Result<Option<(Uuid, RunStatus)>, LedgerError> {
-        let row =
-            sqlx::query("SELECT id, status FROM job_runs WHERE job_name = $1 AND run_key = $2")
-                .bind(job_name)
-                .bind(run_key)
-                .fetch_optional(&self.pool)
-                .await?;
+    ) -> Result<Option<RunState>, LedgerError> {
+        let row = sqlx::query(
+            "SELECT id, status, lease_until, now() AS now FROM job_runs \
+             WHERE job_name = $1 AND run_key = $2",
+        )
+        .bind(job_name)
+        .bind(run_key)
+        .fetch_optional(&self.pool)
+        .await?;
         row.map(|r| {
             let status: String = r.try_get("status")?;
-            Ok((
-                r.try_get("id")?,
-                status.parse().map_err(LedgerError::Corrupt)?,
-            ))
+            Ok(RunState {
+                id: r.try_get("id")?,
+                status: status.parse().map_err(LedgerError::Corrupt)?,
+                lease_until: r.try_get("lease_until")?,
+                now: r.try_get("now")?,
+            })
         })
         .transpose()
     }
@@ -357,7 +478,7 @@ impl Ledger {
                 Some(reason),
                 &format!(
                     "DO UPDATE SET status = 'dead', last_error = EXCLUDED.last_error, \
-                     finished_at = now(), updated_at = now() WHERE job_runs.status IN {STARTABLE}"
+                     finished_at = now(), updated_at = now() WHERE job_runs.status IN {WAITING}"
                 ),
             )
             .await?;
@@ -378,8 +499,8 @@ impl Ledger {
         let trace = message.trace.as_ref();
         let done = sqlx::query(&format!(
             "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-                 dispatched_at, last_error, finished_at, trace_id, traceparent) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN now() END, $11, $12) \
+                 dispatched_at, last_error, finished_at, trace_id, traceparent, options) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN now() END, $11, $12, $13) \
              ON CONFLICT (job_name, run_key) {on_conflict}"
         ))
         .bind(message.message_id)
@@ -394,6 +515,7 @@ impl Ledger {
         .bind(status.is_terminal())
         .bind(trace.and_then(|t| t.trace_id()))
         .bind(trace.map(|t| t.traceparent.as_str()))
+        .bind(options_json(&message.options)?)
         .execute(&self.pool)
         .await;
         match done {
@@ -410,11 +532,16 @@ impl Ledger {
         }
     }
 
-    /// Records the end of an attempt and moves the run to `status`
+    /// Records the end of attempt `entry.attempt` and moves the run to `status`
     /// (`retrying` for an attempt that will be retried, or a terminal
-    /// status). Returns whether the row moved.
+    /// status). Returns whether the row moved: `false` means the attempt no
+    /// longer owns the run (its lease expired and another attempt took
+    /// over), and nothing was written.
     ///
-    /// Terminal statuses set `finished_at`. `last_error` is stored as the
+    /// `redispatch_at` hands a `retrying` run's back-off to the ledger: the
+    /// reconciler publishes it again at that instant (the worker acks the
+    /// delivery instead of holding it). Terminal statuses set `finished_at`.
+    /// `last_error` is stored as the
     /// run's latest error (`None` clears it, as on success); it may say more
     /// than the attempt's own error, e.g. "retries exhausted after 3
     /// attempts; last error: ...".
@@ -428,39 +555,51 @@ impl Ledger {
         status: RunStatus,
         entry: &AttemptEntry,
         last_error: Option<&str>,
+        redispatch_at: Option<DateTime<Utc>>,
     ) -> Result<bool, LedgerError> {
         let entry_json = serde_json::to_value(entry)
             .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
-        let done = sqlx::query(&format!(
+        let done = sqlx::query(
             "UPDATE job_runs SET status = $2, last_error = $3, \
                  finished_at = CASE WHEN $4 THEN now() ELSE NULL END, \
-                 attempt_log = attempt_log || jsonb_build_array($5::jsonb), updated_at = now() \
-             WHERE id = $1 AND status IN {STARTABLE}"
-        ))
+                 attempt_log = attempt_log || jsonb_build_array($5::jsonb), \
+                 next_dispatch_at = $6, lease_until = NULL, updated_at = now() \
+             WHERE id = $1 AND status = 'running' AND attempts = $7",
+        )
         .bind(id)
         .bind(status.as_str())
         .bind(last_error)
         .bind(status.is_terminal())
         .bind(entry_json)
+        .bind(redispatch_at)
+        .bind(entry.attempt)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
 
-    /// Hands an interrupted attempt back (worker shutting down): the run
-    /// returns to `retrying` so the redelivered message picks it up. The
-    /// interrupted attempt stays counted.
+    /// Hands interrupted attempt `attempt` back (worker shutting down): the
+    /// run returns to `retrying` so the redelivered message picks it up. The
+    /// interrupted attempt stays counted. Only the attempt's own holder can
+    /// do this (the attempt number must still be current).
     ///
     /// # Errors
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
-    pub async fn hand_back(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
+    pub async fn hand_back(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        reason: &str,
+    ) -> Result<bool, LedgerError> {
         let done = sqlx::query(
-            "UPDATE job_runs SET status = 'retrying', last_error = $2, updated_at = now() \
-             WHERE id = $1 AND status = 'running'",
+            "UPDATE job_runs SET status = 'retrying', last_error = $2, lease_until = NULL, \
+                 updated_at = now() \
+             WHERE id = $1 AND status = 'running' AND attempts = $3",
         )
         .bind(id)
         .bind(reason)
+        .bind(attempt)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -514,4 +653,8 @@ impl Ledger {
         .fetch_all(&self.pool)
         .await?)
     }
+}
+
+fn options_json(options: &JobOptions) -> Result<serde_json::Value, LedgerError> {
+    serde_json::to_value(options).map_err(|e| LedgerError::Corrupt(format!("job options: {e}")))
 }

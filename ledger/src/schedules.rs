@@ -25,6 +25,8 @@ pub struct ScheduleRow {
     pub payload: serde_json::Value,
     /// Whether firing is paused.
     pub paused: bool,
+    /// Retry/timeout overrides of its runs (JSON `JobOptions`).
+    pub options: serde_json::Value,
 }
 
 impl Ledger {
@@ -37,11 +39,11 @@ impl Ledger {
     /// breaks a table constraint.
     pub async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
         sqlx::query(
-            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused, options) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
              ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
                  timezone = EXCLUDED.timezone, job_type = EXCLUDED.job_type, \
-                 payload = EXCLUDED.payload, updated_at = now()",
+                 payload = EXCLUDED.payload, options = EXCLUDED.options, updated_at = now()",
         )
         .bind(&row.name)
         .bind(&row.cron)
@@ -50,6 +52,7 @@ impl Ledger {
         .bind(&row.job_type)
         .bind(&row.payload)
         .bind(row.paused)
+        .bind(&row.options)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -62,7 +65,7 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
         Ok(sqlx::query_as(
-            "SELECT name, cron, every_ms, timezone, job_type, payload, paused \
+            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options \
              FROM schedules ORDER BY name",
         )
         .fetch_all(&self.pool)

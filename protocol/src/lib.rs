@@ -6,6 +6,7 @@
 //! that a producer, a scheduler and a worker can never disagree about a
 //! message layout, a run key or a queue name.
 
+pub mod job_options;
 pub mod message;
 pub mod name;
 pub mod run_key;
@@ -13,9 +14,10 @@ pub mod schedule_spec;
 pub mod topology;
 pub mod trace_context;
 
+pub use job_options::{JobOptions, RetryOverride};
 pub use message::{JobMessage, MessageError, MESSAGE_VERSION};
 pub use name::{validate_name, NameError};
 pub use run_key::{run_key, RunKeyError};
-pub use schedule_spec::ScheduleSpec;
+pub use schedule_spec::{RetrySpec, ScheduleSpec};
 pub use topology::Topology;
 pub use trace_context::TraceContext;

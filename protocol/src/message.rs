@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use uuid::Uuid;
 
+use crate::job_options::JobOptions;
 use crate::name::{validate_name, NameError};
 use crate::trace_context::TraceContext;
 
@@ -46,6 +47,9 @@ pub struct JobMessage {
     /// W3C trace context of the run, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceContext>,
+    /// Overrides of the job type's retry policy and timeout for this run.
+    #[serde(default, skip_serializing_if = "JobOptions::is_empty")]
+    pub options: JobOptions,
 }
 
 fn first_attempt() -> u32 {
@@ -138,6 +142,13 @@ mod tests {
             attempt: 1,
             payload: serde_json::json!({"k": [1, 2]}),
             trace: Some(TraceContext::new_root()),
+            options: JobOptions {
+                retry: Some(crate::RetryOverride {
+                    max_attempts: Some(3),
+                    ..Default::default()
+                }),
+                timeout_ms: Some(1000),
+            },
         }
     }
 

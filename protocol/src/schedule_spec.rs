@@ -8,6 +8,8 @@
 //! timezone = "Asia/Shanghai"    # IANA name; default UTC
 //! job_type = "http"
 //! payload = { url = "http://127.0.0.1:9000/report" }
+//! retry = { max_attempts = 3, initial_delay = "30s" }   # optional
+//! timeout = "10m"                                       # optional
 //! ```
 //!
 //! This type only carries the fields; the scheduler validates them (cron
@@ -17,7 +19,7 @@
 use serde::{Deserialize, Serialize};
 
 /// One schedule definition.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSpec {
     /// Unique name; also the job name of its runs and the prefix of their
@@ -39,4 +41,36 @@ pub struct ScheduleSpec {
     /// The payload of its runs; any value (an inline table in TOML).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<serde_json::Value>,
+    /// Overrides of the job type's retry policy for this schedule's runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
+    /// Per-attempt timeout for this schedule's runs, e.g. `"10m"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+/// A schedule's retry override as written in the file: durations as
+/// strings (`"2s"`), every field optional.
+///
+/// ```toml
+/// retry = { max_attempts = 3, initial_delay = "2s", multiplier = 2.0, max_delay = "1m", jitter = false }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Attempts in total, the first included (1 to 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Delay after the first failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_delay: Option<String>,
+    /// Growth factor per failed attempt (1 to 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiplier: Option<f32>,
+    /// Cap of one delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay: Option<String>,
+    /// Whether delays are randomly stretched by up to 100 %.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<bool>,
 }

@@ -36,22 +36,27 @@ pub struct Claimer {
     ledger: Ledger,
     instance: String,
     counters: Arc<FireCounters>,
+    confirm_grace: chrono::Duration,
 }
 
 impl Claimer {
     /// A claimer using `lock` as filter (none: database only) and `ledger`
-    /// as the decider.
+    /// as the decider. A claimed run not confirmed within `confirm_grace` is
+    /// published by the outbox reconciler.
     pub fn new(
         lock: Option<ClaimLock>,
         ledger: Ledger,
         instance: &str,
         counters: Arc<FireCounters>,
+        confirm_grace: std::time::Duration,
     ) -> Self {
         Self {
             lock,
             ledger,
             instance: instance.to_owned(),
             counters,
+            confirm_grace: chrono::Duration::from_std(confirm_grace)
+                .unwrap_or(chrono::Duration::seconds(30)),
         }
     }
 
@@ -68,9 +73,10 @@ impl Claimer {
         at: DateTime<Utc>,
     ) -> Result<ClaimOutcome, SchedulerError> {
         let key = run_key(&schedule.name, at).map_err(|belfry_protocol::RunKeyError::Name(e)| e)?;
+        let mut locked = false;
         if let Some(lock) = &self.lock {
             match lock.try_acquire(&schedule.name, &key).await {
-                Ok(LockOutcome::Acquired) => {}
+                Ok(LockOutcome::Acquired) => locked = true,
                 Ok(LockOutcome::HeldElsewhere) => {
                     FireCounters::add(&self.counters.claims_lost_lock, 1);
                     tracing::debug!(run_key = %key, "fire taken by another replica (lock)");
@@ -96,8 +102,21 @@ impl Claimer {
             claimed_by: self.instance.clone(),
             trace_id: trace.trace_id().map(str::to_owned),
             traceparent: Some(trace.traceparent),
+            options: schedule.options.clone(),
+            next_dispatch_at: Utc::now() + self.confirm_grace,
         };
-        if self.ledger.claim(&run).await? {
+        let claimed = match self.ledger.claim(&run).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                // The fire is not recorded: give the lock back so another
+                // replica is not turned away from a fire nobody owns.
+                if let (true, Some(lock)) = (locked, &self.lock) {
+                    lock.release(&run.job_name, &run.run_key).await;
+                }
+                return Err(e.into());
+            }
+        };
+        if claimed {
             FireCounters::add(&self.counters.claims_won, 1);
             Ok(ClaimOutcome::Won(Box::new(run)))
         } else {

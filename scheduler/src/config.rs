@@ -12,6 +12,8 @@
 //! | `BELFRY_MAX_INFLIGHT_FIRES` | `64` | fires claimed/published concurrently |
 //! | `BELFRY_DB_POOL` | `8` | Postgres connections |
 //! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight fires may take after SIGTERM |
+//! | `BELFRY_RECONCILE_AFTER` | `30s` | a claimed run not confirmed by then is republished |
+//! | `BELFRY_RECONCILE_INTERVAL` | `1s` | how often the outbox reconciler looks for due runs |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
 
 use std::path::PathBuf;
@@ -49,6 +51,10 @@ pub struct SchedulerConfig {
     pub db_pool: u32,
     /// Shutdown deadline for in-flight fires.
     pub shutdown_timeout: Duration,
+    /// A claimed run not confirmed by then is republished by the reconciler.
+    pub confirm_grace: Duration,
+    /// How often the outbox reconciler runs.
+    pub reconcile_interval: Duration,
     /// Log format.
     pub log_format: LogFormat,
 }
@@ -70,6 +76,8 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("max_inflight_fires", &self.max_inflight_fires)
             .field("db_pool", &self.db_pool)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("confirm_grace", &self.confirm_grace)
+            .field("reconcile_interval", &self.reconcile_interval)
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -112,6 +120,16 @@ impl SchedulerConfig {
                 "BELFRY_SHUTDOWN_TIMEOUT",
                 Duration::from_secs(30),
                 Duration::ZERO,
+            )?,
+            confirm_grace: settings.duration(
+                "BELFRY_RECONCILE_AFTER",
+                Duration::from_secs(30),
+                Duration::from_secs(1),
+            )?,
+            reconcile_interval: settings.duration(
+                "BELFRY_RECONCILE_INTERVAL",
+                Duration::from_secs(1),
+                Duration::from_millis(10),
             )?,
             log_format: settings.parsed(
                 "BELFRY_LOG_FORMAT",

@@ -24,6 +24,9 @@ pub enum SchedulerError {
     /// The broker (RabbitMQ) failed.
     #[error(transparent)]
     Broker(#[from] belfry_broker::BrokerError),
+    /// Dispatching failed.
+    #[error(transparent)]
+    Dispatch(#[from] belfry_dispatch::DispatchError),
     /// A name (namespace, job name) breaks the naming rule.
     #[error(transparent)]
     Name(#[from] belfry_protocol::NameError),

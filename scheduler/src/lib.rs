@@ -7,8 +7,9 @@
 //!    instant comes from the [`schedule`], never from when the timer woke.
 //! 2. [`claim`]: Redis `SET NX PX` as a cheap filter ([`lock`]), then
 //!    `INSERT ... ON CONFLICT DO NOTHING` in the ledger as the guarantee.
-//! 3. [`dispatch`]: publish with confirm and `mandatory`, then mark the run
-//!    `dispatched` (or `dead` when no worker group serves its type).
+//! 3. dispatch (`belfry_dispatch`): publish with confirm and `mandatory`,
+//!    then mark the run `dispatched` (or `dead` when no worker group serves
+//!    its type); the outbox reconciler republishes what was not confirmed.
 //!
 //! [`replica`] wires these into the loop a `belfry-scheduler` process runs;
 //! [`config`] reads its settings from the environment.
@@ -16,7 +17,6 @@
 pub mod claim;
 pub mod config;
 pub mod counters;
-pub mod dispatch;
 pub mod error;
 pub mod lock;
 pub mod replica;
@@ -27,9 +27,8 @@ pub mod timer;
 pub use claim::{ClaimOutcome, Claimer};
 pub use config::SchedulerConfig;
 pub use counters::FireCounters;
-pub use dispatch::{DispatchOutcome, Dispatcher};
 pub use error::SchedulerError;
 pub use lock::ClaimLock;
-pub use replica::{FireOutcome, Replica};
+pub use replica::{FireOutcome, Replica, ReplicaTiming};
 pub use schedule::{Schedule, ScheduleError};
 pub use timer::{Fire, Timer};

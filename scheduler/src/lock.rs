@@ -147,6 +147,28 @@ impl ClaimLock {
         }
     }
 
+    /// Releases the lock of a fire this replica took but could not claim
+    /// (its ledger insert failed), so another replica's claim is not turned
+    /// away by a lock whose holder never recorded the fire. Only a key still
+    /// holding this instance's name is deleted (compare-and-delete in one
+    /// script), never another replica's.
+    pub async fn release(&self, job_name: &str, run_key: &str) {
+        let Ok(mut conn) = self.connection().await else {
+            return;
+        };
+        let script = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
+        );
+        let released: Result<i64, _> = script
+            .key(self.topology.lock_key(job_name, run_key))
+            .arg(&self.instance)
+            .invoke_async(&mut conn)
+            .await;
+        if let Err(e) = released {
+            tracing::warn!(%run_key, error = %e, "could not release the claim lock; it expires after its TTL");
+        }
+    }
+
     async fn connection(&self) -> Result<ConnectionManager, LockError> {
         {
             let state = self.lock_state();

@@ -19,9 +19,10 @@ use belfry_ledger::Ledger;
 use belfry_protocol::Topology;
 use belfry_runtime::SharedClock;
 
+use belfry_dispatch::{DispatchOutcome, Dispatcher, Reconciler};
+
 use crate::claim::{ClaimOutcome, Claimer};
 use crate::counters::FireCounters;
-use crate::dispatch::{DispatchOutcome, Dispatcher};
 use crate::lock::ClaimLock;
 use crate::schedule::Schedule;
 use crate::timer::Timer;
@@ -58,15 +59,45 @@ pub enum FireOutcome {
     },
 }
 
+/// The longest single sleep of the timer loop. Sleeps run on the monotonic
+/// clock while fire instants are wall-clock times; waking at least this
+/// often re-reads the wall clock, so an NTP step or a suspended VM delays a
+/// far-away fire by at most this much.
+const MAX_SLEEP: Duration = Duration::from_secs(30);
+
+/// Timing settings of a replica.
+#[derive(Debug, Clone)]
+pub struct ReplicaTiming {
+    /// Fires claimed and published concurrently.
+    pub max_inflight: usize,
+    /// How long in-flight fires may finish after shutdown.
+    pub shutdown_timeout: Duration,
+    /// A claimed run not confirmed by then is republished by the reconciler.
+    pub confirm_grace: Duration,
+    /// How often the reconciler looks at the outbox.
+    pub reconcile_interval: Duration,
+}
+
+impl Default for ReplicaTiming {
+    fn default() -> Self {
+        Self {
+            max_inflight: 64,
+            shutdown_timeout: Duration::from_secs(30),
+            confirm_grace: Duration::from_secs(30),
+            reconcile_interval: Duration::from_secs(1),
+        }
+    }
+}
+
 /// One scheduler replica.
 #[derive(Debug)]
 pub struct Replica {
     instance: String,
     claimer: Claimer,
-    dispatcher: Dispatcher,
+    dispatcher: Arc<Dispatcher>,
+    reconciler: Reconciler,
     counters: Arc<FireCounters>,
-    max_inflight: usize,
-    shutdown_timeout: Duration,
+    timing: ReplicaTiming,
     broker: Broker,
 }
 
@@ -106,14 +137,13 @@ impl Replica {
             },
             None => None,
         };
-        let replica = Self::new(
-            &config.instance,
-            lock,
-            ledger,
-            broker,
-            config.max_inflight_fires,
-            config.shutdown_timeout,
-        );
+        let timing = ReplicaTiming {
+            max_inflight: config.max_inflight_fires,
+            shutdown_timeout: config.shutdown_timeout,
+            confirm_grace: config.confirm_grace,
+            reconcile_interval: config.reconcile_interval,
+        };
+        let replica = Self::new(&config.instance, lock, ledger, broker, timing);
         Ok((replica, schedules.into_iter().map(Arc::new).collect()))
     }
 
@@ -123,19 +153,35 @@ impl Replica {
         lock: Option<ClaimLock>,
         ledger: Ledger,
         broker: Broker,
-        max_inflight: usize,
-        shutdown_timeout: Duration,
+        timing: ReplicaTiming,
     ) -> Self {
         let counters = Arc::new(FireCounters::default());
+        let dispatcher = Arc::new(Dispatcher::new(broker.clone(), ledger.clone()));
         Self {
             instance: instance.to_owned(),
-            claimer: Claimer::new(lock, ledger.clone(), instance, counters.clone()),
-            dispatcher: Dispatcher::new(broker.clone(), ledger, counters.clone()),
+            claimer: Claimer::new(
+                lock,
+                ledger.clone(),
+                instance,
+                counters.clone(),
+                timing.confirm_grace,
+            ),
+            // The lease outlives a publish (10 s confirm timeout) with room.
+            reconciler: Reconciler::new(ledger, dispatcher.clone(), Duration::from_secs(30), 500),
+            dispatcher,
             counters,
-            max_inflight: max_inflight.max(1),
-            shutdown_timeout,
+            timing: ReplicaTiming {
+                max_inflight: timing.max_inflight.max(1),
+                ..timing
+            },
             broker,
         }
+    }
+
+    /// The outbox reconciler of this replica (tests drive it one pass at a
+    /// time).
+    pub fn reconciler(&self) -> &Reconciler {
+        &self.reconciler
     }
 
     /// This replica's instance name.
@@ -163,13 +209,21 @@ impl Replica {
             }
         };
         tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed");
-        match self.dispatcher.dispatch(&run).await {
-            Ok(DispatchOutcome::Dispatched) => FireOutcome::Dispatched { id: run.id },
-            Ok(DispatchOutcome::Unroutable) => FireOutcome::Unroutable { id: run.id },
+        match self.dispatcher.dispatch(&run.to_message()).await {
+            Ok(DispatchOutcome::Dispatched) => {
+                FireCounters::add(&self.counters.published, 1);
+                FireOutcome::Dispatched { id: run.id }
+            }
+            Ok(DispatchOutcome::Unroutable) => {
+                FireCounters::add(&self.counters.unroutable, 1);
+                FireOutcome::Unroutable { id: run.id }
+            }
             Ok(DispatchOutcome::NotConfirmed(reason)) => {
+                FireCounters::add(&self.counters.publish_errors, 1);
                 FireOutcome::NotConfirmed { id: run.id, reason }
             }
             Err(e) => {
+                FireCounters::add(&self.counters.publish_errors, 1);
                 tracing::error!(run_key = %run.run_key, error = %e, "dispatch could not be recorded; the run stays claimed");
                 FireOutcome::NotConfirmed {
                     id: run.id,
@@ -195,7 +249,8 @@ impl Replica {
         }
     }
 
-    /// Runs the timer loop until `cancel`, reading time from `clock`.
+    /// Runs the timer loop and the outbox reconciler until `cancel`,
+    /// reading time from `clock`.
     ///
     /// On cancellation it stops firing, then waits up to the shutdown
     /// timeout for in-flight claims and publishes to finish.
@@ -205,30 +260,42 @@ impl Replica {
         clock: SharedClock,
         cancel: CancellationToken,
     ) {
-        let permits = Arc::new(Semaphore::new(self.max_inflight));
+        let reconciling = {
+            let this = self.clone();
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                this.reconciler
+                    .run(this.timing.reconcile_interval, cancel)
+                    .await
+            })
+        };
+        let permits = Arc::new(Semaphore::new(self.timing.max_inflight));
         let mut inflight = JoinSet::new();
         tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
-        loop {
+        'ticks: loop {
             while inflight.try_join_next().is_some() {}
             let wait = match timer.next_at() {
                 Some(next) => (next - clock.now()).to_std().unwrap_or(Duration::ZERO),
-                None => Duration::from_secs(3600),
+                None => MAX_SLEEP,
             };
             tokio::select! {
                 // Biased towards shutdown: once cancelled, no new fire is
                 // claimed even if one is due at the same moment.
                 biased;
                 _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
             }
             let fires = timer.due(clock.now());
             self.count_skipped(&fires);
             for fire in fires {
                 // Waiting for a permit bounds in-flight fires; the timer
                 // catches up afterwards because instants come from the
-                // schedule, not from when this loop gets to them.
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    break;
+                // schedule, not from when this loop gets to them. Shutdown
+                // ends the wait: fires not yet started are not claimed.
+                let permit = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break 'ticks,
+                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'ticks },
                 };
                 let this = self.clone();
                 inflight.spawn(async move {
@@ -242,7 +309,7 @@ impl Replica {
             pending,
             "stopping: finishing in-flight claims and publishes"
         );
-        let drained = tokio::time::timeout(self.shutdown_timeout, async {
+        let drained = tokio::time::timeout(self.timing.shutdown_timeout, async {
             while inflight.join_next().await.is_some() {}
         })
         .await;
@@ -253,6 +320,7 @@ impl Replica {
             );
             inflight.abort_all();
         }
+        let _ = reconciling.await;
         self.broker.close().await;
         tracing::info!(instance = %self.instance, "scheduler replica stopped");
     }

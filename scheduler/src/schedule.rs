@@ -12,7 +12,7 @@ use croner::Cron;
 use thiserror::Error;
 
 use belfry_ledger::ScheduleRow;
-use belfry_protocol::{validate_name, ScheduleSpec};
+use belfry_protocol::{validate_name, JobOptions, RetryOverride, ScheduleSpec};
 
 /// An invalid schedule definition: which schedule, which field, and what is
 /// allowed.
@@ -57,6 +57,8 @@ pub struct Schedule {
     pub payload: serde_json::Value,
     /// How it fires.
     pub kind: ScheduleKind,
+    /// Retry/timeout overrides for its runs.
+    pub options: JobOptions,
 }
 
 impl Schedule {
@@ -137,6 +139,7 @@ impl Schedule {
             job_type: spec.job_type.clone(),
             payload: spec.payload.clone().unwrap_or(serde_json::Value::Null),
             kind,
+            options: job_options(spec).map_err(|(field, message)| err(field, message))?,
         })
     }
 
@@ -177,8 +180,76 @@ impl Schedule {
             job_type: self.job_type.clone(),
             payload: self.payload.clone(),
             paused: false,
+            options: serde_json::to_value(&self.options).unwrap_or_default(),
         }
     }
+}
+
+/// Longest accepted retry delay or timeout: one week.
+const MAX_OPTION_DURATION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+fn option_ms(
+    field: &'static str,
+    raw: &str,
+    min: std::time::Duration,
+) -> Result<u64, (&'static str, String)> {
+    let d = humantime::parse_duration(raw.trim()).map_err(|e| {
+        (
+            field,
+            format!("invalid duration {raw:?}: {e}; expected e.g. \"500ms\", \"30s\", \"5m\""),
+        )
+    })?;
+    if d < min || d > MAX_OPTION_DURATION {
+        return Err((
+            field,
+            format!(
+                "{raw:?} is out of range; allowed from {} to 7 days",
+                humantime::format_duration(min)
+            ),
+        ));
+    }
+    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn job_options(spec: &ScheduleSpec) -> Result<JobOptions, (&'static str, String)> {
+    let timeout_ms = spec
+        .timeout
+        .as_deref()
+        .map(|t| option_ms("timeout", t, std::time::Duration::from_millis(1)))
+        .transpose()?;
+    let retry = match &spec.retry {
+        None => None,
+        Some(r) => {
+            if let Some(n) = r.max_attempts.filter(|n| !(1..=1000).contains(n)) {
+                return Err((
+                    "retry.max_attempts",
+                    format!("{n} is out of range; allowed 1 to 1000"),
+                ));
+            }
+            if let Some(m) = r.multiplier.filter(|m| !(1.0..=100.0).contains(m)) {
+                return Err((
+                    "retry.multiplier",
+                    format!("{m} is out of range; allowed 1 to 100"),
+                ));
+            }
+            Some(RetryOverride {
+                max_attempts: r.max_attempts,
+                initial_delay_ms: r
+                    .initial_delay
+                    .as_deref()
+                    .map(|d| option_ms("retry.initial_delay", d, std::time::Duration::ZERO))
+                    .transpose()?,
+                multiplier: r.multiplier,
+                max_delay_ms: r
+                    .max_delay
+                    .as_deref()
+                    .map(|d| option_ms("retry.max_delay", d, std::time::Duration::ZERO))
+                    .transpose()?,
+                jitter: r.jitter,
+            })
+        }
+    };
+    Ok(JobOptions { retry, timeout_ms })
 }
 
 fn parse_period(raw: &str) -> Result<Duration, String> {
@@ -211,7 +282,7 @@ mod tests {
             every: every.map(Into::into),
             timezone: tz.map(Into::into),
             job_type: "noop".into(),
-            payload: None,
+            ..Default::default()
         }
     }
 
@@ -257,6 +328,24 @@ mod tests {
     }
 
     #[test]
+    fn retry_and_timeout_overrides_become_job_options() {
+        let mut s = spec(None, Some("1s"), None);
+        s.retry = Some(belfry_protocol::RetrySpec {
+            max_attempts: Some(3),
+            initial_delay: Some("2s".into()),
+            ..Default::default()
+        });
+        s.timeout = Some("10m".into());
+        let o = Schedule::from_spec(&s).unwrap().options;
+        assert_eq!(o.timeout_ms, Some(600_000));
+        let r = o.retry.unwrap();
+        assert_eq!(
+            (r.max_attempts, r.initial_delay_ms, r.multiplier),
+            (Some(3), Some(2000), None)
+        );
+    }
+
+    #[test]
     fn bad_definitions_name_the_field() {
         let cases = [
             (spec(Some("not cron"), None, None), "cron"),
@@ -275,6 +364,29 @@ mod tests {
             assert_eq!(e.field, field, "{e}");
             assert!(e.to_string().starts_with("schedule \"s\": field"), "{e}");
         }
+        let mut bad_retry = spec(None, Some("1s"), None);
+        bad_retry.retry = Some(belfry_protocol::RetrySpec {
+            max_attempts: Some(0),
+            ..Default::default()
+        });
+        assert_eq!(
+            Schedule::from_spec(&bad_retry).unwrap_err().field,
+            "retry.max_attempts"
+        );
+        bad_retry.retry = Some(belfry_protocol::RetrySpec {
+            initial_delay: Some("soon".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            Schedule::from_spec(&bad_retry).unwrap_err().field,
+            "retry.initial_delay"
+        );
+        let mut bad_timeout = spec(None, Some("1s"), None);
+        bad_timeout.timeout = Some("0s".into());
+        assert_eq!(
+            Schedule::from_spec(&bad_timeout).unwrap_err().field,
+            "timeout"
+        );
         let mut bad_name = spec(None, Some("1s"), None);
         bad_name.name = "has space".into();
         assert_eq!(Schedule::from_spec(&bad_name).unwrap_err().field, "name");

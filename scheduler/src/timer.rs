@@ -109,7 +109,7 @@ mod tests {
                 every: Some(period.into()),
                 timezone: None,
                 job_type: "noop".into(),
-                payload: None,
+                ..Default::default()
             })
             .unwrap(),
         )

@@ -147,6 +147,8 @@ impl TestEnv {
             claimed_by: "test".into(),
             trace_id: trace.trace_id().map(str::to_owned),
             traceparent: Some(trace.traceparent.clone()),
+            options: Default::default(),
+            next_dispatch_at: Utc::now() + chrono::Duration::seconds(30),
         };
         assert!(
             self.ledger
@@ -166,6 +168,7 @@ impl TestEnv {
             attempt: 1,
             payload,
             trace: Some(trace),
+            options: Default::default(),
         };
         let outcome = self
             .publisher()
@@ -282,11 +285,10 @@ impl TestEnv {
 
     /// Every run of the environment, oldest fire first.
     pub async fn all_runs(&self) -> Vec<RunRecord> {
-        sqlx::query_as(
-            "SELECT id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \
-             claimed_by, claimed_at, dispatched_at, started_at, finished_at, worker, last_error, \
-             attempt_log, trace_id, traceparent FROM job_runs ORDER BY scheduled_at, job_name",
-        )
+        sqlx::query_as(&format!(
+            "SELECT {} FROM job_runs ORDER BY scheduled_at, job_name",
+            belfry_ledger::RUN_COLUMNS
+        ))
         .fetch_all(self.ledger.pool())
         .await
         .unwrap_or_else(|e| panic!("{e}"))

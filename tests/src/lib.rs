@@ -9,7 +9,7 @@ use belfry_broker::Broker;
 use belfry_ledger::Ledger;
 use belfry_protocol::ScheduleSpec;
 use belfry_runtime::Settings;
-use belfry_scheduler::{ClaimLock, Replica, Schedule};
+use belfry_scheduler::{ClaimLock, Replica, ReplicaTiming, Schedule};
 use belfry_testkit::{amqp_url, TestEnv};
 use belfry_worker::{Registry, Worker, WorkerConfig, WorkerCounters, WorkerError};
 use tokio::task::JoinHandle;
@@ -30,7 +30,11 @@ pub async fn replica(env: &TestEnv, instance: &str, redis_url: Option<&str>) -> 
     let broker = Broker::connect(&amqp_url(), env.topology.clone(), instance)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    Replica::new(instance, lock, ledger, broker, 64, Duration::from_secs(10))
+    let timing = ReplicaTiming {
+        shutdown_timeout: Duration::from_secs(10),
+        ..ReplicaTiming::default()
+    };
+    Replica::new(instance, lock, ledger, broker, timing)
 }
 
 /// A worker named `instance` of group `group` in `env`, with extra settings
@@ -68,6 +72,7 @@ pub fn every(name: &str, every: &str, job_type: &str) -> Arc<Schedule> {
             timezone: None,
             job_type: job_type.into(),
             payload: None,
+            ..Default::default()
         })
         .unwrap_or_else(|e| panic!("{e}")),
     )

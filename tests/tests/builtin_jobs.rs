@@ -182,7 +182,18 @@ async fn migrations_are_safe_when_replicas_start_together() {
         .fetch_one(fresh.ledger.pool())
         .await
         .unwrap();
-    assert_eq!(n, 1);
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sql"))
+        })
+        .count();
+    assert_eq!(
+        usize::try_from(n).unwrap(),
+        files,
+        "each migration applied exactly once"
+    );
     fresh.teardown(&[]).await;
     env.teardown(&[]).await;
 }

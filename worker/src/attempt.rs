@@ -65,10 +65,16 @@ pub async fn run_attempt(
         _ = hard_stop.cancelled() => AttemptResult::Interrupted,
     };
     cancel.cancel();
-    if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
-        task.abort();
+    match tokio::time::timeout(CANCEL_GRACE, &mut task).await {
+        // The handler finished successfully at the last moment: its side
+        // effects happened, so record the success rather than run it again.
+        Ok(Ok(Ok(()))) => AttemptResult::Succeeded,
+        Ok(_) => interrupted,
+        Err(_) => {
+            task.abort();
+            interrupted
+        }
     }
-    interrupted
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {

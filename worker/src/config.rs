@@ -7,6 +7,7 @@
 //! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.worker` |
 //! | `BELFRY_NAMESPACE` | `belfry` | prefix of every exchange and queue |
 //! | `BELFRY_WORKER_GROUP` | `default` | group; its queue is `{ns}.jobs.{group}` |
+//! | `BELFRY_JOB_TYPES` | all registered | comma-separated job types this worker serves |
 //! | `BELFRY_PREFETCH` | `32` | unacknowledged deliveries held at once |
 //! | `BELFRY_CONCURRENCY` | `16` | jobs run at once |
 //! | `BELFRY_JOB_TIMEOUT` | `5m` | per-attempt timeout |
@@ -15,6 +16,7 @@
 //! | `BELFRY_RETRY_MULTIPLIER` | `2` | growth of the delay per failure |
 //! | `BELFRY_RETRY_MAX_DELAY` | `5m` | cap of the delay |
 //! | `BELFRY_RETRY_JITTER` | `true` | stretch delays randomly by up to 100 % |
+//! | `BELFRY_RETRY_REQUEUE_AFTER` | `10s` | longer delays go through the ledger instead of holding a prefetch slot |
 //! | `BELFRY_DB_POOL` | `8` | Postgres connections |
 //! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight jobs may finish after SIGTERM |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
@@ -38,6 +40,12 @@ pub struct WorkerConfig {
     pub namespace: String,
     /// Worker group.
     pub group: String,
+    /// Job types this worker serves (`None`: every registered type).
+    pub job_types: Option<Vec<String>>,
+    /// Retry delays at least this long are handed to the ledger (the
+    /// delivery is acked and a scheduler's reconciler republishes the run
+    /// when the delay ends) instead of holding a prefetch slot.
+    pub requeue_after: Duration,
     /// Prefetch (unacked deliveries).
     pub prefetch: u16,
     /// Concurrent jobs.
@@ -62,6 +70,8 @@ impl std::fmt::Debug for WorkerConfig {
             .field("instance", &self.instance)
             .field("namespace", &self.namespace)
             .field("group", &self.group)
+            .field("job_types", &self.job_types)
+            .field("requeue_after", &self.requeue_after)
             .field("prefetch", &self.prefetch)
             .field("concurrency", &self.concurrency)
             .field("job_timeout", &self.job_timeout)
@@ -106,6 +116,17 @@ impl WorkerConfig {
                 belfry_protocol::topology::DEFAULT_NAMESPACE,
             ),
             group: s.string("BELFRY_WORKER_GROUP", "default"),
+            job_types: s.get("BELFRY_JOB_TYPES").map(|v| {
+                v.split(',')
+                    .map(|t| t.trim().to_owned())
+                    .filter(|t| !t.is_empty())
+                    .collect()
+            }),
+            requeue_after: s.duration(
+                "BELFRY_RETRY_REQUEUE_AFTER",
+                Duration::from_secs(10),
+                Duration::ZERO,
+            )?,
             prefetch: u16::try_from(num("BELFRY_PREFETCH", 32, 1, 65_535)?).unwrap_or(32),
             concurrency: usize::try_from(num("BELFRY_CONCURRENCY", 16, 1, 100_000)?).unwrap_or(16),
             job_timeout: s.duration(

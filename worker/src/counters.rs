@@ -19,8 +19,13 @@ pub struct WorkerCounters {
     pub dead_lettered: AtomicU64,
     /// Deliveries of already finished runs, acked and dropped.
     pub duplicates: AtomicU64,
-    /// Runs handed back to the broker (shutdown).
+    /// Deliveries handed back to the broker (shutdown, ledger down, run
+    /// held by another attempt).
     pub handed_back: AtomicU64,
+    /// Retries whose back-off was handed to the ledger.
+    pub deferred: AtomicU64,
+    /// Attempts that lost their lease before recording.
+    pub superseded: AtomicU64,
 }
 
 impl WorkerCounters {

@@ -1,19 +1,22 @@
 //! One delivery, from decode to ack.
 //!
 //! The ledger is consulted before any work: a delivery whose run is already
-//! finished is acked and dropped, so a redelivered or republished message
-//! never re-runs finished work. Every attempt is counted in `job_runs`
-//! before the handler runs, so a crash mid-attempt still counts it. The
-//! delivery is acked only after the outcome is recorded: if recording
-//! fails, the delivery goes back to the queue and the ledger decides again
-//! on redelivery.
+//! finished is acked and dropped, and a delivery whose run another attempt
+//! holds under an unexpired lease waits and goes back to the queue, so a
+//! redelivered or republished message never re-runs finished work nor runs
+//! concurrently with itself. Every attempt is counted in `job_runs` before
+//! the handler runs, so a crash mid-attempt still counts it. The delivery is
+//! acked only after the outcome is recorded; if recording fails, the
+//! delivery goes back to the queue and the ledger decides again.
+
+use std::time::Duration;
 
 use chrono::Utc;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use belfry_broker::{DeadLetter, Delivery};
+use belfry_broker::{DeadLetter, Delivery, PublishOutcome};
 use belfry_ledger::{AttemptEntry, AttemptStart, LedgerError, RunStatus};
 use belfry_protocol::topology::HEADER_TRACEPARENT;
 use belfry_protocol::JobMessage;
@@ -21,7 +24,15 @@ use belfry_protocol::JobMessage;
 use crate::attempt::{run_attempt, AttemptResult};
 use crate::counters::WorkerCounters;
 use crate::job::{JobContext, JobError};
-use crate::Worker;
+use crate::registry::Registered;
+use crate::{RetryPolicy, Worker};
+
+/// How long a lease outlives its attempt's timeout: time for the attempt's
+/// own outcome write after the timeout fired.
+const LEASE_GRACE: Duration = Duration::from_secs(30);
+/// Longest wait before handing back a delivery the ledger could not take
+/// (database down) or another attempt holds.
+const HAND_BACK_PAUSE: Duration = Duration::from_secs(5);
 
 /// What the worker did with one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,9 +47,15 @@ pub enum ProcessOutcome {
     Duplicate,
     /// The body was not a job message; it was dead-lettered.
     Undecodable,
-    /// The delivery went back to the queue (shutdown, or the ledger was
-    /// unreachable).
+    /// The retry back-off was handed to the ledger; the delivery was acked
+    /// and the run will be published again when the back-off ends.
+    Deferred,
+    /// The delivery went back to the queue (shutdown, the ledger was
+    /// unreachable, or another attempt holds the run).
     HandedBack,
+    /// The attempt lost its lease to another attempt before recording; its
+    /// outcome was not written.
+    Superseded,
 }
 
 struct Finish<'a> {
@@ -46,6 +63,26 @@ struct Finish<'a> {
     status: RunStatus,
     entry: AttemptEntry,
     dead_letter: Option<&'a str>,
+}
+
+/// The effective settings of one run: worker default, then the job type's,
+/// then the run's own.
+fn effective(
+    worker: &Worker,
+    registered: &Registered,
+    message: &JobMessage,
+) -> (RetryPolicy, Duration) {
+    let mut policy = worker.retry.clone();
+    let mut timeout = worker.job_timeout;
+    for options in [&registered.options, &message.options] {
+        if let Some(r) = &options.retry {
+            policy = policy.with_override(r);
+        }
+        if let Some(ms) = options.timeout_ms {
+            timeout = Duration::from_millis(ms.max(1)).min(Duration::from_secs(7 * 24 * 3600));
+        }
+    }
+    (policy, timeout)
 }
 
 impl Worker {
@@ -70,7 +107,7 @@ impl Worker {
                 return ProcessOutcome::Undecodable;
             }
         };
-        let Some(handler) = self.registry.get(&message.job_type).cloned() else {
+        let Some(registered) = self.registry.get(&message.job_type).cloned() else {
             let reason = format!(
                 "no handler for job type {:?} in worker group {:?} (it handles {:?}); register \
                  the type in a worker of a group bound to it",
@@ -80,8 +117,13 @@ impl Worker {
             );
             return self.give_up(&delivery, &message, &reason).await;
         };
+        let (policy, timeout) = effective(self, &registered, &message);
         loop {
-            let (id, attempt) = match self.ledger.begin_attempt(&message, &self.instance).await {
+            let started = self
+                .ledger
+                .begin_attempt(&message, &self.instance, timeout + LEASE_GRACE)
+                .await;
+            let (id, attempt) = match started {
                 Ok(AttemptStart::Started { id, attempt }) => (id, attempt),
                 Ok(AttemptStart::AlreadyFinished { id, status }) => {
                     WorkerCounters::add(&self.counters.duplicates);
@@ -89,12 +131,27 @@ impl Worker {
                     self.ack(&delivery).await;
                     return ProcessOutcome::Duplicate;
                 }
+                Ok(AttemptStart::Busy { id, until }) => {
+                    // Another attempt holds the run (this delivery is a
+                    // duplicate from a channel loss). Wait a little, then
+                    // give it back: once the holder records an outcome the
+                    // redelivery is dropped as a duplicate; if the holder
+                    // died, its lease expires and a redelivery takes over.
+                    let wait = (until - Utc::now())
+                        .to_std()
+                        .unwrap_or(Duration::ZERO)
+                        .min(HAND_BACK_PAUSE);
+                    tracing::info!(%id, run_key = %message.run_key, %until, "run held by another attempt; handing the delivery back");
+                    return self.hand_back_after(&delivery, None, wait, hard_stop).await;
+                }
                 Err(e @ LedgerError::IdConflict { .. }) => {
                     return self.give_up(&delivery, &message, &e.to_string()).await;
                 }
                 Err(e) => {
                     tracing::error!(run_key = %message.run_key, error = %e, "cannot start attempt; handing the delivery back");
-                    return self.hand_back(&delivery, None).await;
+                    return self
+                        .hand_back_after(&delivery, None, HAND_BACK_PAUSE, hard_stop)
+                        .await;
                 }
             };
             let attempt_no = u32::try_from(attempt).unwrap_or(u32::MAX);
@@ -107,12 +164,12 @@ impl Worker {
                 outcome: String::new(),
                 error: None,
             };
-            if attempt_no > self.retry.max_attempts {
+            if attempt_no > policy.max_attempts {
                 // The attempts were used up by earlier deliveries (a worker
                 // crashing mid-run, say): do not run the handler again.
                 let reason = format!(
                     "retries exhausted: attempt {attempt} exceeds the maximum of {} (earlier attempts did not finish)",
-                    self.retry.max_attempts
+                    policy.max_attempts
                 );
                 entry.outcome = "exhausted".into();
                 entry.error = Some(reason.clone());
@@ -136,46 +193,37 @@ impl Worker {
             };
             WorkerCounters::add(&self.counters.attempts);
             let result = run_attempt(
-                &handler,
+                &registered.handler,
                 ctx,
                 message.payload.clone(),
-                self.job_timeout,
+                timeout,
                 hard_stop,
             )
             .await;
             entry.finished_at = Utc::now();
-            let _enter = span.enter();
             let (outcome, error, requested_delay) = match result {
                 AttemptResult::Succeeded => {
                     entry.outcome = "succeeded".into();
-                    tracing::info!("attempt succeeded");
-                    return self
-                        .finish(
-                            &delivery,
-                            Finish {
-                                id,
-                                status: RunStatus::Succeeded,
-                                entry,
-                                dead_letter: None,
-                            },
-                        )
-                        .await;
+                    tracing::info!(parent: &span, "attempt succeeded");
+                    let finish = Finish {
+                        id,
+                        status: RunStatus::Succeeded,
+                        entry,
+                        dead_letter: None,
+                    };
+                    return self.finish(&delivery, finish).await;
                 }
                 AttemptResult::Failed(JobError::Permanent(m)) => {
                     entry.outcome = "failed".into();
                     entry.error = Some(m.clone());
-                    tracing::warn!(error = %m, "attempt failed permanently");
-                    return self
-                        .finish(
-                            &delivery,
-                            Finish {
-                                id,
-                                status: RunStatus::Failed,
-                                entry,
-                                dead_letter: None,
-                            },
-                        )
-                        .await;
+                    tracing::warn!(parent: &span, error = %m, "attempt failed permanently");
+                    let finish = Finish {
+                        id,
+                        status: RunStatus::Failed,
+                        entry,
+                        dead_letter: None,
+                    };
+                    return self.finish(&delivery, finish).await;
                 }
                 AttemptResult::InvalidPayload(m) => {
                     let reason = format!(
@@ -184,12 +232,14 @@ impl Worker {
                     );
                     entry.outcome = "invalid_payload".into();
                     entry.error = Some(reason.clone());
-                    tracing::error!(error = %reason, "dead-lettering: payload cannot be decoded");
+                    tracing::error!(parent: &span, error = %reason, "dead-lettering: payload cannot be decoded");
                     return self.dead(&delivery, id, entry, &reason).await;
                 }
                 AttemptResult::Interrupted => {
-                    tracing::warn!("attempt interrupted by shutdown; handing the run back");
-                    return self.hand_back(&delivery, Some(id)).await;
+                    tracing::warn!(parent: &span, "attempt interrupted by shutdown; handing the run back");
+                    return self
+                        .hand_back_after(&delivery, Some((id, attempt)), Duration::ZERO, hard_stop)
+                        .await;
                 }
                 AttemptResult::Failed(JobError::Retryable(m)) => ("retry", m, None),
                 AttemptResult::Failed(JobError::RetryAfter { after, message }) => {
@@ -202,28 +252,60 @@ impl Worker {
             };
             entry.outcome = outcome.into();
             entry.error = Some(error.clone());
-            let Some(policy_delay) = self.retry.delay_after(attempt_no) else {
+            let Some(policy_delay) = policy.delay_after(attempt_no) else {
                 let reason =
                     format!("retries exhausted after {attempt} attempts; last error: {error}");
-                tracing::error!(error = %reason, "run is dead");
+                tracing::error!(parent: &span, error = %reason, "run is dead");
                 return self.dead(&delivery, id, entry, &reason).await;
             };
-            let delay = requested_delay.unwrap_or(policy_delay);
-            tracing::warn!(%error, ?delay, "attempt failed; retrying");
-            if let Err(e) = self
+            // A handler may ask for its own delay, but never past the
+            // policy's cap (times two, for jitter).
+            let delay = requested_delay.map_or(policy_delay, |d| d.min(policy.max_delay * 2));
+            if delay >= self.requeue_after {
+                // A long back-off must not hold a prefetch slot (or outlive
+                // the broker's consumer timeout): the ledger keeps the
+                // retry time and a reconciler publishes the run then.
+                let at =
+                    Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+                tracing::warn!(parent: &span, %error, ?delay, "attempt failed; retry handed to the ledger");
+                let recorded = self
+                    .ledger
+                    .end_attempt(id, RunStatus::Retrying, &entry, Some(&error), Some(at))
+                    .await;
+                return match recorded {
+                    Ok(true) => {
+                        WorkerCounters::add(&self.counters.deferred);
+                        self.ack(&delivery).await;
+                        ProcessOutcome::Deferred
+                    }
+                    Ok(false) => self.superseded(&delivery, id, attempt).await,
+                    Err(e) => {
+                        tracing::error!(parent: &span, error = %e, "cannot record the failed attempt; handing the delivery back");
+                        self.hand_back_after(&delivery, None, HAND_BACK_PAUSE, hard_stop)
+                            .await
+                    }
+                };
+            }
+            tracing::warn!(parent: &span, %error, ?delay, "attempt failed; retrying");
+            match self
                 .ledger
-                .end_attempt(id, RunStatus::Retrying, &entry, entry.error.as_deref())
+                .end_attempt(id, RunStatus::Retrying, &entry, Some(&error), None)
                 .await
             {
-                tracing::error!(error = %e, "cannot record the failed attempt; handing the delivery back");
-                return self.hand_back(&delivery, None).await;
+                Ok(true) => {}
+                Ok(false) => return self.superseded(&delivery, id, attempt).await,
+                Err(e) => {
+                    tracing::error!(parent: &span, error = %e, "cannot record the failed attempt; handing the delivery back");
+                    return self
+                        .hand_back_after(&delivery, None, HAND_BACK_PAUSE, hard_stop)
+                        .await;
+                }
             }
-            drop(_enter);
             // Shutdown wins over the back-off: the attempt count is durable,
             // so the run continues where it stopped on redelivery.
             tokio::select! {
                 biased;
-                _ = hard_stop.cancelled() => return self.hand_back(&delivery, None).await,
+                _ = hard_stop.cancelled() => return self.hand_back_after(&delivery, None, Duration::ZERO, hard_stop).await,
                 _ = tokio::time::sleep(delay) => {}
             }
         }
@@ -233,13 +315,16 @@ impl Worker {
         let last_error = f.dead_letter.or(f.entry.error.as_deref());
         match self
             .ledger
-            .end_attempt(f.id, f.status, &f.entry, last_error)
+            .end_attempt(f.id, f.status, &f.entry, last_error, None)
             .await
         {
-            Ok(_) => {}
+            Ok(true) => {}
+            Ok(false) => return self.superseded(delivery, f.id, f.entry.attempt).await,
             Err(e) => {
                 tracing::error!(id = %f.id, error = %e, "cannot record the outcome; handing the delivery back");
-                return self.hand_back(delivery, None).await;
+                return self
+                    .hand_back_after(delivery, None, HAND_BACK_PAUSE, &CancellationToken::new())
+                    .await;
             }
         }
         let outcome = match f.status {
@@ -261,6 +346,15 @@ impl Worker {
             None => self.ack(delivery).await,
         }
         outcome
+    }
+
+    /// The attempt's lease was taken over by another attempt: nothing was
+    /// written; the other attempt owns the run and its outcome.
+    async fn superseded(&self, delivery: &Delivery, id: Uuid, attempt: i32) -> ProcessOutcome {
+        WorkerCounters::add(&self.counters.superseded);
+        tracing::warn!(%id, attempt, "attempt lost its lease to another attempt; its outcome is not recorded");
+        self.ack(delivery).await;
+        ProcessOutcome::Superseded
     }
 
     /// Ends the attempt with the run `dead` for `reason`, dead-lettering
@@ -314,21 +408,14 @@ impl Worker {
             message_id: id.map(|i| i.to_string()),
             traceparent,
         };
-        let published = match self.dead_letters.get().await {
-            Ok(p) => p.dead_letter(&dead).await,
-            Err(e) => Err(e),
-        };
-        match published {
-            Ok(_) => {
-                WorkerCounters::add(&self.counters.dead_lettered);
-                self.ack(delivery).await;
-            }
-            Err(e) => {
-                // The queue's own dead-letter exchange takes a rejected
-                // message: reject without requeue instead of losing it.
-                tracing::error!(error = %e, "dead-letter publish failed; rejecting to the queue's dead-letter exchange");
-                self.dead_letters.reset().await;
-                WorkerCounters::add(&self.counters.dead_lettered);
+        WorkerCounters::add(&self.counters.dead_lettered);
+        match self.dead_letters.dead_letter(&dead).await {
+            Ok(PublishOutcome::Confirmed) => self.ack(delivery).await,
+            other => {
+                // Not stored in the dead-letter queue (broker down, nack, or
+                // the queue is gone): reject without requeue instead, and the
+                // group queue's own dead-letter exchange takes the message.
+                tracing::error!(result = ?other, "dead-letter publish not confirmed; rejecting to the queue's dead-letter exchange");
                 let nack = BasicNackOptions {
                     requeue: false,
                     ..BasicNackOptions::default()
@@ -340,18 +427,27 @@ impl Worker {
         }
     }
 
-    async fn hand_back(&self, delivery: &Delivery, running: Option<Uuid>) -> ProcessOutcome {
-        if let Some(id) = running {
-            if let Err(e) = self
-                .ledger
-                .hand_back(
-                    id,
-                    "interrupted by worker shutdown; handed back to the queue",
-                )
-                .await
-            {
-                tracing::warn!(%id, error = %e, "cannot mark the run handed back; it stays running until redelivered");
+    /// Gives the delivery back to the queue after `pause` (cut short by
+    /// `hard_stop`), first returning attempt `running` of the run to
+    /// `retrying` when this worker holds it.
+    async fn hand_back_after(
+        &self,
+        delivery: &Delivery,
+        running: Option<(Uuid, i32)>,
+        pause: Duration,
+        hard_stop: &CancellationToken,
+    ) -> ProcessOutcome {
+        if let Some((id, attempt)) = running {
+            let reason = "interrupted by worker shutdown; handed back to the queue";
+            if let Err(e) = self.ledger.hand_back(id, attempt, reason).await {
+                tracing::warn!(%id, error = %e, "cannot mark the run handed back; its lease expires and a redelivery takes over");
             }
+        }
+        // Pausing keeps a worker whose database is down (or a duplicate of
+        // a held run) from spinning the delivery through the queue.
+        tokio::select! {
+            _ = hard_stop.cancelled() => {}
+            _ = tokio::time::sleep(pause) => {}
         }
         WorkerCounters::add(&self.counters.handed_back);
         let nack = BasicNackOptions {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use belfry_protocol::{validate_name, NameError};
+use belfry_protocol::{validate_name, JobOptions, NameError};
 
 use crate::job::{Job, JobContext, JobError};
 
@@ -57,15 +57,34 @@ pub enum RegistryError {
     /// A type name breaks the naming rule.
     #[error(transparent)]
     Name(#[from] NameError),
+    /// A configured job type has no handler in this binary.
+    #[error(
+        "job type {job_type:?} is configured but has no handler; this worker can run: {registered}"
+    )]
+    NotRegistered {
+        /// The configured type.
+        job_type: String,
+        /// The types that have handlers.
+        registered: String,
+    },
     /// Nothing was registered.
     #[error("the registry is empty; register at least one job type")]
     Empty,
 }
 
+/// A registered job type: its handler and its own retry/timeout settings.
+#[derive(Clone)]
+pub struct Registered {
+    /// The handler.
+    pub handler: Arc<dyn Handler>,
+    /// The type's overrides of the worker's defaults.
+    pub options: JobOptions,
+}
+
 /// Job types and their handlers.
 #[derive(Clone)]
 pub struct Registry {
-    handlers: BTreeMap<String, Arc<dyn Handler>>,
+    handlers: BTreeMap<String, Registered>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -79,14 +98,23 @@ impl std::fmt::Debug for Registry {
 /// Collects job types; see [`Registry::builder`].
 #[derive(Default)]
 pub struct RegistryBuilder {
-    entries: Vec<(String, Arc<dyn Handler>)>,
+    entries: Vec<(String, Registered)>,
 }
 
 impl RegistryBuilder {
-    /// Registers job type `J`.
-    pub fn job<J: Job>(mut self, job: J) -> Self {
+    /// Registers job type `J` with the worker's default retry policy and
+    /// timeout.
+    pub fn job<J: Job>(self, job: J) -> Self {
+        self.job_with(job, JobOptions::default())
+    }
+
+    /// Registers job type `J` with its own retry policy and/or timeout
+    /// (fields left `None` keep the worker's defaults; a schedule or an
+    /// ad-hoc request can override them again per run).
+    pub fn job_with<J: Job>(mut self, job: J, options: JobOptions) -> Self {
+        let handler: Arc<dyn Handler> = Arc::new(Typed(Arc::new(job)));
         self.entries
-            .push((J::TYPE.to_owned(), Arc::new(Typed(Arc::new(job)))));
+            .push((J::TYPE.to_owned(), Registered { handler, options }));
         self
     }
 
@@ -105,9 +133,9 @@ impl RegistryBuilder {
     /// registry.
     pub fn build(self) -> Result<Registry, RegistryError> {
         let mut handlers = BTreeMap::new();
-        for (name, handler) in self.entries {
+        for (name, registered) in self.entries {
             validate_name("job type", &name)?;
-            if handlers.insert(name.clone(), handler).is_some() {
+            if handlers.insert(name.clone(), registered).is_some() {
                 return Err(RegistryError::Duplicate(name));
             }
         }
@@ -129,9 +157,32 @@ impl Registry {
         self.handlers.keys().map(String::as_str).collect()
     }
 
-    /// The handler of `job_type`.
-    pub fn get(&self, job_type: &str) -> Option<&Arc<dyn Handler>> {
+    /// The handler and settings of `job_type`.
+    pub fn get(&self, job_type: &str) -> Option<&Registered> {
         self.handlers.get(job_type)
+    }
+
+    /// Keeps only `types` (a worker group serving part of what this binary
+    /// can run).
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::NotRegistered`] naming a type that has no handler,
+    /// and [`RegistryError::Empty`] when `types` is empty.
+    pub fn restrict<S: AsRef<str>>(mut self, types: &[S]) -> Result<Self, RegistryError> {
+        let wanted: Vec<&str> = types.iter().map(AsRef::as_ref).collect();
+        if let Some(missing) = wanted.iter().find(|t| !self.handlers.contains_key(**t)) {
+            return Err(RegistryError::NotRegistered {
+                job_type: (*missing).to_owned(),
+                registered: self.types().join(", "),
+            });
+        }
+        self.handlers
+            .retain(|name, _| wanted.contains(&name.as_str()));
+        if self.handlers.is_empty() {
+            return Err(RegistryError::Empty);
+        }
+        Ok(self)
     }
 }
 

@@ -11,6 +11,12 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use belfry_protocol::RetryOverride;
+
+/// Longest delay an override may ask for: one week. Values past it (from a
+/// hand-written message, say) are clamped, never trusted into arithmetic
+/// that could overflow.
+const MAX_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// A retry policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +47,26 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// This policy with the fields `o` sets replaced, each clamped to a
+    /// sane range (attempts 1–1000, multiplier 1–100, delays ≤ 7 days).
+    pub fn with_override(&self, o: &RetryOverride) -> Self {
+        let ms = |v: Option<u64>, d: Duration| {
+            v.map_or(d, |ms| Duration::from_millis(ms).min(MAX_DELAY))
+        };
+        Self {
+            max_attempts: o
+                .max_attempts
+                .map_or(self.max_attempts, |n| n.clamp(1, 1000)),
+            initial_delay: ms(o.initial_delay_ms, self.initial_delay),
+            multiplier: o
+                .multiplier
+                .filter(|m| m.is_finite())
+                .map_or(self.multiplier, |m| m.clamp(1.0, 100.0)),
+            max_delay: ms(o.max_delay_ms, self.max_delay),
+            jitter: o.jitter.unwrap_or(self.jitter),
+        }
+    }
+
     /// The delay to wait after attempt `failed_attempt` (1-based) failed, or
     /// `None` when no attempt is left.
     pub fn delay_after(&self, failed_attempt: u32) -> Option<Duration> {
@@ -93,6 +119,25 @@ mod tests {
             let d = p.delay_after(a).unwrap();
             assert!(d >= base && d < base * 2, "attempt {a}: {d:?} vs {base:?}");
         }
+    }
+
+    #[test]
+    fn overrides_replace_only_what_they_set_and_are_clamped() {
+        let p = policy(false).with_override(&RetryOverride {
+            max_attempts: Some(0),
+            multiplier: Some(f32::INFINITY),
+            max_delay_ms: Some(u64::MAX),
+            ..Default::default()
+        });
+        assert_eq!(p.max_attempts, 1);
+        assert_eq!(p.multiplier, 3.0);
+        assert_eq!(p.max_delay, MAX_DELAY);
+        assert_eq!(p.initial_delay, Duration::from_millis(100));
+        let p = policy(false).with_override(&RetryOverride {
+            multiplier: Some(1000.0),
+            ..Default::default()
+        });
+        assert_eq!(p.multiplier, 100.0);
     }
 
     #[test]

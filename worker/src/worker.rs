@@ -37,6 +37,7 @@ pub struct Worker {
     pub(crate) registry: Registry,
     pub(crate) retry: RetryPolicy,
     pub(crate) job_timeout: Duration,
+    pub(crate) requeue_after: Duration,
     pub(crate) prefetch: u16,
     pub(crate) concurrency: usize,
     pub(crate) shutdown_timeout: Duration,
@@ -54,6 +55,10 @@ impl Worker {
     /// wrong.
     pub async fn start(config: &WorkerConfig, registry: Registry) -> Result<Self, WorkerError> {
         validate_name("worker group", &config.group)?;
+        let registry = match &config.job_types {
+            Some(types) => registry.restrict(types)?,
+            None => registry,
+        };
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
         ledger.migrate().await?;
@@ -78,6 +83,7 @@ impl Worker {
             registry,
             retry: config.retry.clone(),
             job_timeout: config.job_timeout,
+            requeue_after: config.requeue_after,
             prefetch: config.prefetch,
             concurrency: config.concurrency.max(1),
             shutdown_timeout: config.shutdown_timeout,
@@ -106,70 +112,100 @@ impl Worker {
     }
 
     /// Consumes until `cancel`, then shuts down gracefully (see the module
-    /// docs).
+    /// docs). A lost connection or channel is survived: the loop logs it,
+    /// backs off (1 s doubling to 30 s), reconnects and consumes again; jobs
+    /// in flight on the lost channel are redelivered by the broker and their
+    /// leases keep them from running twice at once.
     ///
     /// # Errors
     ///
-    /// [`WorkerError::Broker`] when consuming cannot start, and
-    /// [`WorkerError::ConsumerClosed`] when the broker closes the consumer.
+    /// None at present once started; the `Result` leaves room for fatal
+    /// conditions.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), WorkerError> {
         let this = Arc::new(self);
-        let tag = format!("{}-{}", this.instance, uuid::Uuid::new_v4().simple());
-        let (channel, mut consumer) = this
-            .broker
-            .consume(&this.queue, &tag, this.prefetch)
-            .await?;
-        tracing::info!(instance = %this.instance, queue = %this.queue, prefetch = this.prefetch,
-            concurrency = this.concurrency, "worker consuming");
         let permits = Arc::new(Semaphore::new(this.concurrency));
         let hard_stop = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        let mut closed = None;
-        loop {
-            while tasks.try_join_next().is_some() {}
-            // A permit first, so at most `concurrency` jobs run; deliveries
-            // beyond that wait in the prefetch buffer.
-            let permit = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break,
-                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        let mut backoff = Duration::from_secs(1);
+        // The live channel when shutdown starts (at most one).
+        let mut channels = Vec::new();
+        'connect: while !cancel.is_cancelled() {
+            let tag = format!("{}-{}", this.instance, uuid::Uuid::new_v4().simple());
+            // Re-declaring is idempotent and restores a queue deleted while
+            // we were away.
+            let consumed = match this
+                .broker
+                .declare_group(&this.group, &this.registry.types())
+                .await
+            {
+                Ok(_) => this.broker.consume(&this.queue, &tag, this.prefetch).await,
+                Err(e) => Err(e),
             };
-            // Shutdown is checked first so no delivery is started after it.
-            let delivery = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break,
-                d = consumer.next() => d,
+            let (channel, mut consumer) = match consumed {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "cannot consume; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break 'connect,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue 'connect;
+                }
             };
-            match delivery {
-                Some(Ok(delivery)) => {
-                    let worker = this.clone();
-                    let stop = hard_stop.clone();
-                    tasks.spawn(async move {
-                        let _permit = permit;
-                        worker.process_one(delivery, &stop).await
-                    });
-                }
-                Some(Err(e)) => {
-                    closed = Some(WorkerError::Broker(belfry_broker::BrokerError::Amqp {
-                        operation: "consume",
-                        source: e,
-                    }));
-                    break;
-                }
-                None => {
-                    closed = Some(WorkerError::ConsumerClosed(this.queue.clone()));
-                    break;
+            backoff = Duration::from_secs(1);
+            tracing::info!(instance = %this.instance, queue = %this.queue, prefetch = this.prefetch,
+                concurrency = this.concurrency, "worker consuming");
+            loop {
+                while tasks.try_join_next().is_some() {}
+                // A permit first, so at most `concurrency` jobs run;
+                // deliveries beyond that wait in the prefetch buffer.
+                let permit = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => { channels.push((channel, tag)); break 'connect; }
+                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => { channels.push((channel, tag)); break 'connect; } },
+                };
+                // Shutdown is checked first so no delivery is started after it.
+                let delivery = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => { channels.push((channel, tag)); break 'connect; }
+                    d = consumer.next() => d,
+                };
+                match delivery {
+                    Some(Ok(delivery)) => {
+                        let worker = this.clone();
+                        let stop = hard_stop.clone();
+                        tasks.spawn(async move {
+                            let _permit = permit;
+                            worker.process_one(delivery, &stop).await
+                        });
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "consumer failed (connection or channel lost); reconnecting");
+                        break;
+                    }
+                    None => {
+                        tracing::warn!(queue = %this.queue, "the broker closed the consumer; reconnecting");
+                        break;
+                    }
                 }
             }
+            // The lost channel's unacked deliveries are requeued by the
+            // broker; nothing more can be done on it.
+            drop(channel);
         }
         // Stop deliveries before waiting: the broker keeps prefetched but
         // unstarted deliveries unacked and requeues them when the channel
         // closes below.
-        if let Err(e) = channel
-            .basic_cancel(&tag, BasicCancelOptions::default())
-            .await
-        {
-            tracing::warn!(error = %e, "consumer cancel failed");
+        for (channel, tag) in &channels {
+            if channel.status().connected() {
+                if let Err(e) = channel
+                    .basic_cancel(tag, BasicCancelOptions::default())
+                    .await
+                {
+                    tracing::warn!(error = %e, "consumer cancel failed");
+                }
+            }
         }
         let in_flight = tasks.len();
         tracing::info!(in_flight, deadline = ?this.shutdown_timeout, "worker stopping: finishing in-flight jobs");
@@ -192,12 +228,11 @@ impl Worker {
                 tasks.abort_all();
             }
         }
-        let _ = channel.close(200, "worker stopped").await;
+        for (channel, _) in channels {
+            let _ = channel.close(200, "worker stopped").await;
+        }
         this.broker.close().await;
         tracing::info!(instance = %this.instance, "worker stopped");
-        match closed {
-            Some(e) if !cancel.is_cancelled() => Err(e),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 }

@@ -1,0 +1,134 @@
+//! Publishing a run and recording the broker's answer.
+//!
+//! Order matters: a run is marked `dispatched` only after the broker
+//! confirmed its message. A crash between the two leaves the run `claimed`
+//! in the outbox; the reconciler publishes it again with the same message
+//! id, which is safe because workers drop deliveries of finished runs.
+
+use chrono::{DateTime, Utc};
+
+use belfry_broker::{Broker, PublishOutcome, PublisherSlot};
+use belfry_ledger::{Ledger, RunRecord};
+use belfry_protocol::JobMessage;
+
+use crate::DispatchError;
+
+/// What happened to a run at the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DispatchOutcome {
+    /// Confirmed by the broker and recorded.
+    Dispatched,
+    /// Returned by the broker: no worker group serves the job type. The run
+    /// is `dead` with an error saying so.
+    Unroutable,
+    /// Not confirmed (broker down, nack, timeout). The run stays in the
+    /// outbox for the reconciler.
+    NotConfirmed(String),
+}
+
+/// Publishes runs and records the outcome in the ledger.
+#[derive(Debug)]
+pub struct Dispatcher {
+    ledger: Ledger,
+    publishers: PublisherSlot,
+}
+
+/// The error text recorded for a job type no worker group serves.
+pub fn unroutable_reason(job_type: &str) -> String {
+    format!(
+        "no worker group serves job type {job_type:?}: the broker returned the message as \
+         unroutable; start a worker whose registry handles {job_type:?}, then trigger the run again"
+    )
+}
+
+impl Dispatcher {
+    /// A dispatcher publishing through `broker` and recording in `ledger`.
+    pub fn new(broker: Broker, ledger: Ledger) -> Self {
+        Self {
+            ledger,
+            publishers: PublisherSlot::new(broker),
+        }
+    }
+
+    /// Publishes a freshly claimed run's `message` and records the answer.
+    ///
+    /// # Errors
+    ///
+    /// [`DispatchError::Ledger`] when the broker answered but the ledger
+    /// could not record it (the run stays in the outbox; a republish is
+    /// safe).
+    pub async fn dispatch(&self, message: &JobMessage) -> Result<DispatchOutcome, DispatchError> {
+        match self.publish(message).await {
+            Ok(PublishOutcome::Confirmed) => {
+                self.ledger.mark_dispatched(message.message_id).await?;
+                Ok(DispatchOutcome::Dispatched)
+            }
+            Ok(PublishOutcome::Unroutable) => {
+                self.unroutable(message).await?;
+                Ok(DispatchOutcome::Unroutable)
+            }
+            Ok(PublishOutcome::Nacked) => Ok(not_confirmed(
+                message,
+                "the broker nacked the publish".into(),
+            )),
+            Err(reason) => Ok(not_confirmed(message, reason)),
+        }
+    }
+
+    /// Publishes a run taken from the outbox again (same message id, same
+    /// trace) and records the answer; an unconfirmed run is retried after
+    /// `retry_at`.
+    ///
+    /// # Errors
+    ///
+    /// [`DispatchError::Ledger`] when the ledger could not record the
+    /// answer (the run's lease expires and it is taken again).
+    pub async fn republish(
+        &self,
+        run: &RunRecord,
+        retry_at: DateTime<Utc>,
+    ) -> Result<DispatchOutcome, DispatchError> {
+        let message = run.to_message();
+        match self.publish(&message).await {
+            Ok(PublishOutcome::Confirmed) => {
+                self.ledger.mark_republished(run.id).await?;
+                Ok(DispatchOutcome::Dispatched)
+            }
+            Ok(PublishOutcome::Unroutable) => {
+                self.unroutable(&message).await?;
+                Ok(DispatchOutcome::Unroutable)
+            }
+            Ok(PublishOutcome::Nacked) => {
+                self.ledger.postpone_dispatch(run.id, retry_at).await?;
+                Ok(not_confirmed(
+                    &message,
+                    "the broker nacked the publish".into(),
+                ))
+            }
+            Err(reason) => {
+                self.ledger.postpone_dispatch(run.id, retry_at).await?;
+                Ok(not_confirmed(&message, reason))
+            }
+        }
+    }
+
+    async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, String> {
+        self.publishers
+            .publish(message)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn unroutable(&self, message: &JobMessage) -> Result<(), DispatchError> {
+        let reason = unroutable_reason(&message.job_type);
+        tracing::error!(run_key = %message.run_key, job_type = %message.job_type, "{reason}");
+        self.ledger.mark_dead(message.message_id, &reason).await?;
+        Ok(())
+    }
+}
+
+fn not_confirmed(message: &JobMessage, reason: String) -> DispatchOutcome {
+    tracing::error!(id = %message.message_id, run_key = %message.run_key, error = %reason,
+        "publish not confirmed; the run stays in the outbox for the reconciler");
+    DispatchOutcome::NotConfirmed(reason)
+}

@@ -1,0 +1,51 @@
+//! Per-run overrides of a job type's retry policy and timeout.
+//!
+//! A schedule (or an ad-hoc request) may say "this run retries at most 3
+//! times" or "this run may take 10 minutes". The override travels in the
+//! message (`options`) and in `job_runs.options`, so a republished or
+//! retried message keeps it. Unset fields fall back to the job type's
+//! setting, then to the worker's default.
+//!
+//! Precedence, most specific first: run (schedule / request) → job type
+//! (registered with the handler) → worker default (environment).
+
+use serde::{Deserialize, Serialize};
+
+/// Overrides for one run. All fields optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobOptions {
+    /// Retry policy fields to override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryOverride>,
+    /// Per-attempt timeout in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl JobOptions {
+    /// True when nothing is overridden (the field is then left out of
+    /// messages).
+    pub fn is_empty(&self) -> bool {
+        self.retry.is_none() && self.timeout_ms.is_none()
+    }
+}
+
+/// Retry policy fields to override; see the worker's `RetryPolicy`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RetryOverride {
+    /// Attempts in total, the first included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Delay after the first failed attempt, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_delay_ms: Option<u64>,
+    /// Growth factor per failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiplier: Option<f32>,
+    /// Cap of one delay, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay_ms: Option<u64>,
+    /// Whether delays are randomly stretched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<bool>,
+}
