@@ -33,6 +33,10 @@ const LEASE_GRACE: Duration = Duration::from_secs(30);
 /// Longest wait before handing back a delivery the ledger could not take
 /// (database down) or another attempt holds.
 const HAND_BACK_PAUSE: Duration = Duration::from_secs(5);
+/// Longest wait before handing back a duplicate delivery of a run another
+/// attempt holds: short, since the holder usually finishes soon and the
+/// redelivery is then dropped.
+const BUSY_PAUSE: Duration = Duration::from_secs(1);
 
 /// What the worker did with one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,7 +144,7 @@ impl Worker {
                     let wait = (until - Utc::now())
                         .to_std()
                         .unwrap_or(Duration::ZERO)
-                        .min(HAND_BACK_PAUSE);
+                        .min(BUSY_PAUSE);
                     tracing::info!(%id, run_key = %message.run_key, %until, "run held by another attempt; handing the delivery back");
                     return self.hand_back_after(&delivery, None, wait, hard_stop).await;
                 }
