@@ -9,6 +9,7 @@
 //! The ledger is one narrow seam: the scheduler's claim and dispatch and the
 //! worker's outcome recording only talk to Postgres through it.
 
+mod attempt_batch;
 mod error;
 mod outbox;
 mod runs;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
+pub use attempt_batch::{AttemptBatcher, BeginRequest, EndRequest};
 pub use error::LedgerError;
 pub use runs::{AttemptEntry, AttemptStart, NewRun, RunRecord, RUN_COLUMNS};
 pub use schedules::ScheduleRow;

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use belfry_broker::{DeadLetter, Delivery, PublishOutcome};
-use belfry_ledger::{AttemptEntry, AttemptStart, LedgerError, RunStatus};
+use belfry_ledger::{AttemptEntry, AttemptStart, BeginRequest, EndRequest, LedgerError, RunStatus};
 use belfry_protocol::topology::HEADER_TRACEPARENT;
 use belfry_protocol::JobMessage;
 
@@ -89,7 +89,60 @@ fn effective(
     (policy, timeout)
 }
 
+/// Why an attempt could not start.
+enum Begin {
+    /// The message can never start (its id belongs to another run).
+    Refused(LedgerError),
+    /// The ledger could not be reached; try again later.
+    Unavailable(String),
+}
+
 impl Worker {
+    /// Starts an attempt: the batched common path first, the ledger's full
+    /// path when the row is missing, finished or held.
+    async fn begin(&self, message: &JobMessage, lease: Duration) -> Result<AttemptStart, Begin> {
+        let request = BeginRequest {
+            job_name: message.job_name.clone(),
+            run_key: message.run_key.clone(),
+            worker: self.instance.clone(),
+            lease,
+        };
+        match self.attempts.begin(request).await {
+            Ok(Some((id, attempt))) => return Ok(AttemptStart::Started { id, attempt }),
+            Ok(None) => {}
+            Err(e) => return Err(Begin::Unavailable(e.to_string())),
+        }
+        match self
+            .ledger
+            .begin_attempt(message, &self.instance, lease)
+            .await
+        {
+            Ok(start) => Ok(start),
+            Err(e @ LedgerError::IdConflict { .. }) => Err(Begin::Refused(e)),
+            Err(e) => Err(Begin::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Ends an attempt through the batcher; `Ok(false)`: the attempt lost
+    /// its lease and nothing was written.
+    async fn end(
+        &self,
+        id: Uuid,
+        status: RunStatus,
+        entry: &AttemptEntry,
+        last_error: Option<&str>,
+        redispatch_at: Option<chrono::DateTime<Utc>>,
+    ) -> Result<bool, String> {
+        let request = EndRequest {
+            id,
+            status,
+            entry: entry.clone(),
+            last_error: last_error.map(str::to_owned),
+            redispatch_at,
+        };
+        self.attempts.end(request).await.map_err(|e| e.to_string())
+    }
+
     /// Processes one delivery completely: decode, look up the handler, run
     /// attempts with retries, record the outcome, ack (or hand back).
     ///
@@ -123,10 +176,7 @@ impl Worker {
         };
         let (policy, timeout) = effective(self, &registered, &message);
         loop {
-            let started = self
-                .ledger
-                .begin_attempt(&message, &self.instance, timeout + LEASE_GRACE)
-                .await;
+            let started = self.begin(&message, timeout + LEASE_GRACE).await;
             let (id, attempt) = match started {
                 Ok(AttemptStart::Started { id, attempt }) => (id, attempt),
                 Ok(AttemptStart::AlreadyFinished { id, status }) => {
@@ -148,10 +198,10 @@ impl Worker {
                     tracing::info!(%id, run_key = %message.run_key, %until, "run held by another attempt; handing the delivery back");
                     return self.hand_back_after(&delivery, None, wait, hard_stop).await;
                 }
-                Err(e @ LedgerError::IdConflict { .. }) => {
+                Err(Begin::Refused(e)) => {
                     return self.give_up(&delivery, &message, &e.to_string()).await;
                 }
-                Err(e) => {
+                Err(Begin::Unavailable(e)) => {
                     tracing::error!(run_key = %message.run_key, error = %e, "cannot start attempt; handing the delivery back");
                     return self
                         .hand_back_after(&delivery, None, HAND_BACK_PAUSE, hard_stop)
@@ -273,8 +323,7 @@ impl Worker {
                     Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
                 tracing::warn!(parent: &span, %error, ?delay, "attempt failed; retry handed to the ledger");
                 let recorded = self
-                    .ledger
-                    .end_attempt(id, RunStatus::Retrying, &entry, Some(&error), Some(at))
+                    .end(id, RunStatus::Retrying, &entry, Some(&error), Some(at))
                     .await;
                 return match recorded {
                     Ok(true) => {
@@ -292,8 +341,7 @@ impl Worker {
             }
             tracing::warn!(parent: &span, %error, ?delay, "attempt failed; retrying");
             match self
-                .ledger
-                .end_attempt(id, RunStatus::Retrying, &entry, Some(&error), None)
+                .end(id, RunStatus::Retrying, &entry, Some(&error), None)
                 .await
             {
                 Ok(true) => {}
@@ -317,11 +365,7 @@ impl Worker {
 
     async fn finish(&self, delivery: &Delivery, f: Finish<'_>) -> ProcessOutcome {
         let last_error = f.dead_letter.or(f.entry.error.as_deref());
-        match self
-            .ledger
-            .end_attempt(f.id, f.status, &f.entry, last_error, None)
-            .await
-        {
+        match self.end(f.id, f.status, &f.entry, last_error, None).await {
             Ok(true) => {}
             Ok(false) => return self.superseded(delivery, f.id, f.entry.attempt).await,
             Err(e) => {

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use belfry_broker::{Broker, PublisherSlot};
-use belfry_ledger::Ledger;
+use belfry_ledger::{AttemptBatcher, Ledger};
 use belfry_protocol::{validate_name, Topology};
 
 use crate::counters::WorkerCounters;
@@ -33,6 +33,7 @@ pub struct Worker {
     pub(crate) group: String,
     pub(crate) queue: String,
     pub(crate) ledger: Ledger,
+    pub(crate) attempts: AttemptBatcher,
     pub(crate) broker: Broker,
     pub(crate) registry: Registry,
     pub(crate) retry: RetryPolicy,
@@ -77,6 +78,7 @@ impl Worker {
             instance: config.instance.clone(),
             group: config.group.clone(),
             queue,
+            attempts: AttemptBatcher::new(ledger.clone()),
             ledger,
             dead_letters: PublisherSlot::new(broker.clone()),
             broker,

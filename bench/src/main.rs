@@ -1,0 +1,40 @@
+//! `belfry-bench`: benchmarks against the real services, each reported as
+//! a ratio to a baseline measured in the same run (the machine is shared
+//! and noisy, so absolute numbers from different runs do not compare).
+//!
+//! ```text
+//! cargo run --release -p belfry-bench -- worker [--jobs 5000] [--rounds 3]
+//! ```
+
+mod worker_throughput;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str, default: usize| -> anyhow::Result<usize> {
+        match args.iter().position(|a| a == name) {
+            None => Ok(default),
+            Some(i) => {
+                let v = args
+                    .get(i + 1)
+                    .ok_or_else(|| anyhow::anyhow!("{name} needs a value"))?;
+                v.parse()
+                    .map_err(|_| anyhow::anyhow!("{name} {v:?}: expected a whole number"))
+            }
+        }
+    };
+    match args.first().map(String::as_str) {
+        Some("worker") => {
+            worker_throughput::run(
+                flag("--jobs", 5000)?,
+                flag("--sleep-jobs", 240)?,
+                flag("--rounds", 3)?,
+            )
+            .await
+        }
+        _ => {
+            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Worker throughput: `noop` jobs per second through one and three belfry
+//! workers of one group, next to a baseline consumer that does only what
+//! the broker and the database need (consume, one `UPDATE` per job, ack) at
+//! the same prefetch and concurrency; and 100 ms `sleep` jobs through one
+//! and three workers with the same per-worker concurrency.
+//!
+//! Every scenario starts from the same state: N claimed rows in a fresh
+//! database and N persistent messages in the group's queue, loaded before
+//! the clock starts. Rounds alternate the scenarios and the median round is
+//! reported.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+use belfry_protocol::{run_key, JobMessage, MESSAGE_VERSION};
+use belfry_runtime::Settings;
+use belfry_testkit::{amqp_url, TestEnv};
+use belfry_worker::{Registry, Worker, WorkerConfig, WorkerCounters};
+
+const PREFETCH: u16 = 64;
+const CONCURRENCY: usize = 32;
+const SLEEP_CONCURRENCY: usize = 8;
+
+/// Loads `n` claimed rows and their messages of `job_type` into `env`.
+async fn load(
+    env: &TestEnv,
+    n: usize,
+    job_type: &str,
+    payload: serde_json::Value,
+) -> anyhow::Result<()> {
+    env.broker.declare_group("default", &[job_type]).await?;
+    let base = chrono::Utc::now();
+    let mut messages = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = base + chrono::Duration::seconds(i64::try_from(i)?);
+        messages.push(JobMessage {
+            version: MESSAGE_VERSION,
+            message_id: Uuid::now_v7(),
+            job_name: "bench".into(),
+            job_type: job_type.into(),
+            run_key: run_key("bench", at)?,
+            scheduled_at: at,
+            published_at: base,
+            attempt: 1,
+            payload: payload.clone(),
+            trace: None,
+            options: Default::default(),
+        });
+    }
+    let ids: Vec<Uuid> = messages.iter().map(|m| m.message_id).collect();
+    let keys: Vec<String> = messages.iter().map(|m| m.run_key.clone()).collect();
+    let ats: Vec<chrono::DateTime<chrono::Utc>> = messages.iter().map(|m| m.scheduled_at).collect();
+    sqlx::query(
+        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, claimed_by, claimed_at, dispatched_at) \
+         SELECT id, 'bench', key, $4, 'dispatched', $5, at, 'bench', now(), now() \
+         FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS t(id, key, at)",
+    )
+    .bind(&ids)
+    .bind(&keys)
+    .bind(&ats)
+    .bind(job_type)
+    .bind(&payload)
+    .execute(env.ledger.pool())
+    .await?;
+    let conn =
+        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let mut confirms = Vec::with_capacity(n);
+    for m in &messages {
+        confirms.push(
+            channel
+                .basic_publish(
+                    &env.topology.jobs_exchange(),
+                    job_type,
+                    BasicPublishOptions::default(),
+                    &m.to_vec(),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await?,
+        );
+    }
+    for c in futures::future::join_all(confirms).await {
+        c?;
+    }
+    let _ = conn.close(200, "loaded").await;
+    Ok(())
+}
+
+/// The baseline: consume, one UPDATE, ack; same prefetch and concurrency.
+async fn baseline(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
+    let conn =
+        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            &env.topology.group_queue("default"),
+            "baseline",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&env.database_url)
+        .await?;
+    let permits = Arc::new(Semaphore::new(CONCURRENCY));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let permit = permits.clone().acquire_owned().await?;
+        let delivery = consumer.next().await.context("consumer closed")??;
+        let pool = pool.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            if let Ok(m) = JobMessage::from_slice(&delivery.data) {
+                let _ = sqlx::query(
+                    "UPDATE job_runs SET status = 'succeeded', finished_at = now() WHERE id = $1",
+                )
+                .bind(m.message_id)
+                .execute(&pool)
+                .await;
+            }
+            let _ = delivery.acker.ack(BasicAckOptions::default()).await;
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed();
+    let _ = conn.close(200, "done").await;
+    Ok(elapsed)
+}
+
+/// `workers` belfry workers of one group until `n` runs succeeded.
+async fn belfry(
+    env: &TestEnv,
+    n: usize,
+    workers: usize,
+    concurrency: usize,
+) -> anyhow::Result<Duration> {
+    let mut started = Vec::new();
+    for i in 0..workers {
+        let mut pairs = env.process_env();
+        pairs.extend([
+            ("BELFRY_INSTANCE".to_owned(), format!("bench-{i}")),
+            ("BELFRY_PREFETCH".to_owned(), PREFETCH.to_string()),
+            ("BELFRY_CONCURRENCY".to_owned(), concurrency.to_string()),
+        ]);
+        let config = WorkerConfig::from_settings(&Settings::from_pairs(pairs))?;
+        let worker = Worker::start(&config, Registry::builder().builtins().build()?).await?;
+        started.push(worker);
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let start = Instant::now();
+    let mut counters = Vec::new();
+    let mut tasks = Vec::new();
+    for w in started {
+        counters.push(w.counters().clone());
+        tasks.push(tokio::spawn(w.run(stop.clone())));
+    }
+    loop {
+        let done: u64 = counters
+            .iter()
+            .map(|c| WorkerCounters::get(&c.succeeded))
+            .sum();
+        if done >= u64::try_from(n)? {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = start.elapsed();
+    stop.cancel();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(elapsed)
+}
+
+async fn scenario<F, Fut>(
+    job_type: &str,
+    payload: serde_json::Value,
+    n: usize,
+    run: F,
+) -> anyhow::Result<f64>
+where
+    F: FnOnce(Arc<TestEnv>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Duration>>,
+{
+    let env = Arc::new(TestEnv::new().await);
+    load(&env, n, job_type, payload)
+        .await
+        .context("loading jobs")?;
+    let elapsed = run(env.clone()).await?;
+    let succeeded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM job_runs WHERE status = 'succeeded'")
+            .fetch_one(env.ledger.pool())
+            .await?;
+    anyhow::ensure!(
+        succeeded == i64::try_from(n)?,
+        "{succeeded} of {n} runs succeeded"
+    );
+    if let Ok(env) = Arc::try_unwrap(env) {
+        env.teardown(&["default"]).await;
+    }
+    Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the benchmark and prints a markdown table.
+pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Result<()> {
+    let rounds = rounds.max(1);
+    let (mut base, mut one, mut three, mut s1, mut s3) = (vec![], vec![], vec![], vec![], vec![]);
+    let noop = serde_json::json!({});
+    let nap = serde_json::json!({"duration_ms": 100});
+    for round in 1..=rounds {
+        base.push(
+            scenario("noop", noop.clone(), jobs, |env| async move {
+                baseline(&env, jobs).await
+            })
+            .await?,
+        );
+        one.push(
+            scenario("noop", noop.clone(), jobs, |env| async move {
+                belfry(&env, jobs, 1, CONCURRENCY).await
+            })
+            .await?,
+        );
+        three.push(
+            scenario("noop", noop.clone(), jobs, |env| async move {
+                belfry(&env, jobs, 3, CONCURRENCY).await
+            })
+            .await?,
+        );
+        s1.push(
+            scenario("sleep", nap.clone(), sleep_jobs, |env| async move {
+                belfry(&env, sleep_jobs, 1, SLEEP_CONCURRENCY).await
+            })
+            .await?,
+        );
+        s3.push(
+            scenario("sleep", nap.clone(), sleep_jobs, |env| async move {
+                belfry(&env, sleep_jobs, 3, SLEEP_CONCURRENCY).await
+            })
+            .await?,
+        );
+        eprintln!(
+            "round {round}: baseline {:.0}/s, 1 worker {:.0}/s, 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
+            base[round - 1], one[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
+        );
+    }
+    let (b, o, t, a, c) = (
+        median(base),
+        median(one),
+        median(three),
+        median(s1),
+        median(s3),
+    );
+    println!("worker throughput, median of {rounds} rounds; prefetch {PREFETCH}");
+    println!();
+    println!("| scenario | jobs | concurrency per worker | jobs/s | ratio |");
+    println!("| --- | ---: | ---: | ---: | --- |");
+    println!(
+        "| baseline: consume + 1 UPDATE + ack (noop) | {jobs} | {CONCURRENCY} | {b:.0} | 1.00 |"
+    );
+    println!(
+        "| belfry, 1 worker (noop) | {jobs} | {CONCURRENCY} | {o:.0} | {:.2} × baseline |",
+        o / b
+    );
+    println!("| belfry, 3 workers of one group (noop) | {jobs} | {CONCURRENCY} | {t:.0} | {:.2} × baseline |", t / b);
+    println!(
+        "| belfry, 1 worker (sleep 100 ms) | {sleep_jobs} | {SLEEP_CONCURRENCY} | {a:.1} | 1.00 |"
+    );
+    println!("| belfry, 3 workers of one group (sleep 100 ms) | {sleep_jobs} | {SLEEP_CONCURRENCY} | {c:.1} | {:.2} × 1 worker |", c / a);
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! Group commit for the worker's hot path: many concurrent attempt starts
+//! and ends become one statement each.
+//!
+//! A busy worker runs dozens of jobs at once, and each job writes to the
+//! ledger twice (start of attempt, end of attempt). One statement per write
+//! makes the database round trip the bottleneck. The batcher queues writes
+//! and sends whatever is queued as one `UPDATE ... FROM unnest(...)`: an idle
+//! worker's single write goes out at once (a batch of one, no added delay),
+//! a busy worker's writes share round trips. Semantics are exactly those of
+//! [`Ledger::begin_attempt`]'s common path and [`Ledger::end_attempt`]: the
+//! same guards, row by row.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use uuid::Uuid;
+
+use crate::runs::AttemptEntry;
+use crate::{Ledger, LedgerError, RunStatus};
+
+/// Most writes in one statement.
+const MAX_BATCH: usize = 256;
+/// Statements of one kind in flight at once.
+const IN_FLIGHT: usize = 4;
+
+/// A request to start an attempt (the common path: the row exists and is
+/// startable).
+#[derive(Debug, Clone)]
+pub struct BeginRequest {
+    /// The run's job name.
+    pub job_name: String,
+    /// The run's key.
+    pub run_key: String,
+    /// The worker instance.
+    pub worker: String,
+    /// The attempt's lease.
+    pub lease: Duration,
+}
+
+/// A request to end an attempt; see [`Ledger::end_attempt`].
+#[derive(Debug, Clone)]
+pub struct EndRequest {
+    /// The run.
+    pub id: Uuid,
+    /// The status to move to.
+    pub status: RunStatus,
+    /// The finished attempt.
+    pub entry: AttemptEntry,
+    /// The run's latest error.
+    pub last_error: Option<String>,
+    /// When the reconciler should publish it again (deferred retries).
+    pub redispatch_at: Option<DateTime<Utc>>,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, Arc<LedgerError>>>;
+/// `(id, attempt)` of a started attempt; `None` when the slow path must decide.
+type Started = Option<(Uuid, i32)>;
+
+/// Batches attempt writes to one ledger. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AttemptBatcher {
+    begins: mpsc::UnboundedSender<(BeginRequest, Reply<Started>)>,
+    ends: mpsc::UnboundedSender<(EndRequest, Reply<bool>)>,
+}
+
+impl AttemptBatcher {
+    /// Starts the batching tasks for `ledger`; they end when every clone of
+    /// the batcher is dropped.
+    pub fn new(ledger: Ledger) -> Self {
+        let (begins, begin_rx) = mpsc::unbounded_channel();
+        let (ends, end_rx) = mpsc::unbounded_channel();
+        let l = ledger.clone();
+        tokio::spawn(flush_loop(begin_rx, move |batch| {
+            let l = l.clone();
+            async move { l.begin_batch(batch).await }
+        }));
+        tokio::spawn(flush_loop(end_rx, move |batch| {
+            let l = ledger.clone();
+            async move { l.end_batch(batch).await }
+        }));
+        Self { begins, ends }
+    }
+
+    /// Starts an attempt: `Some((id, attempt))` when the row was startable,
+    /// `None` when it needs [`Ledger::begin_attempt`]'s slow path (no row
+    /// yet, finished, or held by another attempt).
+    ///
+    /// # Errors
+    ///
+    /// The batch's [`LedgerError`] when the database failed.
+    pub async fn begin(
+        &self,
+        request: BeginRequest,
+    ) -> Result<Option<(Uuid, i32)>, Arc<LedgerError>> {
+        let (tx, rx) = oneshot::channel();
+        self.begins.send((request, tx)).map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
+    }
+
+    /// Ends an attempt; `false` when the attempt no longer owns the run.
+    ///
+    /// # Errors
+    ///
+    /// The batch's [`LedgerError`] when the database failed.
+    pub async fn end(&self, request: EndRequest) -> Result<bool, Arc<LedgerError>> {
+        let (tx, rx) = oneshot::channel();
+        self.ends.send((request, tx)).map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
+    }
+}
+
+fn closed() -> Arc<LedgerError> {
+    Arc::new(LedgerError::Corrupt("the attempt batcher stopped".into()))
+}
+
+/// Takes whatever is queued (at least one request, at most `MAX_BATCH`),
+/// runs it as one statement on a spawned task (at most `IN_FLIGHT` at once)
+/// and answers every request of the batch.
+async fn flush_loop<Req, Resp, F, Fut>(
+    mut rx: mpsc::UnboundedReceiver<(Req, Reply<Resp>)>,
+    execute: F,
+) where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+    F: Fn(Vec<Req>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Vec<Resp>, LedgerError>> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        // Waiting for a permit while requests queue up is what forms
+        // batches under load.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let (requests, replies): (Vec<Req>, Vec<Reply<Resp>>) = batch.into_iter().unzip();
+        let fut = execute(requests);
+        tokio::spawn(async move {
+            let _permit = permit;
+            match fut.await {
+                Ok(results) => {
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        let _ = reply.send(Ok(result));
+                    }
+                }
+                Err(e) => {
+                    let e = Arc::new(e);
+                    for reply in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
+    }
+}
+
+impl Ledger {
+    async fn begin_batch(
+        &self,
+        batch: Vec<BeginRequest>,
+    ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
+        let names: Vec<&str> = batch.iter().map(|r| r.job_name.as_str()).collect();
+        let keys: Vec<&str> = batch.iter().map(|r| r.run_key.as_str()).collect();
+        let workers: Vec<&str> = batch.iter().map(|r| r.worker.as_str()).collect();
+        let leases: Vec<f64> = batch.iter().map(|r| r.lease.as_secs_f64()).collect();
+        // Same guard as `try_begin`, row by row. A run named twice in one
+        // batch is updated once; the other request gets no row and takes
+        // the slow path, which sees the run held.
+        let rows = sqlx::query(
+            "UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
+                 started_at = COALESCE(j.started_at, now()), worker = b.worker, next_dispatch_at = NULL, \
+                 lease_until = now() + make_interval(secs => b.lease), updated_at = now() \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) AS b(job_name, run_key, worker, lease) \
+             WHERE j.job_name = b.job_name AND j.run_key = b.run_key \
+               AND (j.status IN ('claimed', 'dispatched', 'retrying') \
+                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()))) \
+             RETURNING j.job_name, j.run_key, j.id, j.attempts",
+        )
+        .bind(&names)
+        .bind(&keys)
+        .bind(&workers)
+        .bind(&leases)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut started = std::collections::HashMap::with_capacity(rows.len());
+        for r in rows {
+            let name: String = r.try_get("job_name")?;
+            let key: String = r.try_get("run_key")?;
+            started.insert((name, key), (r.try_get("id")?, r.try_get("attempts")?));
+        }
+        Ok(batch
+            .iter()
+            .map(|r| started.remove(&(r.job_name.clone(), r.run_key.clone())))
+            .collect())
+    }
+
+    async fn end_batch(&self, batch: Vec<EndRequest>) -> Result<Vec<bool>, LedgerError> {
+        let ids: Vec<Uuid> = batch.iter().map(|r| r.id).collect();
+        let statuses: Vec<&str> = batch.iter().map(|r| r.status.as_str()).collect();
+        let errors: Vec<Option<&str>> = batch.iter().map(|r| r.last_error.as_deref()).collect();
+        let terminal: Vec<bool> = batch.iter().map(|r| r.status.is_terminal()).collect();
+        let entries = batch
+            .iter()
+            .map(|r| serde_json::to_value(&r.entry))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
+        let redispatch: Vec<Option<DateTime<Utc>>> =
+            batch.iter().map(|r| r.redispatch_at).collect();
+        let attempts: Vec<i32> = batch.iter().map(|r| r.entry.attempt).collect();
+        // Same guard as `end_attempt`: only the attempt that holds the run
+        // writes its outcome.
+        let rows = sqlx::query(
+            "UPDATE job_runs j SET status = b.status, last_error = b.last_error, \
+                 finished_at = CASE WHEN b.terminal THEN now() ELSE NULL END, \
+                 attempt_log = j.attempt_log || jsonb_build_array(b.entry), \
+                 next_dispatch_at = b.redispatch_at, lease_until = NULL, updated_at = now() \
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::jsonb[], $6::timestamptz[], $7::int[]) \
+                 AS b(id, status, last_error, terminal, entry, redispatch_at, attempt) \
+             WHERE j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
+             RETURNING j.id",
+        )
+        .bind(&ids)
+        .bind(&statuses)
+        .bind(&errors)
+        .bind(&terminal)
+        .bind(&entries)
+        .bind(&redispatch)
+        .bind(&attempts)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut written = std::collections::HashSet::with_capacity(rows.len());
+        for r in rows {
+            written.insert(r.try_get::<Uuid, _>("id")?);
+        }
+        Ok(batch.iter().map(|r| written.contains(&r.id)).collect())
+    }
+}
