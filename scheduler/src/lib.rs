@@ -19,10 +19,12 @@ pub mod config;
 pub mod counters;
 pub mod error;
 pub mod lock;
+pub mod preview;
 pub mod replica;
 pub mod schedule;
 pub mod schedule_file;
 pub mod timer;
+pub mod zoned_cron;
 
 pub use claim::{ClaimOutcome, Claimer};
 pub use config::SchedulerConfig;

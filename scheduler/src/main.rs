@@ -1,5 +1,6 @@
 //! `belfry-scheduler`: configuration, logging and shutdown around
-//! [`belfry_scheduler::Replica`].
+//! [`belfry_scheduler::Replica`]; `belfry-scheduler preview ...` prints the
+//! next fire instants of an expression ([`belfry_scheduler::preview`]).
 
 use std::sync::Arc;
 
@@ -8,6 +9,19 @@ use belfry_scheduler::{Replica, SchedulerConfig, Timer};
 
 #[tokio::main]
 async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("preview") {
+        let printed = belfry_scheduler::preview::parse_args(&args[1..])
+            .and_then(|request| belfry_scheduler::preview::preview(&request, chrono::Utc::now()));
+        match printed {
+            Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+            Err(e) => {
+                eprintln!("belfry-scheduler preview: {e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     if let Err(e) = run().await {
         tracing::error!("{e}");
         // One line naming what is wrong (service and masked URL, variable,

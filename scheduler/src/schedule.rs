@@ -9,6 +9,8 @@
 use chrono::{DateTime, Duration, SubsecRound, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
+
+use crate::zoned_cron::ZonedCron;
 use thiserror::Error;
 
 use belfry_ledger::ScheduleRow;
@@ -34,10 +36,8 @@ pub enum ScheduleKind {
     Cron {
         /// The expression as written.
         expr: String,
-        /// The parsed expression.
-        cron: Box<Cron>,
-        /// The time zone it is read in.
-        tz: Tz,
+        /// The parsed expression in its zone, with the DST rule.
+        cron: Box<ZonedCron>,
     },
     /// A fixed interval anchored at the Unix epoch.
     Every {
@@ -79,61 +79,72 @@ impl Schedule {
         validate_name("schedule name", &spec.name).map_err(|e| err("name", e.to_string()))?;
         validate_name("job type", &spec.job_type).map_err(|e| err("job_type", e.to_string()))?;
         let tz_name = spec.timezone.as_deref().unwrap_or("UTC");
-        let kind =
-            match (&spec.cron, &spec.every) {
-                (Some(expr), None) => {
-                    let tz: Tz = tz_name.parse().map_err(|_| {
-                        err(
-                            "timezone",
-                            format!(
-                                "unknown time zone {tz_name:?}; use an IANA name such as \
+        let kind = match (&spec.cron, &spec.every) {
+            (Some(expr), None) => {
+                let tz: Tz = tz_name.parse().map_err(|_| {
+                    err(
+                        "timezone",
+                        format!(
+                            "unknown time zone {tz_name:?}; use an IANA name such as \
                              \"UTC\", \"Europe/London\" or \"Asia/Shanghai\""
+                        ),
+                    )
+                })?;
+                let cron = Cron::new(expr)
+                    .with_seconds_optional()
+                    .parse()
+                    .map_err(|e| {
+                        err(
+                            "cron",
+                            format!(
+                                "invalid cron expression {expr:?}: {e}; expected 6 fields \
+                                 (sec min hour day-of-month month day-of-week) or 5 \
+                                 (seconds = 0), e.g. \"0 */5 * * * *\""
                             ),
                         )
                     })?;
-                    let cron = Cron::new(expr)
-                        .with_seconds_optional()
-                        .parse()
-                        .map_err(|e| {
-                            err(
-                                "cron",
-                                format!(
-                                    "invalid cron expression {expr:?}: {e}; expected 6 fields \
-                                 (sec min hour day-of-month month day-of-week) or 5 \
-                                 (seconds = 0), e.g. \"0 */5 * * * *\""
-                                ),
-                            )
-                        })?;
-                    ScheduleKind::Cron {
-                        expr: expr.clone(),
-                        cron: Box::new(cron),
-                        tz,
-                    }
+                let zoned = ZonedCron::new(cron, tz);
+                // An expression that parses but never matches (30
+                // February) would otherwise sit silently forever.
+                if zoned.next_after(Utc::now()).is_none() {
+                    return Err(err(
+                        "cron",
+                        format!(
+                            "cron expression {expr:?} never fires; check the day and month fields"
+                        ),
+                    ));
                 }
-                (None, Some(every)) => {
-                    if spec.timezone.is_some() {
-                        return Err(err(
+                ScheduleKind::Cron {
+                    expr: expr.clone(),
+                    cron: Box::new(zoned),
+                }
+            }
+            (None, Some(every)) => {
+                if spec.timezone.is_some() {
+                    return Err(err(
                         "timezone",
                         "interval schedules live in absolute time; remove `timezone` or use `cron`"
                             .into(),
                     ));
-                    }
-                    ScheduleKind::Every {
-                        period: parse_period(every).map_err(|m| err("every", m))?,
-                    }
                 }
-                (None, None) => return Err(err(
+                ScheduleKind::Every {
+                    period: parse_period(every).map_err(|m| err("every", m))?,
+                }
+            }
+            (None, None) => {
+                return Err(err(
                     "cron",
                     "give exactly one of `cron` (e.g. \"0 0 3 * * *\") or `every` (e.g. \"30s\")"
                         .into(),
-                )),
-                (Some(_), Some(_)) => {
-                    return Err(err(
-                        "every",
-                        "`cron` and `every` are exclusive; keep one of them".into(),
-                    ))
-                }
-            };
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "every",
+                    "`cron` and `every` are exclusive; keep one of them".into(),
+                ))
+            }
+        };
         Ok(Self {
             name: spec.name.clone(),
             job_type: spec.job_type.clone(),
@@ -151,12 +162,7 @@ impl Schedule {
         // in, so "strictly after" means "from the next whole second".
         let after = after.trunc_subsecs(0);
         match &self.kind {
-            ScheduleKind::Cron { cron, tz, .. } => {
-                let local = after.with_timezone(tz);
-                cron.find_next_occurrence(&local, false)
-                    .ok()
-                    .map(|t| t.with_timezone(&Utc))
-            }
+            ScheduleKind::Cron { cron, .. } => cron.next_after(after),
             ScheduleKind::Every { period } => {
                 let period_s = period.num_seconds();
                 let now_s = after.timestamp();
@@ -166,10 +172,28 @@ impl Schedule {
         }
     }
 
+    /// The next `count` fire instants strictly after `from`.
+    pub fn upcoming(&self, from: DateTime<Utc>, count: usize) -> Vec<DateTime<Utc>> {
+        let mut out = Vec::with_capacity(count);
+        let mut t = from;
+        while out.len() < count {
+            match self.next_after(t) {
+                Some(next) => {
+                    out.push(next);
+                    t = next;
+                }
+                None => break,
+            }
+        }
+        out
+    }
+
     /// The row this schedule is stored as in `schedules`.
     pub fn to_row(&self) -> ScheduleRow {
         let (cron, every_ms, timezone) = match &self.kind {
-            ScheduleKind::Cron { expr, tz, .. } => (Some(expr.clone()), None, tz.name().to_owned()),
+            ScheduleKind::Cron { expr, cron } => {
+                (Some(expr.clone()), None, cron.tz().name().to_owned())
+            }
             ScheduleKind::Every { period } => (None, Some(period.num_milliseconds()), "UTC".into()),
         };
         ScheduleRow {
@@ -315,6 +339,48 @@ mod tests {
     }
 
     #[test]
+    fn cron_syntax_beyond_numbers() {
+        // Macros, names, L, W, #, ? as the cron engine has them.
+        let cases = [
+            ("@daily", "2026-07-26T10:00:00Z", "2026-07-27T00:00:00Z"),
+            (
+                "0 0 12 * JAN-DEC MON",
+                "2026-07-26T10:00:00Z",
+                "2026-07-27T12:00:00Z",
+            ),
+            (
+                "0 0 0 L * *",
+                "2026-07-26T10:00:00Z",
+                "2026-07-31T00:00:00Z",
+            ),
+            (
+                "0 0 0 15W * ?",
+                "2026-08-01T00:00:00Z",
+                "2026-08-14T00:00:00Z",
+            ),
+            (
+                "0 0 9 * * FRI#2",
+                "2026-07-26T10:00:00Z",
+                "2026-08-14T09:00:00Z",
+            ),
+        ];
+        for (expr, from, next) in cases {
+            let s = Schedule::from_spec(&spec(Some(expr), None, None)).unwrap();
+            assert_eq!(s.next_after(at(from)), Some(at(next)), "{expr}");
+        }
+    }
+
+    #[test]
+    fn upcoming_lists_the_next_instants() {
+        let s =
+            Schedule::from_spec(&spec(Some("0 0 3 * * *"), None, Some("Asia/Shanghai"))).unwrap();
+        assert_eq!(
+            s.upcoming(at("2026-07-26T00:00:00Z"), 2),
+            [at("2026-07-26T19:00:00Z"), at("2026-07-27T19:00:00Z")]
+        );
+    }
+
+    #[test]
     fn intervals_are_epoch_anchored() {
         let s = Schedule::from_spec(&spec(None, Some("30s"), None)).unwrap();
         assert_eq!(
@@ -358,6 +424,7 @@ mod tests {
             (spec(None, Some("-5s"), None), "every"),
             (spec(None, None, None), "cron"),
             (spec(Some("* * * * * *"), Some("1s"), None), "every"),
+            (spec(Some("0 0 0 30 2 *"), None, None), "cron"),
         ];
         for (s, field) in cases {
             let e = Schedule::from_spec(&s).unwrap_err();

@@ -78,6 +78,12 @@ pub fn every(name: &str, every: &str, job_type: &str) -> Arc<Schedule> {
     )
 }
 
+/// Starts worker `w1` of group `default` with `registry` and `extra`
+/// settings, consuming in the background.
+pub async fn serve(env: &TestEnv, registry: Registry, extra: &[(&str, &str)]) -> RunningWorker {
+    RunningWorker::spawn(worker(env, "w1", "default", registry, extra).await)
+}
+
 /// A worker running its consume loop in the background.
 pub struct RunningWorker {
     stop: CancellationToken,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use belfry_testkit::TestEnv;
-use belfry_tests::{worker, RunningWorker};
+use belfry_tests::{serve, worker, RunningWorker};
 use belfry_worker::Registry;
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -45,10 +45,8 @@ fn at(s: &str) -> DateTime<Utc> {
 async fn http_maps_statuses_to_outcomes() {
     let env = TestEnv::new().await;
     let base = status_server().await;
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         Registry::builder().builtins().build().unwrap(),
         &[
             ("BELFRY_MAX_ATTEMPTS", "2"),
@@ -56,7 +54,6 @@ async fn http_maps_statuses_to_outcomes() {
         ],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let t = at("2026-07-26T03:00:00Z");
     // (name, payload, expected status, expected attempts, why)
     let cases = [
@@ -124,10 +121,8 @@ async fn http_maps_statuses_to_outcomes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_attempt_is_cancelled_and_retried() {
     let env = TestEnv::new().await;
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         Registry::builder().builtins().build().unwrap(),
         &[
             ("BELFRY_MAX_ATTEMPTS", "2"),
@@ -136,7 +131,6 @@ async fn a_timed_out_attempt_is_cancelled_and_retried() {
         ],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let m = env
         .enqueue(
             "slow",

@@ -10,7 +10,7 @@ use belfry_dispatch::{AdHocJob, Client, DispatchError, Enqueued};
 use belfry_ledger::{AttemptStart, NewRun, RunStatus};
 use belfry_protocol::{JobOptions, RetryOverride, TraceContext};
 use belfry_testkit::{eventually, redis_url, TestEnv};
-use belfry_tests::{replica, worker, RunningWorker};
+use belfry_tests::{replica, serve, worker, RunningWorker};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -105,10 +105,8 @@ async fn retry_policy_precedence_worker_then_type_then_run() {
         .job_with(fails.clone(), retry(2))
         .build()
         .unwrap();
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         registry,
         &[
             ("BELFRY_MAX_ATTEMPTS", "5"),
@@ -116,7 +114,6 @@ async fn retry_policy_precedence_worker_then_type_then_run() {
         ],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let by_type = env
         .enqueue(
             "by-type",
@@ -170,15 +167,7 @@ async fn per_type_timeout_cancels_the_handler() {
         .job_with(belfry_worker::builtin::Sleep, short)
         .build()
         .unwrap();
-    let w = worker(
-        &env,
-        "w1",
-        "default",
-        registry,
-        &[("BELFRY_JOB_TIMEOUT", "1h")],
-    )
-    .await;
-    let running = RunningWorker::spawn(w);
+    let running = serve(&env, registry, &[("BELFRY_JOB_TIMEOUT", "1h")]).await;
     let m = env
         .enqueue(
             "slow",
@@ -200,10 +189,8 @@ async fn per_type_timeout_cancels_the_handler() {
 async fn a_long_back_off_is_handed_to_the_ledger_and_the_reconciler_resumes_it() {
     let env = TestEnv::new().await;
     let job = FailsOnce::default();
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         Registry::builder().job(job.clone()).build().unwrap(),
         &[
             ("BELFRY_RETRY_INITIAL", "300ms"),
@@ -211,7 +198,6 @@ async fn a_long_back_off_is_handed_to_the_ledger_and_the_reconciler_resumes_it()
         ],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let counters = running.counters.clone();
     let m = env
         .enqueue(
@@ -341,15 +327,12 @@ async fn a_configured_type_without_handler_is_refused_at_start() {
 async fn the_concurrency_limit_holds() {
     let env = TestEnv::new().await;
     let gauge = Gauge::default();
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         Registry::builder().job(gauge.clone()).build().unwrap(),
         &[("BELFRY_CONCURRENCY", "2"), ("BELFRY_PREFETCH", "10")],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let mut messages = Vec::new();
     for i in 0..6 {
         messages.push(
@@ -375,15 +358,12 @@ async fn the_concurrency_limit_holds() {
 async fn ad_hoc_jobs_now_later_and_idempotent() {
     let env = TestEnv::new().await;
     let report = Report::default();
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         Registry::builder().job(report.clone()).build().unwrap(),
         &[],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let client = Client::new(env.ledger.clone(), env.broker.clone(), "app-1");
 
     // Now, with an idempotency key: a repeat returns the same run.
@@ -481,15 +461,12 @@ async fn ad_hoc_jobs_now_later_and_idempotent() {
 async fn a_hand_written_message_runs_and_is_recorded() {
     let env = TestEnv::new().await;
     let report = Report::default();
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         Registry::builder().job(report.clone()).build().unwrap(),
         &[],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     // Exactly what a producer in another language would send (see
     // docs/wire-format.md); not built with belfry's Rust types.
     let body = r#"{"version":1,"message_id":"0190f3a4-5b6c-7d8e-9f00-112233445566","job_name":"py-export",
@@ -519,15 +496,12 @@ async fn a_hand_written_message_runs_and_is_recorded() {
 async fn the_reconciler_publishes_a_fire_whose_claimer_died_before_publishing() {
     let env = TestEnv::new().await;
     let report = Report::default();
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         Registry::builder().job(report.clone()).build().unwrap(),
         &[],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     // A replica inserted the row and died before publishing: the row is
     // claimed and its confirm deadline has passed.
     let trace = TraceContext::new_root();

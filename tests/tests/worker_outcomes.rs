@@ -9,7 +9,7 @@ use std::time::Duration;
 use belfry_ledger::AttemptEntry;
 use belfry_scheduler::FireOutcome;
 use belfry_testkit::{redis_url, TestEnv};
-use belfry_tests::{every, replica, worker, RunningWorker};
+use belfry_tests::{every, replica, serve, worker, RunningWorker};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -85,10 +85,8 @@ fn entries(run: &belfry_ledger::RunRecord) -> Vec<AttemptEntry> {
 async fn fails_twice_then_succeeds_with_growing_delays() {
     let env = TestEnv::new().await;
     let job = flaky(2);
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         registry(&job),
         &[
             ("BELFRY_MAX_ATTEMPTS", "5"),
@@ -97,7 +95,6 @@ async fn fails_twice_then_succeeds_with_growing_delays() {
         ],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let m = env
         .enqueue(
             "flaky-job",
@@ -134,10 +131,8 @@ async fn fails_twice_then_succeeds_with_growing_delays() {
 async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on() {
     let env = TestEnv::new().await;
     let job = flaky(u32::MAX);
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         registry(&job),
         &[
             ("BELFRY_MAX_ATTEMPTS", "3"),
@@ -145,7 +140,6 @@ async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on() {
         ],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let counters = running.counters.clone();
     let bad = env
         .enqueue(
@@ -187,8 +181,7 @@ async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_json_is_dead_lettered_and_consuming_goes_on() {
     let env = TestEnv::new().await;
-    let w = worker(&env, "w1", "default", registry(&flaky(0)), &[]).await;
-    let running = RunningWorker::spawn(w);
+    let running = serve(&env, registry(&flaky(0)), &[]).await;
     let counters = running.counters.clone();
     env.publish_raw("noop", b"{this is not json").await;
     // A well-formed message of an unknown type, routed to this group by hand.
@@ -243,10 +236,8 @@ async fn malformed_json_is_dead_lettered_and_consuming_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permanent_errors_bad_payloads_and_panics() {
     let env = TestEnv::new().await;
-    let w = worker(
+    let running = serve(
         &env,
-        "w1",
-        "default",
         registry(&flaky(0)),
         &[
             ("BELFRY_MAX_ATTEMPTS", "3"),
@@ -254,7 +245,6 @@ async fn permanent_errors_bad_payloads_and_panics() {
         ],
     )
     .await;
-    let running = RunningWorker::spawn(w);
     let t = at("2026-07-26T03:00:00Z");
     let refused = env.enqueue("refused", "refuses", json!(null), t).await;
     let bad_payload = env
@@ -316,8 +306,7 @@ async fn permanent_errors_bad_payloads_and_panics() {
 async fn a_redelivered_message_of_a_finished_run_is_dropped() {
     let env = TestEnv::new().await;
     let job = flaky(0);
-    let w = worker(&env, "w1", "default", registry(&job), &[]).await;
-    let running = RunningWorker::spawn(w);
+    let running = serve(&env, registry(&job), &[]).await;
     let counters = running.counters.clone();
     let m = env
         .enqueue("once", "flaky", json!(null), at("2026-07-26T03:00:00Z"))

@@ -1,0 +1,306 @@
+//! A cron expression read in an IANA time zone, with one documented rule
+//! for daylight-saving transitions (the Vixie cron / Cronos rule):
+//!
+//! - **Spring forward** (a local time that does not exist): a fire whose
+//!   local time falls in the gap happens once, at the first instant after
+//!   the gap (`0 30 2 * * *` in New York on 2026-03-08 fires at 03:00 EDT).
+//! - **Fall back, fixed hour** (a local time that occurs twice): the fire
+//!   happens once, at the first occurrence (`0 30 1 * * *` in New York on
+//!   2026-11-01 fires at 01:30 EDT, not again at 01:30 EST).
+//! - **Fall back, hour `*` or a step** (`*/15 * * * *`, `0 * * * *`,
+//!   `0 */2 * * *`, `@hourly`): these count elapsed time, so they fire on
+//!   both passes of the repeated hour.
+//!
+//! Interval schedules live in absolute time and are not affected.
+//!
+//! `croner` already does the first two (it works on wall-clock time and
+//! maps a repeated local time to its first instant, a skipped one forward).
+//! It never yields second-pass instants, and when asked from inside the
+//! second pass it returns a first-pass instant that is already in the past.
+//! [`ZonedCron::next_after`] corrects both: it finds a fall-back transition
+//! near the start instant by bisecting the zone's UTC offset, resumes after
+//! the repeated hour when croner answered with the past, and for `*`/step
+//! hours evaluates the expression on the post-transition fixed offset to get
+//! the second pass.
+
+use chrono::{DateTime, Duration, FixedOffset, Offset, SubsecRound, TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::Cron;
+
+/// Longer than any repeated period in the tz database (2 h, Antarctica/Troll).
+const FOLD_WINDOW: i64 = 3 * 3600;
+
+/// A parsed cron expression in a time zone.
+#[derive(Debug, Clone)]
+pub struct ZonedCron {
+    cron: Cron,
+    tz: Tz,
+    wild_hour: bool,
+}
+
+impl ZonedCron {
+    /// Wraps a parsed expression.
+    pub fn new(cron: Cron, tz: Tz) -> Self {
+        let wild_hour = hour_is_wild(&cron);
+        Self {
+            cron,
+            tz,
+            wild_hour,
+        }
+    }
+
+    /// The time zone.
+    pub fn tz(&self) -> Tz {
+        self.tz
+    }
+
+    /// Whether the hour field is `*` or a step (fires on both passes of a
+    /// repeated hour).
+    pub fn wild_hour(&self) -> bool {
+        self.wild_hour
+    }
+
+    /// The first fire instant strictly after `t` (whole seconds), or `None`
+    /// when the expression never matches again.
+    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let t = t.trunc_subsecs(0);
+        let mut from = t;
+        // A skipped period longer than croner's one-hour search (2 h at
+        // Antarctica/Troll) makes it fail; searching again from later finds
+        // the fire after the gap.
+        for _ in 0..3 {
+            match self.next_after_checked(from, t) {
+                Ok(next) => return Some(next),
+                Err(croner::errors::CronError::InvalidTime) => from += Duration::hours(1),
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    fn next_after_checked(
+        &self,
+        from: DateTime<Utc>,
+        t: DateTime<Utc>,
+    ) -> Result<DateTime<Utc>, croner::errors::CronError> {
+        let tz = self.tz;
+        let mut best = self
+            .cron
+            .find_next_occurrence(&from.with_timezone(&tz), false)?
+            .with_timezone(&Utc);
+        if let Some((second_pass, len)) = find_fold(
+            tz,
+            t - Duration::seconds(FOLD_WINDOW),
+            t + Duration::seconds(FOLD_WINDOW),
+        ) {
+            let second_pass_end = second_pass + len;
+            if t < second_pass_end {
+                if best <= t {
+                    // `t` is in the second pass and croner answered with the
+                    // first pass, which is past: everything of the repeated
+                    // hour already fired then; resume after it.
+                    best = self
+                        .cron
+                        .find_next_occurrence(&second_pass_end.with_timezone(&tz), true)?
+                        .with_timezone(&Utc);
+                }
+                if self.wild_hour {
+                    // Second-pass fires: the same wall-clock matches on the
+                    // offset in force after the transition.
+                    let after: FixedOffset =
+                        tz.offset_from_utc_datetime(&second_pass.naive_utc()).fix();
+                    let start = t
+                        .max(second_pass - Duration::seconds(1))
+                        .with_timezone(&after);
+                    let x = self
+                        .cron
+                        .find_next_occurrence(&start, false)?
+                        .with_timezone(&Utc);
+                    if x < second_pass_end && x < best {
+                        best = x;
+                    }
+                }
+            }
+        }
+        Ok(best)
+    }
+}
+
+/// The Vixie rule's test: the hour field, as croner normalised it (macros
+/// expanded, `?` → `*`), starts with `*` or is a step.
+fn hour_is_wild(cron: &Cron) -> bool {
+    let fields: Vec<&str> = cron.as_str().split_whitespace().collect();
+    fields
+        .len()
+        .checked_sub(4)
+        .and_then(|i| fields.get(i))
+        .is_some_and(|h| h.starts_with('*') || h.contains('/'))
+}
+
+fn offset(tz: Tz, t: DateTime<Utc>) -> i32 {
+    tz.offset_from_utc_datetime(&t.naive_utc())
+        .fix()
+        .local_minus_utc()
+}
+
+/// A fall-back transition in `[lo, hi]`: the first instant of the second
+/// pass and the length of the repeated period.
+fn find_fold(tz: Tz, lo: DateTime<Utc>, hi: DateTime<Utc>) -> Option<(DateTime<Utc>, Duration)> {
+    let (before, after) = (offset(tz, lo), offset(tz, hi));
+    if before <= after {
+        return None;
+    }
+    // Bisect to the second at which the offset drops (about 14 lookups).
+    let (mut a, mut b) = (lo, hi);
+    while b - a > Duration::seconds(1) {
+        let m = a + (b - a) / 2;
+        if offset(tz, m) == before {
+            a = m;
+        } else {
+            b = m;
+        }
+    }
+    Some((b, Duration::seconds(i64::from(before - after))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zc(expr: &str, tz: &str) -> ZonedCron {
+        let cron = Cron::new(expr).with_seconds_optional().parse().unwrap();
+        ZonedCron::new(cron, tz.parse().unwrap())
+    }
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn fires(c: &ZonedCron, from: &str, until: &str) -> Vec<String> {
+        let (mut t, end) = (at(from), at(until));
+        let mut out = Vec::new();
+        while let Some(n) = c.next_after(t) {
+            if n > end {
+                break;
+            }
+            assert!(n > t, "{n} is not after {t}");
+            out.push(n.format("%Y-%m-%dT%H:%M:%SZ").to_string());
+            t = n;
+        }
+        out
+    }
+
+    #[test]
+    fn hour_field_classification() {
+        for (e, wild) in [
+            ("0 */15 * * * *", true),
+            ("0 0 * * * *", true),
+            ("@hourly", true),
+            ("0 0 */2 * * *", true),
+            ("0 30 1 * * *", false),
+            ("0 15 1-2 * * *", false),
+            ("30 1 * * *", false),
+            ("@daily", false),
+        ] {
+            assert_eq!(zc(e, "UTC").wild_hour(), wild, "{e}");
+        }
+    }
+
+    #[test]
+    fn new_york_spring_forward_fires_once_after_the_gap() {
+        // 2026-03-08 02:00 EST → 03:00 EDT (07:00Z).
+        let c = zc("0 30 2 * * *", "America/New_York");
+        assert_eq!(
+            fires(&c, "2026-03-07T12:00:00Z", "2026-03-09T12:00:00Z"),
+            ["2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"]
+        );
+    }
+
+    #[test]
+    fn new_york_fall_back_fixed_hour_fires_once_at_the_first_occurrence() {
+        // 2026-11-01 02:00 EDT → 01:00 EST (06:00Z); 01:30 occurs twice.
+        let c = zc("0 30 1 * * *", "America/New_York");
+        assert_eq!(
+            fires(&c, "2026-10-31T12:00:00Z", "2026-11-02T12:00:00Z"),
+            ["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]
+        );
+        // Asked from inside the second pass (a restart at 01:10 EST): the
+        // next fire is tomorrow's, never the past first-pass instant.
+        assert_eq!(
+            c.next_after(at("2026-11-01T06:10:00Z")),
+            Some(at("2026-11-02T06:30:00Z"))
+        );
+    }
+
+    #[test]
+    fn new_york_fall_back_wild_hour_fires_on_both_passes() {
+        let c = zc("0 */15 * * * *", "America/New_York");
+        assert_eq!(
+            fires(&c, "2026-11-01T04:50:00Z", "2026-11-01T07:00:00Z"),
+            [
+                "2026-11-01T05:00:00Z",
+                "2026-11-01T05:15:00Z",
+                "2026-11-01T05:30:00Z",
+                "2026-11-01T05:45:00Z",
+                "2026-11-01T06:00:00Z",
+                "2026-11-01T06:15:00Z",
+                "2026-11-01T06:30:00Z",
+                "2026-11-01T06:45:00Z",
+                "2026-11-01T07:00:00Z",
+            ]
+        );
+        // From inside the second pass, the next second-pass instant.
+        assert_eq!(
+            c.next_after(at("2026-11-01T06:10:00Z")),
+            Some(at("2026-11-01T06:15:00Z"))
+        );
+        let hourly = zc("@hourly", "America/New_York");
+        assert_eq!(
+            fires(&hourly, "2026-11-01T04:30:00Z", "2026-11-01T07:30:00Z"),
+            [
+                "2026-11-01T05:00:00Z",
+                "2026-11-01T06:00:00Z",
+                "2026-11-01T07:00:00Z"
+            ]
+        );
+    }
+
+    #[test]
+    fn london_both_transitions() {
+        // 2026-03-29 01:00 GMT → 02:00 BST; 2026-10-25 02:00 BST → 01:00 GMT.
+        let c = zc("0 30 1 * * *", "Europe/London");
+        assert_eq!(
+            fires(&c, "2026-03-28T12:00:00Z", "2026-03-30T12:00:00Z"),
+            ["2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+        );
+        assert_eq!(
+            fires(&c, "2026-10-24T12:00:00Z", "2026-10-26T12:00:00Z"),
+            ["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"]
+        );
+        let wild = zc("0 30 * * * *", "Europe/London");
+        assert_eq!(
+            fires(&wild, "2026-10-24T23:45:00Z", "2026-10-25T02:00:00Z"),
+            ["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"]
+        );
+    }
+
+    #[test]
+    fn sydney_both_transitions() {
+        // 2026-04-05 03:00 AEDT → 02:00 AEST (16:00Z on the 4th);
+        // 2026-10-04 02:00 AEST → 03:00 AEDT (16:00Z on the 3rd).
+        let c = zc("0 30 2 * * *", "Australia/Sydney");
+        assert_eq!(
+            fires(&c, "2026-04-04T00:00:00Z", "2026-04-05T23:00:00Z"),
+            ["2026-04-04T15:30:00Z", "2026-04-05T16:30:00Z"]
+        );
+        assert_eq!(
+            fires(&c, "2026-10-03T00:00:00Z", "2026-10-04T23:00:00Z"),
+            ["2026-10-03T16:00:00Z", "2026-10-04T15:30:00Z"]
+        );
+        let wild = zc("0 30 */1 * * *", "Australia/Sydney");
+        assert_eq!(
+            fires(&wild, "2026-04-04T14:45:00Z", "2026-04-04T17:00:00Z"),
+            ["2026-04-04T15:30:00Z", "2026-04-04T16:30:00Z"]
+        );
+    }
+}
