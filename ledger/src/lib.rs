@@ -11,6 +11,7 @@
 
 mod attempt_batch;
 mod error;
+mod fire_history;
 mod outbox;
 mod runs;
 mod schedules;
@@ -23,6 +24,7 @@ use sqlx::PgPool;
 
 pub use attempt_batch::{AttemptBatcher, BeginRequest, EndRequest};
 pub use error::LedgerError;
+pub use fire_history::ExclusiveClaim;
 pub use runs::{AttemptEntry, AttemptStart, NewRun, RunRecord, RUN_COLUMNS};
 pub use schedules::ScheduleRow;
 pub use status::RunStatus;

@@ -247,6 +247,18 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn claim(&self, run: &NewRun) -> Result<bool, LedgerError> {
+        self.claim_in(&self.pool, run).await
+    }
+
+    /// [`Ledger::claim`] on `executor` (a pool or an open transaction).
+    pub(crate) async fn claim_in<'e, E>(
+        &self,
+        executor: E,
+        run: &NewRun,
+    ) -> Result<bool, LedgerError>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Postgres>,
+    {
         let inserted = sqlx::query(
             "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
                  claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at) \
@@ -265,7 +277,7 @@ impl Ledger {
         .bind(&run.traceparent)
         .bind(options_json(&run.options)?)
         .bind(run.next_dispatch_at)
-        .fetch_optional(&self.pool)
+        .fetch_optional(executor)
         .await?;
         Ok(inserted.is_some())
     }

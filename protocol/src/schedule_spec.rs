@@ -47,6 +47,28 @@ pub struct ScheduleSpec {
     /// Per-attempt timeout for this schedule's runs, e.g. `"10m"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// What to do with fires that were missed (every replica down, the
+    /// ledger unreachable): `"skip"`, `"fire_once"` (default) or `"catch_up"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub misfire: Option<String>,
+    /// With `misfire = "catch_up"`: how far back missed fires are caught up;
+    /// default `"1h"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up_window: Option<String>,
+    /// With `misfire = "catch_up"`: at most this many missed fires (the
+    /// latest); default 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up_max: Option<u32>,
+    /// `"allow"` (default) or `"forbid"`: whether a fire may start while the
+    /// previous run of the schedule is unfinished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<String>,
+    /// Spread fires of this schedule over up to this long after their
+    /// nominal instant (e.g. `"30s"`), by an offset derived from the name:
+    /// the same on every replica, never past the next fire. The run key
+    /// keeps the nominal instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<String>,
 }
 
 /// A schedule's retry override as written in the file: durations as

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use belfry_ledger::{Ledger, NewRun};
+use belfry_ledger::{ExclusiveClaim, Ledger, NewRun};
 use belfry_protocol::{run_key, TraceContext};
 
 use crate::counters::FireCounters;
 use crate::lock::{ClaimLock, LockOutcome};
-use crate::schedule::Schedule;
+use crate::schedule::{OverlapPolicy, Schedule};
 use crate::SchedulerError;
 
 /// The result of trying to claim a fire.
@@ -27,6 +27,9 @@ pub enum ClaimOutcome {
     LostAtLock,
     /// Another replica inserted the row first.
     LostAtLedger,
+    /// The schedule forbids overlap and its previous run is unfinished: the
+    /// fire was recorded as skipped.
+    Overlapped,
 }
 
 /// Claims fires for one replica.
@@ -105,7 +108,20 @@ impl Claimer {
             options: schedule.options.clone(),
             next_dispatch_at: Utc::now() + self.confirm_grace,
         };
-        let claimed = match self.ledger.claim(&run).await {
+        let claimed = match schedule.overlap {
+            OverlapPolicy::Allow => self.ledger.claim(&run).await,
+            OverlapPolicy::Forbid => match self.ledger.claim_exclusive(&run).await {
+                Ok(ExclusiveClaim::Won) => Ok(true),
+                Ok(ExclusiveClaim::Taken) => Ok(false),
+                Ok(ExclusiveClaim::Overlapped) => {
+                    FireCounters::add(&self.counters.skipped_overlap, 1);
+                    tracing::info!(run_key = %run.run_key, "fire skipped: the previous run is not finished (overlap = forbid)");
+                    return Ok(ClaimOutcome::Overlapped);
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let claimed = match claimed {
             Ok(claimed) => claimed,
             Err(e) => {
                 // The fire is not recorded: give the lock back so another

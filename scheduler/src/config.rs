@@ -14,6 +14,9 @@
 //! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight fires may take after SIGTERM |
 //! | `BELFRY_RECONCILE_AFTER` | `30s` | a claimed run not confirmed by then is republished |
 //! | `BELFRY_RECONCILE_INTERVAL` | `1s` | how often the outbox reconciler looks for due runs |
+//! | `BELFRY_MISFIRE_THRESHOLD` | `10s` | lateness within which a fire is on time; older ones follow the misfire policy |
+//! | `BELFRY_MAX_CLOCK_SKEW` | `2s` | clock difference with the database beyond which the replica stops claiming |
+//! | `BELFRY_CLOCK_CHECK_INTERVAL` | `10s` | how often the clock is compared with the database's |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
 
 use std::path::PathBuf;
@@ -55,6 +58,12 @@ pub struct SchedulerConfig {
     pub confirm_grace: Duration,
     /// How often the outbox reconciler runs.
     pub reconcile_interval: Duration,
+    /// Lateness within which a fire is on time.
+    pub misfire_threshold: Duration,
+    /// Clock skew beyond which the replica stops claiming.
+    pub max_clock_skew: Duration,
+    /// How often the clock is compared with the database's.
+    pub clock_check_interval: Duration,
     /// Log format.
     pub log_format: LogFormat,
 }
@@ -78,6 +87,9 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("confirm_grace", &self.confirm_grace)
             .field("reconcile_interval", &self.reconcile_interval)
+            .field("misfire_threshold", &self.misfire_threshold)
+            .field("max_clock_skew", &self.max_clock_skew)
+            .field("clock_check_interval", &self.clock_check_interval)
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -130,6 +142,21 @@ impl SchedulerConfig {
                 "BELFRY_RECONCILE_INTERVAL",
                 Duration::from_secs(1),
                 Duration::from_millis(10),
+            )?,
+            misfire_threshold: settings.duration(
+                "BELFRY_MISFIRE_THRESHOLD",
+                Duration::from_secs(10),
+                Duration::ZERO,
+            )?,
+            max_clock_skew: settings.duration(
+                "BELFRY_MAX_CLOCK_SKEW",
+                Duration::from_secs(2),
+                Duration::from_millis(1),
+            )?,
+            clock_check_interval: settings.duration(
+                "BELFRY_CLOCK_CHECK_INTERVAL",
+                Duration::from_secs(10),
+                Duration::from_millis(100),
             )?,
             log_format: settings.parsed(
                 "BELFRY_LOG_FORMAT",

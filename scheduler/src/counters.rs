@@ -26,9 +26,15 @@ pub struct FireCounters {
     pub unroutable: AtomicU64,
     /// Publishes that failed or were nacked; the run stays `claimed`.
     pub publish_errors: AtomicU64,
-    /// Fires skipped because a later fire of the same schedule was already
-    /// due (the timer woke too late for them).
+    /// Missed fires skipped by misfire policies.
     pub misfires_skipped: AtomicU64,
+    /// Missed fires fired late by misfire policies (recovery).
+    pub misfires_recovered: AtomicU64,
+    /// Fires skipped because the previous run was unfinished (overlap =
+    /// forbid).
+    pub skipped_overlap: AtomicU64,
+    /// Fires not claimed because this replica's clock is skewed.
+    pub skipped_clock_skew: AtomicU64,
 }
 
 impl FireCounters {

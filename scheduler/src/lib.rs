@@ -15,10 +15,12 @@
 //! [`config`] reads its settings from the environment.
 
 pub mod claim;
+pub mod clock_guard;
 pub mod config;
 pub mod counters;
 pub mod error;
 pub mod lock;
+pub mod misfire;
 pub mod preview;
 pub mod replica;
 pub mod schedule;
@@ -27,10 +29,12 @@ pub mod timer;
 pub mod zoned_cron;
 
 pub use claim::{ClaimOutcome, Claimer};
+pub use clock_guard::ClockGuard;
 pub use config::SchedulerConfig;
 pub use counters::FireCounters;
 pub use error::SchedulerError;
 pub use lock::ClaimLock;
+pub use misfire::MisfirePolicy;
 pub use replica::{FireOutcome, Replica, ReplicaTiming};
-pub use schedule::{Schedule, ScheduleError};
-pub use timer::{Fire, Timer};
+pub use schedule::{OverlapPolicy, Schedule, ScheduleError};
+pub use timer::{Due, Fire, Skipped, Timer};

@@ -22,10 +22,12 @@ use belfry_runtime::SharedClock;
 use belfry_dispatch::{DispatchOutcome, Dispatcher, Reconciler};
 
 use crate::claim::{ClaimOutcome, Claimer};
+use crate::clock_guard::ClockGuard;
 use crate::counters::FireCounters;
 use crate::lock::ClaimLock;
+use crate::misfire::DueInstants;
 use crate::schedule::Schedule;
-use crate::timer::Timer;
+use crate::timer::{Skipped, Timer};
 use crate::{schedule_file, SchedulerConfig, SchedulerError};
 
 /// What happened to one fire on this replica.
@@ -52,6 +54,11 @@ pub enum FireOutcome {
         /// Why.
         reason: String,
     },
+    /// The fire was not claimed here on purpose (overlap, clock skew).
+    Skipped {
+        /// Why.
+        reason: String,
+    },
     /// The fire could not be claimed (ledger unreachable).
     ClaimFailed {
         /// Why.
@@ -65,6 +72,11 @@ pub enum FireOutcome {
 /// far-away fire by at most this much.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
+/// How often fires this replica could not claim are looked at again.
+const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
+/// Most missed fires remembered for recovery.
+const MAX_REMEMBERED_MISSES: usize = 100_000;
+
 /// Timing settings of a replica.
 #[derive(Debug, Clone)]
 pub struct ReplicaTiming {
@@ -76,6 +88,12 @@ pub struct ReplicaTiming {
     pub confirm_grace: Duration,
     /// How often the reconciler looks at the outbox.
     pub reconcile_interval: Duration,
+    /// Lateness within which a fire is on time (misfire policies).
+    pub misfire_threshold: Duration,
+    /// Clock skew beyond which this replica stops claiming.
+    pub max_clock_skew: Duration,
+    /// How often the clock is compared with the database's.
+    pub clock_check_interval: Duration,
 }
 
 impl Default for ReplicaTiming {
@@ -85,6 +103,9 @@ impl Default for ReplicaTiming {
             shutdown_timeout: Duration::from_secs(30),
             confirm_grace: Duration::from_secs(30),
             reconcile_interval: Duration::from_secs(1),
+            misfire_threshold: crate::timer::DEFAULT_MISFIRE_THRESHOLD,
+            max_clock_skew: Duration::from_secs(2),
+            clock_check_interval: Duration::from_secs(10),
         }
     }
 }
@@ -99,6 +120,9 @@ pub struct Replica {
     counters: Arc<FireCounters>,
     timing: ReplicaTiming,
     broker: Broker,
+    ledger: Ledger,
+    guard: ClockGuard,
+    missed: std::sync::Mutex<Vec<(Arc<Schedule>, DateTime<Utc>)>>,
 }
 
 impl Replica {
@@ -142,6 +166,9 @@ impl Replica {
             shutdown_timeout: config.shutdown_timeout,
             confirm_grace: config.confirm_grace,
             reconcile_interval: config.reconcile_interval,
+            misfire_threshold: config.misfire_threshold,
+            max_clock_skew: config.max_clock_skew,
+            clock_check_interval: config.clock_check_interval,
         };
         let replica = Self::new(&config.instance, lock, ledger, broker, timing);
         Ok((replica, schedules.into_iter().map(Arc::new).collect()))
@@ -167,7 +194,15 @@ impl Replica {
                 timing.confirm_grace,
             ),
             // The lease outlives a publish (10 s confirm timeout) with room.
-            reconciler: Reconciler::new(ledger, dispatcher.clone(), Duration::from_secs(30), 500),
+            reconciler: Reconciler::new(
+                ledger.clone(),
+                dispatcher.clone(),
+                Duration::from_secs(30),
+                500,
+            ),
+            ledger,
+            guard: ClockGuard::new(timing.max_clock_skew),
+            missed: std::sync::Mutex::new(Vec::new()),
             dispatcher,
             counters,
             timing: ReplicaTiming {
@@ -176,6 +211,12 @@ impl Replica {
             },
             broker,
         }
+    }
+
+    /// The clock-skew guard of this replica (tests drive it one check at a
+    /// time).
+    pub fn clock_guard(&self) -> &ClockGuard {
+        &self.guard
     }
 
     /// The outbox reconciler of this replica (tests drive it one pass at a
@@ -195,14 +236,35 @@ impl Replica {
     }
 
     /// Claims and, when won, dispatches the fire of `schedule` at `at`.
-    pub async fn fire(&self, schedule: &Schedule, at: DateTime<Utc>) -> FireOutcome {
+    ///
+    /// A fire that cannot be claimed here (the ledger is unreachable, or
+    /// this replica's clock is skewed) is remembered as missed; the recovery
+    /// loop applies the schedule's misfire policy to it once claiming works
+    /// again.
+    pub async fn fire(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) -> FireOutcome {
         FireCounters::add(&self.counters.fires, 1);
+        if !self.guard.allows_claims() {
+            FireCounters::add(&self.counters.skipped_clock_skew, 1);
+            self.remember_missed(schedule, at);
+            return FireOutcome::Skipped {
+                reason: format!(
+                    "clock skew {} ms beyond the threshold",
+                    self.guard.last_skew_ms()
+                ),
+            };
+        }
         let run = match self.claimer.claim(schedule, at).await {
             Ok(ClaimOutcome::Won(run)) => run,
             Ok(ClaimOutcome::LostAtLock | ClaimOutcome::LostAtLedger) => return FireOutcome::Lost,
+            Ok(ClaimOutcome::Overlapped) => {
+                return FireOutcome::Skipped {
+                    reason: "overlap: the previous run is not finished".into(),
+                }
+            }
             Err(e) => {
                 FireCounters::add(&self.counters.claim_errors, 1);
-                tracing::error!(schedule = %schedule.name, %at, error = %e, "fire could not be claimed");
+                tracing::error!(schedule = %schedule.name, %at, error = %e, "fire could not be claimed; the misfire policy decides once the ledger is back");
+                self.remember_missed(schedule, at);
                 return FireOutcome::ClaimFailed {
                     reason: e.to_string(),
                 };
@@ -236,17 +298,142 @@ impl Replica {
     /// One step of the loop at instant `now`: fires everything `timer` has
     /// due and waits for all of them.
     pub async fn tick_once(&self, timer: &mut Timer, now: DateTime<Utc>) -> Vec<FireOutcome> {
-        let fires = timer.due(now);
-        self.count_skipped(&fires);
-        futures::future::join_all(fires.iter().map(|f| self.fire(&f.schedule, f.at))).await
+        let due = timer.due(now);
+        self.count_skipped(&due.skipped);
+        futures::future::join_all(due.fires.iter().map(|f| self.fire(&f.schedule, f.at))).await
     }
 
-    fn count_skipped(&self, fires: &[crate::Fire]) {
-        for f in fires.iter().filter(|f| f.skipped > 0) {
-            FireCounters::add(&self.counters.misfires_skipped, f.skipped);
-            tracing::warn!(schedule = %f.schedule.name, skipped = f.skipped, fired = %f.at,
-                "timer woke late; fired the latest due instant and skipped the earlier ones");
+    fn count_skipped(&self, skipped: &[Skipped]) {
+        for s in skipped {
+            FireCounters::add(&self.counters.misfires_skipped, s.count);
+            tracing::warn!(schedule = %s.schedule.name, skipped = s.count, policy = ?s.schedule.misfire,
+                "missed fires skipped by the misfire policy");
         }
+    }
+
+    fn remember_missed(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {
+        let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded: a very long outage keeps the latest instants (the
+        // policies only ever need those) and counts the rest as skipped.
+        if missed.len() >= MAX_REMEMBERED_MISSES {
+            missed.remove(0);
+            FireCounters::add(&self.counters.misfires_skipped, 1);
+        }
+        missed.push((schedule.clone(), at));
+    }
+
+    /// Applies each schedule's misfire policy to the fires this replica
+    /// could not claim (ledger down, clock skewed), once claiming works
+    /// again; returns the outcomes of the fires it made.
+    pub async fn recover_missed_once(&self, now: DateTime<Utc>) -> Vec<FireOutcome> {
+        let taken: Vec<(Arc<Schedule>, DateTime<Utc>)> = {
+            let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
+            if missed.is_empty() {
+                return Vec::new();
+            }
+            std::mem::take(&mut *missed)
+        };
+        if !self.guard.allows_claims() || !self.ledger.ping().await {
+            // Still unable to claim: keep them for the next pass.
+            self.missed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(taken);
+            return Vec::new();
+        }
+        let mut by_schedule: std::collections::BTreeMap<
+            String,
+            (Arc<Schedule>, Vec<DateTime<Utc>>),
+        > = Default::default();
+        for (schedule, at) in taken {
+            by_schedule
+                .entry(schedule.name.clone())
+                .or_insert_with(|| (schedule.clone(), Vec::new()))
+                .1
+                .push(at);
+        }
+        let mut fires = Vec::new();
+        for (_, (schedule, mut instants)) in by_schedule {
+            instants.sort_unstable();
+            instants.dedup();
+            let due = DueInstants {
+                total: u64::try_from(instants.len()).unwrap_or(u64::MAX),
+                latest: instants,
+            };
+            fires.extend(self.decide(&schedule, &due, now));
+        }
+        self.fire_recovered(fires).await
+    }
+
+    /// Applies each schedule's misfire policy to the fires missed while no
+    /// replica was running: the instants between the schedule's latest run
+    /// in the ledger and `now`. Every replica does this at start; the claim
+    /// path makes each recovered fire happen once.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be read.
+    pub async fn recover_after_downtime(
+        &self,
+        schedules: &[Arc<Schedule>],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<FireOutcome>, SchedulerError> {
+        let names: Vec<String> = schedules.iter().map(|s| s.name.clone()).collect();
+        let last = self.ledger.last_fires(&names).await?;
+        let mut fires = Vec::new();
+        for schedule in schedules {
+            let Some(last) = last.get(&schedule.name) else {
+                continue;
+            };
+            let due = crate::misfire::due_between(schedule, *last, now, schedule.misfire.keep());
+            if due.total > 0 {
+                fires.extend(self.decide(schedule, &due, now));
+            }
+        }
+        Ok(self.fire_recovered(fires).await)
+    }
+
+    fn decide(
+        &self,
+        schedule: &Arc<Schedule>,
+        due: &DueInstants,
+        now: DateTime<Utc>,
+    ) -> Vec<(Arc<Schedule>, DateTime<Utc>)> {
+        let decision = schedule
+            .misfire
+            .decide(due, now, self.timing.misfire_threshold);
+        if decision.skipped > 0 {
+            self.count_skipped(&[Skipped {
+                schedule: schedule.clone(),
+                count: decision.skipped,
+            }]);
+        }
+        decision
+            .fire
+            .into_iter()
+            .map(|at| (schedule.clone(), at))
+            .collect()
+    }
+
+    async fn fire_recovered(&self, fires: Vec<(Arc<Schedule>, DateTime<Utc>)>) -> Vec<FireOutcome> {
+        if !fires.is_empty() {
+            tracing::info!(
+                fires = fires.len(),
+                "firing missed fires kept by the misfire policies"
+            );
+            FireCounters::add(
+                &self.counters.misfires_recovered,
+                u64::try_from(fires.len()).unwrap_or(u64::MAX),
+            );
+        }
+        let mut outcomes = Vec::with_capacity(fires.len());
+        // Bounded concurrency, as in the timer loop.
+        for chunk in fires.chunks(self.timing.max_inflight) {
+            outcomes.extend(
+                futures::future::join_all(chunk.iter().map(|(s, at)| self.fire(s, *at))).await,
+            );
+        }
+        outcomes
     }
 
     /// Runs the timer loop and the outbox reconciler until `cancel`,
@@ -269,6 +456,41 @@ impl Replica {
                     .await
             })
         };
+        let guarding = {
+            let this = self.clone();
+            let cancel = cancel.clone();
+            let clock = clock.clone();
+            tokio::spawn(async move {
+                this.guard
+                    .run(
+                        &this.ledger,
+                        &clock,
+                        this.timing.clock_check_interval,
+                        cancel,
+                    )
+                    .await
+            })
+        };
+        let recovering = {
+            let this = self.clone();
+            let cancel = cancel.clone();
+            let clock = clock.clone();
+            let schedules = timer.schedules().to_vec();
+            tokio::spawn(async move {
+                // Fires missed while every replica was down, then fires this
+                // replica could not claim, every few seconds.
+                if let Err(e) = this.recover_after_downtime(&schedules, clock.now()).await {
+                    tracing::error!(error = %e, "misfire recovery after downtime failed; those fires are not made");
+                }
+                loop {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(RECOVERY_INTERVAL) => {}
+                    }
+                    this.recover_missed_once(clock.now()).await;
+                }
+            })
+        };
         let permits = Arc::new(Semaphore::new(self.timing.max_inflight));
         let mut inflight = JoinSet::new();
         tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
@@ -285,9 +507,9 @@ impl Replica {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
             }
-            let fires = timer.due(clock.now());
-            self.count_skipped(&fires);
-            for fire in fires {
+            let due = timer.due(clock.now());
+            self.count_skipped(&due.skipped);
+            for fire in due.fires {
                 // Waiting for a permit bounds in-flight fires; the timer
                 // catches up afterwards because instants come from the
                 // schedule, not from when this loop gets to them. Shutdown
@@ -321,6 +543,8 @@ impl Replica {
             inflight.abort_all();
         }
         let _ = reconciling.await;
+        let _ = guarding.await;
+        let _ = recovering.await;
         self.broker.close().await;
         tracing::info!(instance = %self.instance, "scheduler replica stopped");
     }

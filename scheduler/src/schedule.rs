@@ -10,6 +10,7 @@ use chrono::{DateTime, Duration, SubsecRound, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
 
+use crate::misfire::MisfirePolicy;
 use crate::zoned_cron::ZonedCron;
 use thiserror::Error;
 
@@ -59,6 +60,24 @@ pub struct Schedule {
     pub kind: ScheduleKind,
     /// Retry/timeout overrides for its runs.
     pub options: JobOptions,
+    /// What happens to missed fires.
+    pub misfire: MisfirePolicy,
+    /// Whether a fire may start while the previous run is unfinished.
+    pub overlap: OverlapPolicy,
+    /// Fixed offset after each nominal instant at which it fires (see
+    /// [`Schedule::offset_for`]); zero without jitter.
+    pub jitter_offset: Duration,
+}
+
+/// Whether a schedule's runs may overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OverlapPolicy {
+    /// Every fire runs (default).
+    #[default]
+    Allow,
+    /// A fire is skipped, and recorded as skipped, while the previous run of
+    /// the schedule is not finished.
+    Forbid,
 }
 
 impl Schedule {
@@ -79,78 +98,101 @@ impl Schedule {
         validate_name("schedule name", &spec.name).map_err(|e| err("name", e.to_string()))?;
         validate_name("job type", &spec.job_type).map_err(|e| err("job_type", e.to_string()))?;
         let tz_name = spec.timezone.as_deref().unwrap_or("UTC");
-        let kind = match (&spec.cron, &spec.every) {
-            (Some(expr), None) => {
-                let tz: Tz = tz_name.parse().map_err(|_| {
-                    err(
-                        "timezone",
-                        format!(
-                            "unknown time zone {tz_name:?}; use an IANA name such as \
-                             \"UTC\", \"Europe/London\" or \"Asia/Shanghai\""
-                        ),
-                    )
-                })?;
-                let cron = Cron::new(expr)
-                    .with_seconds_optional()
-                    .parse()
-                    .map_err(|e| {
+        let kind =
+            match (&spec.cron, &spec.every) {
+                (Some(expr), None) => {
+                    let tz: Tz = tz_name.parse().map_err(|_| {
                         err(
-                            "cron",
+                            "timezone",
                             format!(
-                                "invalid cron expression {expr:?}: {e}; expected 6 fields \
-                                 (sec min hour day-of-month month day-of-week) or 5 \
-                                 (seconds = 0), e.g. \"0 */5 * * * *\""
+                                "unknown time zone {tz_name:?}; use an IANA name such as \
+                             \"UTC\", \"Europe/London\" or \"Asia/Shanghai\""
                             ),
                         )
                     })?;
-                let zoned = ZonedCron::new(cron, tz);
-                // An expression that parses but never matches (30
-                // February) would otherwise sit silently forever.
-                if zoned.next_after(Utc::now()).is_none() {
-                    return Err(err(
-                        "cron",
-                        format!(
+                    let cron = Cron::new(expr)
+                        .with_seconds_optional()
+                        .parse()
+                        .map_err(|e| {
+                            err(
+                                "cron",
+                                format!(
+                                    "invalid cron expression {expr:?}: {e}; expected 6 fields \
+                                 (sec min hour day-of-month month day-of-week) or 5 \
+                                 (seconds = 0), e.g. \"0 */5 * * * *\""
+                                ),
+                            )
+                        })?;
+                    let zoned = ZonedCron::new(cron, tz);
+                    // An expression that parses but never matches (30
+                    // February) would otherwise sit silently forever.
+                    if zoned.next_after(Utc::now()).is_none() {
+                        return Err(err(
+                            "cron",
+                            format!(
                             "cron expression {expr:?} never fires; check the day and month fields"
                         ),
-                    ));
+                        ));
+                    }
+                    ScheduleKind::Cron {
+                        expr: expr.clone(),
+                        cron: Box::new(zoned),
+                    }
                 }
-                ScheduleKind::Cron {
-                    expr: expr.clone(),
-                    cron: Box::new(zoned),
-                }
-            }
-            (None, Some(every)) => {
-                if spec.timezone.is_some() {
-                    return Err(err(
+                (None, Some(every)) => {
+                    if spec.timezone.is_some() {
+                        return Err(err(
                         "timezone",
                         "interval schedules live in absolute time; remove `timezone` or use `cron`"
                             .into(),
                     ));
+                    }
+                    ScheduleKind::Every {
+                        period: parse_period(every).map_err(|m| err("every", m))?,
+                    }
                 }
-                ScheduleKind::Every {
-                    period: parse_period(every).map_err(|m| err("every", m))?,
-                }
-            }
-            (None, None) => {
-                return Err(err(
+                (None, None) => return Err(err(
                     "cron",
                     "give exactly one of `cron` (e.g. \"0 0 3 * * *\") or `every` (e.g. \"30s\")"
                         .into(),
-                ))
-            }
-            (Some(_), Some(_)) => {
-                return Err(err(
-                    "every",
-                    "`cron` and `every` are exclusive; keep one of them".into(),
-                ))
-            }
-        };
+                )),
+                (Some(_), Some(_)) => {
+                    return Err(err(
+                        "every",
+                        "`cron` and `every` are exclusive; keep one of them".into(),
+                    ))
+                }
+            };
         Ok(Self {
             name: spec.name.clone(),
             job_type: spec.job_type.clone(),
             payload: spec.payload.clone().unwrap_or(serde_json::Value::Null),
             kind,
             options: job_options(spec).map_err(|(field, message)| err(field, message))?,
+            misfire: misfire_policy(spec).map_err(|(field, message)| err(field, message))?,
+            overlap: match spec.overlap.as_deref() {
+                None | Some("allow") => OverlapPolicy::Allow,
+                Some("forbid") => OverlapPolicy::Forbid,
+                Some(other) => {
+                    return Err(err(
+                        "overlap",
+                        format!("unknown policy {other:?}; use \"allow\" or \"forbid\""),
+                    ))
+                }
+            },
+            jitter_offset: match &spec.jitter {
+                None => Duration::zero(),
+                Some(raw) => {
+                    let max_ms = option_ms("jitter", raw, std::time::Duration::from_millis(1))
+                        .map_err(|(field, message)| err(field, message))?;
+                    // FNV-1a of the name: stable across replicas, builds and
+                    // restarts (std's hasher is not guaranteed to be).
+                    let hash = spec.name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                    });
+                    Duration::milliseconds(i64::try_from(hash % max_ms.max(1)).unwrap_or(0))
+                }
+            },
         })
     }
 
@@ -170,6 +212,18 @@ impl Schedule {
                 Utc.timestamp_opt(next, 0).single()
             }
         }
+    }
+
+    /// When the fire of nominal instant `at` happens: `at` plus the jitter
+    /// offset, kept before the next nominal instant.
+    pub fn wake_at(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+        if self.jitter_offset.is_zero() {
+            return at;
+        }
+        let limit = self.next_after(at).map_or(self.jitter_offset, |next| {
+            (next - at) - Duration::milliseconds(1)
+        });
+        at + self.jitter_offset.min(limit).max(Duration::zero())
     }
 
     /// The next `count` fire instants strictly after `from`.
@@ -233,6 +287,57 @@ fn option_ms(
         ));
     }
     Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn misfire_policy(spec: &ScheduleSpec) -> Result<MisfirePolicy, (&'static str, String)> {
+    let catch_up_only = |field: &'static str| {
+        (
+            field,
+            format!("`{field}` only applies with misfire = \"catch_up\""),
+        )
+    };
+    match spec.misfire.as_deref() {
+        None | Some("fire_once") | Some("skip") => {
+            if spec.catch_up_window.is_some() {
+                return Err(catch_up_only("catch_up_window"));
+            }
+            if spec.catch_up_max.is_some() {
+                return Err(catch_up_only("catch_up_max"));
+            }
+            Ok(if spec.misfire.as_deref() == Some("skip") {
+                MisfirePolicy::Skip
+            } else {
+                MisfirePolicy::FireOnce
+            })
+        }
+        Some("catch_up") => {
+            let window = match &spec.catch_up_window {
+                None => crate::misfire::DEFAULT_CATCH_UP_WINDOW,
+                Some(w) => std::time::Duration::from_millis(option_ms(
+                    "catch_up_window",
+                    w,
+                    std::time::Duration::from_secs(1),
+                )?),
+            };
+            let max = match spec.catch_up_max {
+                None => crate::misfire::DEFAULT_CATCH_UP_MAX,
+                Some(n) if (1..=10_000).contains(&n) => {
+                    usize::try_from(n).unwrap_or(crate::misfire::DEFAULT_CATCH_UP_MAX)
+                }
+                Some(n) => {
+                    return Err((
+                        "catch_up_max",
+                        format!("{n} is out of range; allowed 1 to 10000"),
+                    ))
+                }
+            };
+            Ok(MisfirePolicy::CatchUp { window, max })
+        }
+        Some(other) => Err((
+            "misfire",
+            format!("unknown policy {other:?}; use \"skip\", \"fire_once\" or \"catch_up\""),
+        )),
+    }
 }
 
 fn job_options(spec: &ScheduleSpec) -> Result<JobOptions, (&'static str, String)> {
@@ -368,6 +473,54 @@ mod tests {
             let s = Schedule::from_spec(&spec(Some(expr), None, None)).unwrap();
             assert_eq!(s.next_after(at(from)), Some(at(next)), "{expr}");
         }
+    }
+
+    #[test]
+    fn policies_and_jitter_are_read_and_checked() {
+        let mut s = spec(None, Some("1m"), None);
+        s.misfire = Some("catch_up".into());
+        s.catch_up_window = Some("30m".into());
+        s.catch_up_max = Some(5);
+        s.overlap = Some("forbid".into());
+        s.jitter = Some("10s".into());
+        let sc = Schedule::from_spec(&s).unwrap();
+        assert_eq!(
+            sc.misfire,
+            MisfirePolicy::CatchUp {
+                window: std::time::Duration::from_secs(1800),
+                max: 5
+            }
+        );
+        assert_eq!(sc.overlap, OverlapPolicy::Forbid);
+        assert!(sc.jitter_offset < Duration::seconds(10));
+        // Deterministic: the same name gives the same offset.
+        assert_eq!(
+            Schedule::from_spec(&s).unwrap().jitter_offset,
+            sc.jitter_offset
+        );
+        let t = at("2026-07-26T03:00:00Z");
+        assert_eq!(sc.wake_at(t), t + sc.jitter_offset);
+        // Never past the next fire.
+        let mut tight = spec(None, Some("2s"), None);
+        tight.jitter = Some("1h".into());
+        let tight = Schedule::from_spec(&tight).unwrap();
+        assert!(tight.wake_at(t) < t + Duration::seconds(2));
+        for (field, value, expected) in [
+            ("misfire", "sometimes", "misfire"),
+            ("overlap", "maybe", "overlap"),
+            ("jitter", "soon", "jitter"),
+        ] {
+            let mut b = spec(None, Some("1m"), None);
+            match field {
+                "misfire" => b.misfire = Some(value.into()),
+                "overlap" => b.overlap = Some(value.into()),
+                _ => b.jitter = Some(value.into()),
+            }
+            assert_eq!(Schedule::from_spec(&b).unwrap_err().field, expected);
+        }
+        let mut b = spec(None, Some("1m"), None);
+        b.catch_up_max = Some(3);
+        assert_eq!(Schedule::from_spec(&b).unwrap_err().field, "catch_up_max");
     }
 
     #[test]

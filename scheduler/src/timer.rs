@@ -1,19 +1,26 @@
-//! One timer per replica: a min-heap of each schedule's next fire instant.
+//! One timer per replica: a min-heap of each schedule's next wake-up.
 //!
 //! The replica sleeps until the earliest entry, then asks [`Timer::due`]
 //! which fires are due at the current time. The instants come from the
-//! schedules, never from the wake-up time, so a late wake-up still produces
-//! the nominal instants (and run keys). When a wake-up is so late that
-//! several fires of one schedule are due, only the latest fires and the
-//! others are counted as skipped (the `fire_once` misfire rule).
+//! schedules, never from when the timer woke, so a late wake-up still
+//! produces the nominal instants (and run keys). A schedule with jitter
+//! wakes a fixed offset after its nominal instant (see
+//! [`Schedule::wake_at`]). When a wake-up is so late that fires were missed,
+//! the schedule's misfire policy decides which of them still fire
+//! ([`crate::misfire`]); the rest are reported as skipped.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::misfire::due_between;
 use crate::schedule::Schedule;
+
+/// Default lateness within which a fire counts as on time.
+pub const DEFAULT_MISFIRE_THRESHOLD: Duration = Duration::from_secs(10);
 
 /// One due fire.
 #[derive(Debug, Clone)]
@@ -22,33 +29,71 @@ pub struct Fire {
     pub schedule: Arc<Schedule>,
     /// The nominal fire instant.
     pub at: DateTime<Utc>,
-    /// Earlier fires of the same schedule that were due too and are skipped.
-    pub skipped: u64,
 }
 
-/// The heap of next fires.
+/// Fires skipped by a schedule's misfire policy.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    /// The schedule.
+    pub schedule: Arc<Schedule>,
+    /// How many fires were skipped.
+    pub count: u64,
+}
+
+/// What is due at one instant.
+#[derive(Debug, Default)]
+pub struct Due {
+    /// Fires to claim, oldest first per schedule.
+    pub fires: Vec<Fire>,
+    /// Fires skipped by misfire policies.
+    pub skipped: Vec<Skipped>,
+}
+
+/// A heap entry: (wake-up instant, schedule index, nominal instant); ordered
+/// by wake-up first.
+type Entry = (DateTime<Utc>, usize, DateTime<Utc>);
+
+/// The heap of next wake-ups.
 #[derive(Debug, Default)]
 pub struct Timer {
     schedules: Vec<Arc<Schedule>>,
-    heap: BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
+    heap: BinaryHeap<Reverse<Entry>>,
+    threshold: Duration,
 }
 
 impl Timer {
-    /// A timer for `schedules`, whose first fires are the first instants
-    /// strictly after `now`.
+    /// A timer for `schedules`, whose first fires are those waking strictly
+    /// after `now`.
     pub fn new(schedules: Vec<Arc<Schedule>>, now: DateTime<Utc>) -> Self {
-        let mut heap = BinaryHeap::with_capacity(schedules.len());
-        for (i, s) in schedules.iter().enumerate() {
-            if let Some(at) = s.next_after(now) {
-                heap.push(Reverse((at, i)));
+        let mut timer = Self {
+            heap: BinaryHeap::with_capacity(schedules.len()),
+            schedules,
+            threshold: DEFAULT_MISFIRE_THRESHOLD,
+        };
+        for i in 0..timer.schedules.len() {
+            let s = timer.schedules[i].clone();
+            // An instant whose jittered wake-up is still ahead fires.
+            if let Some(at) = s.next_after(now - s.jitter_offset) {
+                timer.heap.push(Reverse((s.wake_at(at), i, at)));
             }
         }
-        Self { schedules, heap }
+        timer
     }
 
-    /// The earliest pending fire instant.
+    /// Sets the lateness within which a fire is on time.
+    pub fn with_misfire_threshold(mut self, threshold: Duration) -> Self {
+        self.threshold = threshold;
+        self
+    }
+
+    /// The schedules this timer fires.
+    pub fn schedules(&self) -> &[Arc<Schedule>] {
+        &self.schedules
+    }
+
+    /// The earliest pending wake-up.
     pub fn next_at(&self) -> Option<DateTime<Utc>> {
-        self.heap.peek().map(|Reverse((at, _))| *at)
+        self.heap.peek().map(|Reverse((wake, _, _))| *wake)
     }
 
     /// The number of schedules with a pending fire.
@@ -61,38 +106,51 @@ impl Timer {
         self.heap.is_empty()
     }
 
-    /// Removes and returns every fire due at `now` (instant ≤ `now`), and
-    /// queues each schedule's next instant after `now`.
-    pub fn due(&mut self, now: DateTime<Utc>) -> Vec<Fire> {
-        let mut fires = Vec::new();
-        while let Some(Reverse((at, i))) = self.heap.peek().copied() {
-            if at > now {
+    /// Removes and returns every fire due at `now` (wake-up ≤ `now`) after
+    /// applying each schedule's misfire policy, and queues each schedule's
+    /// next instant.
+    pub fn due(&mut self, now: DateTime<Utc>) -> Due {
+        let mut due = Due::default();
+        while let Some(Reverse((wake, i, first))) = self.heap.peek().copied() {
+            if wake > now {
                 break;
             }
             self.heap.pop();
             let schedule = self.schedules[i].clone();
-            let mut fire_at = at;
-            let mut skipped = 0;
-            loop {
-                match schedule.next_after(fire_at) {
-                    Some(next) if next <= now => {
-                        skipped += 1;
-                        fire_at = next;
-                    }
-                    Some(next) => {
-                        self.heap.push(Reverse((next, i)));
-                        break;
-                    }
-                    None => break,
-                }
+            // Lateness is measured from the wake-up, so jitter never makes
+            // a fire look missed.
+            let reference = now - schedule.jitter_offset;
+            let mut instants = due_between(
+                &schedule,
+                first - chrono::Duration::seconds(1),
+                reference.max(first),
+                schedule.misfire.keep(),
+            );
+            if instants.latest.first().is_none_or(|t| *t != first) && instants.total == 0 {
+                instants.latest.push(first);
+                instants.total = 1;
             }
-            fires.push(Fire {
-                schedule,
-                at: fire_at,
-                skipped,
-            });
+            let last = instants.latest.last().copied().unwrap_or(first);
+            let decision = schedule
+                .misfire
+                .decide(&instants, reference.max(first), self.threshold);
+            if decision.skipped > 0 {
+                due.skipped.push(Skipped {
+                    schedule: schedule.clone(),
+                    count: decision.skipped,
+                });
+            }
+            for at in decision.fire {
+                due.fires.push(Fire {
+                    schedule: schedule.clone(),
+                    at,
+                });
+            }
+            if let Some(next) = schedule.next_after(last.max(reference)) {
+                self.heap.push(Reverse((schedule.wake_at(next), i, next)));
+            }
         }
-        fires
+        due
     }
 }
 
@@ -126,15 +184,15 @@ mod tests {
             at("2026-01-01T00:00:00.5Z"),
         );
         assert_eq!(t.next_at(), Some(at("2026-01-01T00:00:02Z")));
-        assert!(t.due(at("2026-01-01T00:00:01.999Z")).is_empty());
+        assert!(t.due(at("2026-01-01T00:00:01.999Z")).fires.is_empty());
         // A late wake-up still yields the nominal instant.
-        let f = t.due(at("2026-01-01T00:00:02.400Z"));
+        let f = t.due(at("2026-01-01T00:00:02.400Z")).fires;
         assert_eq!(f.len(), 1);
         assert_eq!(
             (f[0].schedule.name.as_str(), f[0].at),
             ("a", at("2026-01-01T00:00:02Z"))
         );
-        let f = t.due(at("2026-01-01T00:00:04Z"));
+        let f = t.due(at("2026-01-01T00:00:04Z")).fires;
         let names: Vec<_> = f.iter().map(|f| (f.schedule.name.as_str(), f.at)).collect();
         assert_eq!(
             names,
@@ -148,11 +206,44 @@ mod tests {
     #[test]
     fn a_long_sleep_fires_once_and_counts_the_skipped() {
         let mut t = Timer::new(vec![every("a", "1s")], at("2026-01-01T00:00:00Z"));
-        let f = t.due(at("2026-01-01T00:00:10.2Z"));
-        assert_eq!(f.len(), 1);
-        assert_eq!(f[0].at, at("2026-01-01T00:00:10Z"));
-        assert_eq!(f[0].skipped, 9);
-        assert_eq!(t.next_at(), Some(at("2026-01-01T00:00:11Z")));
+        // 10 s late: the default fire_once policy with a 10 s threshold
+        // fires the on-time instants only; nothing is skipped yet.
+        let d = t.due(at("2026-01-01T00:00:10.2Z"));
+        assert_eq!(d.fires.len(), 10);
+        let mut t = Timer::new(vec![every("a", "1s")], at("2026-01-01T00:00:00Z"));
+        let d = t.due(at("2026-01-01T00:01:00.2Z"));
+        assert_eq!(d.fires.len(), 10, "the on-time ones (within 10 s)");
+        assert_eq!(d.fires[0].at, at("2026-01-01T00:00:51Z"));
+        assert_eq!(d.skipped[0].count, 50);
+        assert_eq!(t.next_at(), Some(at("2026-01-01T00:01:01Z")));
+    }
+
+    #[test]
+    fn skip_policy_drops_missed_fires_and_jitter_delays_the_wake_up() {
+        let skip = Arc::new(
+            Schedule::from_spec(&ScheduleSpec {
+                name: "s".into(),
+                every: Some("1m".into()),
+                misfire: Some("skip".into()),
+                jitter: Some("20s".into()),
+                job_type: "noop".into(),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let off = skip.jitter_offset;
+        let mut t = Timer::new(vec![skip.clone()], at("2026-01-01T00:00:00Z"));
+        assert_eq!(t.next_at(), Some(at("2026-01-01T00:01:00Z") + off));
+        // On time (at its jittered wake-up): fires with the nominal instant.
+        let d = t.due(at("2026-01-01T00:01:00.5Z") + off);
+        assert_eq!(
+            d.fires.iter().map(|f| f.at).collect::<Vec<_>>(),
+            [at("2026-01-01T00:01:00Z")]
+        );
+        // Ten minutes late: skip fires nothing and counts nine.
+        let d = t.due(at("2026-01-01T00:10:30Z") + off);
+        assert!(d.fires.is_empty());
+        assert_eq!(d.skipped[0].count, 9);
     }
 
     #[test]
@@ -162,11 +253,13 @@ mod tests {
         let mut slow = Timer::new(s, at("2026-01-01T00:00:00.1Z"));
         let f1: Vec<_> = fast
             .due(at("2026-01-01T00:00:01.9Z"))
+            .fires
             .into_iter()
             .map(|f| f.at)
             .collect();
         let f2: Vec<_> = slow
             .due(at("2026-01-01T00:00:01.1Z"))
+            .fires
             .into_iter()
             .map(|f| f.at)
             .collect();

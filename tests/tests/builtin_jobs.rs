@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use belfry_testkit::TestEnv;
-use belfry_tests::{serve, worker, RunningWorker};
+use belfry_tests::serve;
 use belfry_worker::Registry;
 use chrono::{DateTime, Utc};
 use serde_json::json;

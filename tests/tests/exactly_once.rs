@@ -238,8 +238,8 @@ async fn replicas_with_clocks_apart_agree_on_run_keys() {
     let mut keys_b = Vec::new();
     for step in 1..=5 {
         let now = t0 + chrono::Duration::seconds(step);
-        keys_a.extend(ta.due(now).into_iter().map(|f| f.at));
-        keys_b.extend(tb.due(now - skew).into_iter().map(|f| f.at));
+        keys_a.extend(ta.due(now).fires.into_iter().map(|f| f.at));
+        keys_b.extend(tb.due(now - skew).fires.into_iter().map(|f| f.at));
     }
     // The late clock is 1.5 s behind, so it has reached fewer instants, but
     // every instant it computed from the on-time replica's start on is one

@@ -9,7 +9,7 @@ use std::time::Duration;
 use belfry_ledger::AttemptEntry;
 use belfry_scheduler::FireOutcome;
 use belfry_testkit::{redis_url, TestEnv};
-use belfry_tests::{every, replica, serve, worker, RunningWorker};
+use belfry_tests::{every, replica, serve};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
 use chrono::{DateTime, Utc};
 use serde_json::json;

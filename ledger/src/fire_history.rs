@@ -1,0 +1,135 @@
+//! What the ledger knows about a schedule's past fires: the latest one (for
+//! misfire recovery after downtime) and fires skipped because the previous
+//! run was still going (overlap = "forbid").
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use crate::runs::NewRun;
+use crate::{Ledger, LedgerError};
+
+/// The result of a claim that must not overlap the previous run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExclusiveClaim {
+    /// The run was inserted.
+    Won,
+    /// The run key was already claimed, or already recorded as skipped.
+    Taken,
+    /// A previous run of the schedule is unfinished: the fire was recorded
+    /// as skipped.
+    Overlapped,
+}
+
+impl Ledger {
+    /// The latest `scheduled_at` of each of `job_names` that has runs.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn last_fires(
+        &self,
+        job_names: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
+        // One index probe per name (job_runs_job_name_scheduled_idx).
+        let rows = sqlx::query(
+            "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r WHERE r.job_name = n.name) AS last \
+             FROM unnest($1::text[]) AS n(name)",
+        )
+        .bind(job_names)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for r in rows {
+            if let Some(last) = r.try_get::<Option<DateTime<Utc>>, _>("last")? {
+                out.insert(r.try_get("name")?, last);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Claims `run` unless an earlier run of the same schedule is
+    /// unfinished, in which case the fire is recorded in `skipped_fires`.
+    ///
+    /// The decision is made under a transaction-scoped advisory lock on the
+    /// schedule name, so replicas racing for the fire agree: exactly one of
+    /// them inserts the run or records the skip, never both.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn claim_exclusive(&self, run: &NewRun) -> Result<ExclusiveClaim, LedgerError> {
+        let mut tx = self.pool.begin().await?;
+        // Serialises decisions for this schedule only; released at commit.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
+            .bind(&run.job_name)
+            .execute(&mut *tx)
+            .await?;
+        let taken: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM job_runs WHERE job_name = $1 AND run_key = $2) \
+                 OR EXISTS (SELECT 1 FROM skipped_fires WHERE job_name = $1 AND run_key = $2)",
+        )
+        .bind(&run.job_name)
+        .bind(&run.run_key)
+        .fetch_one(&mut *tx)
+        .await?;
+        if taken {
+            tx.commit().await?;
+            return Ok(ExclusiveClaim::Taken);
+        }
+        let running: Option<String> = sqlx::query_scalar(
+            "SELECT run_key FROM job_runs WHERE job_name = $1 AND scheduled_at < $2 \
+                 AND status IN ('claimed', 'dispatched', 'running', 'retrying') \
+             ORDER BY scheduled_at DESC LIMIT 1",
+        )
+        .bind(&run.job_name)
+        .bind(run.scheduled_at)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(previous) = running {
+            sqlx::query(
+                "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            )
+            .bind(&run.job_name)
+            .bind(&run.run_key)
+            .bind(run.scheduled_at)
+            .bind(format!("overlap: previous run {previous} is not finished"))
+            .bind(&run.claimed_by)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(ExclusiveClaim::Overlapped);
+        }
+        let won = self.claim_in(&mut *tx, run).await?;
+        tx.commit().await?;
+        Ok(if won {
+            ExclusiveClaim::Won
+        } else {
+            ExclusiveClaim::Taken
+        })
+    }
+
+    /// The fires of `job_name` skipped for overlap, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn skipped_fires(
+        &self,
+        job_name: &str,
+        limit: i64,
+    ) -> Result<Vec<(String, String)>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT run_key, reason FROM skipped_fires WHERE job_name = $1 ORDER BY scheduled_at DESC LIMIT $2",
+        )
+        .bind(job_name)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get("run_key")?, r.try_get("reason")?)))
+            .collect()
+    }
+}

@@ -1,0 +1,104 @@
+//! The clock-skew guard: a replica whose clock disagrees with the
+//! database's by more than a threshold stops claiming until it agrees again.
+//!
+//! Run keys come from schedules, not clocks, so skew cannot create
+//! duplicates; but a replica whose clock runs ahead would claim fires early
+//! (its jobs run before their time) and one that runs behind fires late.
+//! The database's `now()` is the common reference every replica can read.
+//! The guard compares it with this replica's clock (correcting for the
+//! round trip), and while the difference exceeds the threshold fires are not
+//! claimed here (other replicas claim them; missed ones go through the
+//! misfire policy once the clock is back). An error is logged at every check
+//! while it lasts.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use belfry_ledger::{Ledger, LedgerError};
+use belfry_runtime::SharedClock;
+
+/// Compares this replica's clock with the database's.
+#[derive(Debug)]
+pub struct ClockGuard {
+    threshold: chrono::Duration,
+    skewed: AtomicBool,
+    last_skew_ms: AtomicI64,
+}
+
+impl ClockGuard {
+    /// A guard that stops claims past `threshold` of skew.
+    pub fn new(threshold: Duration) -> Self {
+        Self {
+            threshold: chrono::Duration::from_std(threshold).unwrap_or(chrono::Duration::MAX),
+            skewed: AtomicBool::new(false),
+            last_skew_ms: AtomicI64::new(0),
+        }
+    }
+
+    /// Whether claims are allowed (the last check was within the threshold).
+    pub fn allows_claims(&self) -> bool {
+        !self.skewed.load(Ordering::Relaxed)
+    }
+
+    /// The skew measured last (this clock minus the database's), in ms.
+    pub fn last_skew_ms(&self) -> i64 {
+        self.last_skew_ms.load(Ordering::Relaxed)
+    }
+
+    /// Measures the skew once and updates the guard.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when the database cannot be asked; the guard keeps
+    /// its previous state.
+    pub async fn check_once(
+        &self,
+        ledger: &Ledger,
+        clock: &SharedClock,
+    ) -> Result<chrono::Duration, LedgerError> {
+        let before = clock.now();
+        let db = ledger.now().await?;
+        let after = clock.now();
+        // The database read its clock somewhere in the round trip: compare
+        // with the middle of it.
+        let skew = (before + (after - before) / 2) - db;
+        self.last_skew_ms
+            .store(skew.num_milliseconds(), Ordering::Relaxed);
+        let too_far = skew.abs() > self.threshold;
+        let was = self.skewed.swap(too_far, Ordering::Relaxed);
+        if too_far {
+            tracing::error!(
+                skew_ms = skew.num_milliseconds(),
+                threshold_ms = self.threshold.num_milliseconds(),
+                "this replica's clock differs from the database's beyond the threshold; not claiming fires until it is fixed (check NTP)"
+            );
+        } else if was {
+            tracing::info!(
+                skew_ms = skew.num_milliseconds(),
+                "clock back within the threshold; claiming again"
+            );
+        }
+        Ok(skew)
+    }
+
+    /// Checks every `interval` until `cancel`.
+    pub async fn run(
+        &self,
+        ledger: &Ledger,
+        clock: &SharedClock,
+        interval: Duration,
+        cancel: CancellationToken,
+    ) {
+        loop {
+            if let Err(e) = self.check_once(ledger, clock).await {
+                tracing::warn!(error = %e, "clock check failed; keeping the previous verdict");
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Misfire policies: what a schedule does about fires that were not made on
+//! time — every replica was down, the timer woke late, or the ledger was
+//! unreachable when they were due.
+//!
+//! A due instant no later than the misfire threshold (`BELFRY_MISFIRE_THRESHOLD`,
+//! default 10 s) before now is *on time* and always fires. Older ones are
+//! *missed*, and the schedule's policy decides:
+//!
+//! | policy | missed fires |
+//! | --- | --- |
+//! | `skip` | none fire |
+//! | `fire_once` (default) | only the latest, and only when no on-time fire exists |
+//! | `catch_up` | every one inside the catch-up window before now, at most `catch_up_max` (the latest ones) |
+//!
+//! Whatever is not fired is counted and logged as skipped, never silent.
+//! Missed fires go through the same claim path as on-time ones, with their
+//! nominal run keys, so replicas recovering together still fire each once.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::schedule::Schedule;
+
+/// Default `catch_up` window.
+pub const DEFAULT_CATCH_UP_WINDOW: Duration = Duration::from_secs(3600);
+/// Default `catch_up` cap.
+pub const DEFAULT_CATCH_UP_MAX: usize = 100;
+/// Most instants enumerated to count what was missed; beyond it the count
+/// says "at least".
+pub const COUNT_LIMIT: u64 = 1_000_000;
+
+/// What a schedule does with missed fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MisfirePolicy {
+    /// Missed fires are skipped.
+    Skip,
+    /// Only the latest missed fire fires (when no fire is on time).
+    #[default]
+    FireOnce,
+    /// Every missed fire inside `window` fires, at most `max` of them.
+    CatchUp {
+        /// How far back missed fires are caught up.
+        window: Duration,
+        /// At most this many (the latest).
+        max: usize,
+    },
+}
+
+/// Instants due for one schedule, as enumerated: the latest few kept, all
+/// counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DueInstants {
+    /// The latest due instants, oldest first.
+    pub latest: Vec<DateTime<Utc>>,
+    /// How many instants were due in all (capped at [`COUNT_LIMIT`]).
+    pub total: u64,
+}
+
+/// What to do for one schedule.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MisfireDecision {
+    /// Instants to fire, oldest first.
+    pub fire: Vec<DateTime<Utc>>,
+    /// Instants skipped.
+    pub skipped: u64,
+}
+
+impl MisfirePolicy {
+    /// How many of the latest due instants the decision can need.
+    pub fn keep(&self) -> usize {
+        match self {
+            // On-time instants are at most threshold/period + 1; 64 covers a
+            // 10 s threshold for any schedule slower than 6 fires a second.
+            Self::Skip | Self::FireOnce => 64,
+            Self::CatchUp { max, .. } => (*max).max(64),
+        }
+    }
+
+    /// Decides which of `due` fire at `now`.
+    pub fn decide(
+        &self,
+        due: &DueInstants,
+        now: DateTime<Utc>,
+        threshold: Duration,
+    ) -> MisfireDecision {
+        let threshold = chrono::Duration::from_std(threshold).unwrap_or(chrono::Duration::MAX);
+        let on_time: Vec<DateTime<Utc>> = due
+            .latest
+            .iter()
+            .copied()
+            .filter(|t| now - *t <= threshold)
+            .collect();
+        let missed: Vec<DateTime<Utc>> = due
+            .latest
+            .iter()
+            .copied()
+            .filter(|t| now - *t > threshold)
+            .collect();
+        let mut fire = match self {
+            Self::Skip => Vec::new(),
+            Self::FireOnce if on_time.is_empty() => missed.last().copied().into_iter().collect(),
+            Self::FireOnce => Vec::new(),
+            Self::CatchUp { window, max } => {
+                let window = chrono::Duration::from_std(*window).unwrap_or(chrono::Duration::MAX);
+                let inside: Vec<_> = missed.into_iter().filter(|t| now - *t <= window).collect();
+                let from = inside.len().saturating_sub(*max);
+                inside[from..].to_vec()
+            }
+        };
+        fire.extend(on_time);
+        let fired = u64::try_from(fire.len()).unwrap_or(u64::MAX);
+        MisfireDecision {
+            skipped: due.total.saturating_sub(fired),
+            fire,
+        }
+    }
+}
+
+/// Enumerates `schedule`'s instants in `(after, until]`, keeping the latest
+/// `keep` and counting all (up to [`COUNT_LIMIT`]).
+pub fn due_between(
+    schedule: &Schedule,
+    after: DateTime<Utc>,
+    until: DateTime<Utc>,
+    keep: usize,
+) -> DueInstants {
+    let mut latest = VecDeque::with_capacity(keep.min(1024));
+    let mut total = 0u64;
+    let mut t = after;
+    while let Some(next) = schedule.next_after(t) {
+        if next > until || total >= COUNT_LIMIT {
+            break;
+        }
+        total += 1;
+        if latest.len() == keep {
+            latest.pop_front();
+        }
+        if keep > 0 {
+            latest.push_back(next);
+        }
+        t = next;
+    }
+    DueInstants {
+        latest: latest.into(),
+        total,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn due(instants: &[&str]) -> DueInstants {
+        DueInstants {
+            latest: instants.iter().map(|s| at(s)).collect(),
+            total: instants.len() as u64,
+        }
+    }
+
+    const NOW: &str = "2026-07-26T03:00:30Z";
+    const T: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn skip_fires_only_on_time_instants() {
+        let d = due(&[
+            "2026-07-26T02:59:00Z",
+            "2026-07-26T03:00:00Z",
+            "2026-07-26T03:00:25Z",
+        ]);
+        let r = MisfirePolicy::Skip.decide(&d, at(NOW), T);
+        assert_eq!(
+            r,
+            MisfireDecision {
+                fire: vec![at("2026-07-26T03:00:25Z")],
+                skipped: 2
+            }
+        );
+    }
+
+    #[test]
+    fn fire_once_fires_the_latest_missed_when_nothing_is_on_time() {
+        let d = due(&[
+            "2026-07-26T02:58:00Z",
+            "2026-07-26T02:59:00Z",
+            "2026-07-26T03:00:00Z",
+        ]);
+        let r = MisfirePolicy::FireOnce.decide(&d, at(NOW), T);
+        assert_eq!(
+            r,
+            MisfireDecision {
+                fire: vec![at("2026-07-26T03:00:00Z")],
+                skipped: 2
+            }
+        );
+        let d = due(&["2026-07-26T02:59:00Z", "2026-07-26T03:00:25Z"]);
+        let r = MisfirePolicy::FireOnce.decide(&d, at(NOW), T);
+        assert_eq!(
+            r,
+            MisfireDecision {
+                fire: vec![at("2026-07-26T03:00:25Z")],
+                skipped: 1
+            }
+        );
+    }
+
+    #[test]
+    fn catch_up_fires_inside_the_window_up_to_the_cap() {
+        let d = due(&[
+            "2026-07-26T01:00:00Z",
+            "2026-07-26T02:40:00Z",
+            "2026-07-26T02:50:00Z",
+            "2026-07-26T02:59:00Z",
+        ]);
+        let policy = MisfirePolicy::CatchUp {
+            window: Duration::from_secs(1800),
+            max: 2,
+        };
+        let r = policy.decide(&d, at(NOW), T);
+        assert_eq!(
+            r,
+            MisfireDecision {
+                fire: vec![at("2026-07-26T02:50:00Z"), at("2026-07-26T02:59:00Z")],
+                skipped: 2
+            }
+        );
+    }
+
+    #[test]
+    fn counts_beyond_what_is_kept() {
+        let s = crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
+            name: "s".into(),
+            every: Some("1s".into()),
+            job_type: "noop".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let d = due_between(
+            &s,
+            at("2026-07-26T00:00:00Z"),
+            at("2026-07-26T01:00:00Z"),
+            2,
+        );
+        assert_eq!(d.total, 3600);
+        assert_eq!(
+            d.latest,
+            [at("2026-07-26T00:59:59Z"), at("2026-07-26T01:00:00Z")]
+        );
+        let r = MisfirePolicy::FireOnce.decide(&d, at("2026-07-26T01:05:00Z"), T);
+        assert_eq!((r.fire.len(), r.skipped), (1, 3599));
+    }
+}

@@ -1,0 +1,222 @@
+//! The schedule engine against the real ledger: misfire policies after
+//! downtime and after fires this replica could not claim, overlap = forbid
+//! decided exactly once across replicas, and the clock-skew guard.
+
+use std::sync::Arc;
+
+use belfry_protocol::ScheduleSpec;
+use belfry_runtime::{SharedClock, SkewedClock, SystemClock};
+use belfry_scheduler::{FireCounters, FireOutcome, Schedule};
+use belfry_testkit::{redis_url, TestEnv};
+use belfry_tests::replica;
+use chrono::{DateTime, SubsecRound, Utc};
+
+fn schedule(
+    name: &str,
+    every: &str,
+    misfire: Option<&str>,
+    extra: impl FnOnce(&mut ScheduleSpec),
+) -> Arc<Schedule> {
+    let mut spec = ScheduleSpec {
+        name: name.into(),
+        every: Some(every.into()),
+        job_type: "noop".into(),
+        misfire: misfire.map(Into::into),
+        ..Default::default()
+    };
+    extra(&mut spec);
+    Arc::new(Schedule::from_spec(&spec).unwrap())
+}
+
+/// Records a finished run of `schedule` at `at`, as an earlier replica would
+/// have.
+async fn past_run(env: &TestEnv, schedule: &Schedule, at: DateTime<Utc>) {
+    sqlx::query(
+        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by, claimed_at, finished_at) \
+         VALUES ($1, $2, $3, 'noop', 'succeeded', $4, 'old-replica', $4, $4)",
+    )
+    .bind(uuid::Uuid::now_v7())
+    .bind(&schedule.name)
+    .bind(belfry_protocol::run_key(&schedule.name, at).unwrap())
+    .bind(at)
+    .execute(env.ledger.pool())
+    .await
+    .unwrap();
+}
+
+fn fired(outcomes: &[FireOutcome]) -> usize {
+    outcomes
+        .iter()
+        .filter(|o| matches!(o, FireOutcome::Dispatched { .. }))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misfire_policies_after_every_replica_was_down() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let now = Utc::now().trunc_subsecs(0);
+    // Each schedule last ran 10 minutes ago; 9-10 fires of a 1-minute
+    // schedule were missed while no replica ran.
+    let skip = schedule("m-skip", "1m", Some("skip"), |_| {});
+    let once = schedule("m-once", "1m", None, |_| {});
+    let catch_up = schedule("m-catch", "1m", Some("catch_up"), |s| {
+        s.catch_up_window = Some("5m".into());
+        s.catch_up_max = Some(3);
+    });
+    let last = skip.upcoming(now - chrono::Duration::minutes(11), 1)[0];
+    for s in [&skip, &once, &catch_up] {
+        past_run(&env, s, last).await;
+    }
+    let missed = skip
+        .upcoming(last, 20)
+        .into_iter()
+        .filter(|t| *t <= now)
+        .count() as u64;
+    let a = replica(&env, "sched-a", Some(&redis_url())).await;
+    let b = replica(&env, "sched-b", Some(&redis_url())).await;
+    let all = vec![skip.clone(), once.clone(), catch_up.clone()];
+    // Two replicas recover at once: every recovered fire happens once.
+    let (ra, rb) = tokio::join!(
+        a.recover_after_downtime(&all, now),
+        b.recover_after_downtime(&all, now)
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(
+        fired(&ra) + fired(&rb),
+        4,
+        "fire_once: 1, catch_up: 3, skip: 0; {ra:?} {rb:?}"
+    );
+    let runs = env.all_runs().await;
+    let count = |name: &str| {
+        runs.iter()
+            .filter(|r| r.job_name == name && r.scheduled_at > last)
+            .count()
+    };
+    assert_eq!(count("m-skip"), 0);
+    assert_eq!(count("m-once"), 1);
+    assert_eq!(count("m-catch"), 3);
+    let latest_missed = skip
+        .upcoming(last, 20)
+        .into_iter()
+        .filter(|t| *t <= now)
+        .max()
+        .unwrap();
+    assert!(
+        runs.iter()
+            .any(|r| r.job_name == "m-once" && r.scheduled_at == latest_missed),
+        "fire_once fires the latest"
+    );
+    // Whatever was not fired is counted as skipped, by each replica.
+    let skipped = FireCounters::get(&a.counters().misfires_skipped);
+    assert_eq!(skipped, missed + (missed - 1) + (missed - 3));
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clock_guard_stops_claims_and_missed_fires_follow_the_policy() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let r = replica(&env, "skewed", Some(&redis_url())).await;
+    let guard = r.clock_guard();
+    // 5 s ahead of the database: past the 2 s threshold.
+    let skewed: SharedClock = Arc::new(SkewedClock {
+        offset: chrono::Duration::seconds(5),
+    });
+    let skew = guard.check_once(&env.ledger, &skewed).await.unwrap();
+    assert!(skew > chrono::Duration::seconds(4), "{skew}");
+    assert!(!guard.allows_claims());
+    let s = schedule("guarded", "1s", None, |_| {});
+    let now = Utc::now().trunc_subsecs(0);
+    let t1 = now - chrono::Duration::seconds(3);
+    let t2 = now - chrono::Duration::seconds(2);
+    assert!(matches!(r.fire(&s, t1).await, FireOutcome::Skipped { .. }));
+    assert!(matches!(r.fire(&s, t2).await, FireOutcome::Skipped { .. }));
+    assert!(
+        env.all_runs().await.is_empty(),
+        "nothing claimed while skewed"
+    );
+    // While still skewed, recovery waits.
+    assert!(r.recover_missed_once(Utc::now()).await.is_empty());
+    // The clock is fixed: claims resume, and the two fires it could not
+    // claim are on time (within 10 s), so both fire now.
+    let fixed: SharedClock = Arc::new(SystemClock);
+    guard.check_once(&env.ledger, &fixed).await.unwrap();
+    assert!(guard.allows_claims());
+    let recovered = r.recover_missed_once(Utc::now()).await;
+    assert_eq!(fired(&recovered), 2, "{recovered:?}");
+    assert_eq!(FireCounters::get(&r.counters().skipped_clock_skew), 2);
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_forbid_skips_while_the_previous_run_is_unfinished_decided_once() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let s = schedule("exclusive", "1m", None, |s| {
+        s.overlap = Some("forbid".into())
+    });
+    let a = replica(&env, "sched-a", Some(&redis_url())).await;
+    let b = replica(&env, "sched-b", None).await;
+    let t1: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
+    let t2 = t1 + chrono::Duration::minutes(1);
+    let t3 = t2 + chrono::Duration::minutes(1);
+    let (x, y) = tokio::join!(a.fire(&s, t1), b.fire(&s, t1));
+    assert_eq!(fired(&[x, y]), 1);
+    // The first run is still `dispatched` (no worker): the next fire is
+    // skipped, recorded once even with two replicas deciding.
+    let (x, y) = tokio::join!(a.fire(&s, t2), b.fire(&s, t2));
+    let skipped = [&x, &y]
+        .iter()
+        .filter(|o| matches!(o, FireOutcome::Skipped { .. }))
+        .count();
+    assert_eq!(fired(&[x.clone(), y.clone()]), 0, "{x:?} {y:?}");
+    assert!(skipped >= 1);
+    let skips = env.ledger.skipped_fires("exclusive", 10).await.unwrap();
+    assert_eq!(skips.len(), 1);
+    assert_eq!(skips[0].0, "exclusive@2026-07-26T03:01:00Z");
+    assert!(
+        skips[0].1.contains("exclusive@2026-07-26T03:00:00Z"),
+        "{}",
+        skips[0].1
+    );
+    // Once the previous run finished, the next fire runs.
+    sqlx::query("UPDATE job_runs SET status = 'succeeded', finished_at = now() WHERE job_name = 'exclusive'")
+        .execute(env.ledger.pool())
+        .await
+        .unwrap();
+    let (x, y) = tokio::join!(a.fire(&s, t3), b.fire(&s, t3));
+    assert_eq!(fired(&[x, y]), 1);
+    assert_eq!(env.all_runs().await.len(), 2);
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_timer_applies_the_policy_to_what_it_missed() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let r = replica(&env, "sleepy", Some(&redis_url())).await;
+    let skip = schedule("late-skip", "1s", Some("skip"), |_| {});
+    let start: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
+    let mut timer = belfry_scheduler::Timer::new(vec![skip], start);
+    // The timer wakes 60 s late (a stalled process): with skip, only the
+    // fires within the 10 s threshold run; the other 50 are skipped.
+    let outcomes = r
+        .tick_once(&mut timer, start + chrono::Duration::milliseconds(60_200))
+        .await;
+    assert_eq!(fired(&outcomes), 10);
+    assert_eq!(FireCounters::get(&r.counters().misfires_skipped), 50);
+    env.teardown(&["default"]).await;
+}
