@@ -232,8 +232,13 @@ mod tests {
             .unwrap(),
         );
         let off = skip.jitter_offset;
-        let mut t = Timer::new(vec![skip.clone()], at("2026-01-01T00:00:00Z"));
+        // Started 30 s after 00:00:00, whose jittered wake-up (< 20 s) has
+        // passed: the first wake-up is the next minute's.
+        let mut t = Timer::new(vec![skip.clone()], at("2026-01-01T00:00:30Z"));
         assert_eq!(t.next_at(), Some(at("2026-01-01T00:01:00Z") + off));
+        // Started just after 00:00:00: its jittered wake-up is still ahead.
+        let early = Timer::new(vec![skip.clone()], at("2026-01-01T00:00:00Z"));
+        assert_eq!(early.next_at(), Some(at("2026-01-01T00:00:00Z") + off));
         // On time (at its jittered wake-up): fires with the nominal instant.
         let d = t.due(at("2026-01-01T00:01:00.5Z") + off);
         assert_eq!(
