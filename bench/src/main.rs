@@ -4,9 +4,14 @@
 //!
 //! ```text
 //! cargo run --release -p belfry-bench -- worker [--jobs 5000] [--rounds 3]
+//! cargo run --release -p belfry-bench -- timer [--seconds 10] [--big 1000000]
 //! ```
 
+mod timer_lateness;
 mod worker_throughput;
+
+#[global_allocator]
+static ALLOC: timer_lateness::CountingAlloc = timer_lateness::CountingAlloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -24,6 +29,13 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     match args.first().map(String::as_str) {
+        Some("timer") => {
+            timer_lateness::run(
+                u64::try_from(flag("--seconds", 10)?)?,
+                flag("--big", 1_000_000)?,
+            )
+            .await
+        }
         Some("worker") => {
             worker_throughput::run(
                 flag("--jobs", 5000)?,
@@ -33,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
         _ => {
-            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]");
+            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]");
             std::process::exit(2);
         }
     }

@@ -143,10 +143,12 @@ impl SchedulerConfig {
                 Duration::from_secs(1),
                 Duration::from_millis(10),
             )?,
+            // At least 1 s: instants are whole seconds apart, and the timer
+            // treats a fire less than a second late as on time.
             misfire_threshold: settings.duration(
                 "BELFRY_MISFIRE_THRESHOLD",
                 Duration::from_secs(10),
-                Duration::ZERO,
+                Duration::from_secs(1),
             )?,
             max_clock_skew: settings.duration(
                 "BELFRY_MAX_CLOCK_SKEW",

@@ -66,12 +66,6 @@ pub enum FireOutcome {
     },
 }
 
-/// The longest single sleep of the timer loop. Sleeps run on the monotonic
-/// clock while fire instants are wall-clock times; waking at least this
-/// often re-reads the wall clock, so an NTP step or a suspended VM delays a
-/// far-away fire by at most this much.
-const MAX_SLEEP: Duration = Duration::from_secs(30);
-
 /// How often fires this replica could not claim are looked at again.
 const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
 /// Most missed fires remembered for recovery.
@@ -496,16 +490,12 @@ impl Replica {
         tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
         'ticks: loop {
             while inflight.try_join_next().is_some() {}
-            let wait = match timer.next_at() {
-                Some(next) => (next - clock.now()).to_std().unwrap_or(Duration::ZERO),
-                None => MAX_SLEEP,
-            };
             tokio::select! {
                 // Biased towards shutdown: once cancelled, no new fire is
                 // claimed even if one is due at the same moment.
                 biased;
                 _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(wait.min(MAX_SLEEP)) => {}
+                _ = timer.wait(&clock) => {}
             }
             let due = timer.due(clock.now());
             self.count_skipped(&due.skipped);

@@ -8,10 +8,11 @@
 
 use chrono::{DateTime, Duration, SubsecRound, TimeZone, Utc};
 use chrono_tz::Tz;
-use croner::Cron;
 
 use crate::misfire::MisfirePolicy;
-use crate::zoned_cron::ZonedCron;
+use std::sync::Arc;
+
+use crate::zoned_cron::{CronCache, ZonedCron};
 use thiserror::Error;
 
 use belfry_ledger::ScheduleRow;
@@ -33,13 +34,9 @@ pub struct ScheduleError {
 /// How a schedule produces fire instants.
 #[derive(Debug, Clone)]
 pub enum ScheduleKind {
-    /// A cron expression in a time zone.
-    Cron {
-        /// The expression as written.
-        expr: String,
-        /// The parsed expression in its zone, with the DST rule.
-        cron: Box<ZonedCron>,
-    },
+    /// A cron expression in a time zone, shared by every schedule with the
+    /// same expression and zone (see [`CronCache`]).
+    Cron(Arc<ZonedCron>),
     /// A fixed interval anchored at the Unix epoch.
     Every {
         /// The period, a whole number of seconds.
@@ -90,6 +87,20 @@ impl Schedule {
     /// cron expression does not parse, the time zone is not an IANA name, or
     /// the interval is not a positive whole number of seconds.
     pub fn from_spec(spec: &ScheduleSpec) -> Result<Self, ScheduleError> {
+        Self::from_spec_cached(spec, &mut CronCache::default())
+    }
+
+    /// [`Schedule::from_spec`], sharing parsed cron expressions through
+    /// `cache`: a million schedules on a handful of expressions hold a
+    /// handful of parsed expressions.
+    ///
+    /// # Errors
+    ///
+    /// As [`Schedule::from_spec`].
+    pub fn from_spec_cached(
+        spec: &ScheduleSpec,
+        cache: &mut CronCache,
+    ) -> Result<Self, ScheduleError> {
         let err = |field: &'static str, message: String| ScheduleError {
             schedule: spec.name.clone(),
             field,
@@ -98,71 +109,65 @@ impl Schedule {
         validate_name("schedule name", &spec.name).map_err(|e| err("name", e.to_string()))?;
         validate_name("job type", &spec.job_type).map_err(|e| err("job_type", e.to_string()))?;
         let tz_name = spec.timezone.as_deref().unwrap_or("UTC");
-        let kind =
-            match (&spec.cron, &spec.every) {
-                (Some(expr), None) => {
-                    let tz: Tz = tz_name.parse().map_err(|_| {
-                        err(
-                            "timezone",
-                            format!(
-                                "unknown time zone {tz_name:?}; use an IANA name such as \
+        let kind = match (&spec.cron, &spec.every) {
+            (Some(expr), None) => {
+                let tz: Tz = tz_name.parse().map_err(|_| {
+                    err(
+                        "timezone",
+                        format!(
+                            "unknown time zone {tz_name:?}; use an IANA name such as \
                              \"UTC\", \"Europe/London\" or \"Asia/Shanghai\""
-                            ),
-                        )
-                    })?;
-                    let cron = Cron::new(expr)
-                        .with_seconds_optional()
-                        .parse()
-                        .map_err(|e| {
-                            err(
-                                "cron",
-                                format!(
-                                    "invalid cron expression {expr:?}: {e}; expected 6 fields \
+                        ),
+                    )
+                })?;
+                let zoned = cache.get_or_parse(expr, tz).map_err(|e| {
+                    err(
+                        "cron",
+                        format!(
+                            "invalid cron expression {expr:?}: {e}; expected 6 fields \
                                  (sec min hour day-of-month month day-of-week) or 5 \
                                  (seconds = 0), e.g. \"0 */5 * * * *\""
-                                ),
-                            )
-                        })?;
-                    let zoned = ZonedCron::new(cron, tz);
-                    // An expression that parses but never matches (30
-                    // February) would otherwise sit silently forever.
-                    if zoned.next_after(Utc::now()).is_none() {
-                        return Err(err(
-                            "cron",
-                            format!(
+                        ),
+                    )
+                })?;
+                // An expression that parses but never matches (30
+                // February) would otherwise sit silently forever.
+                if zoned.next_after(Utc::now()).is_none() {
+                    return Err(err(
+                        "cron",
+                        format!(
                             "cron expression {expr:?} never fires; check the day and month fields"
                         ),
-                        ));
-                    }
-                    ScheduleKind::Cron {
-                        expr: expr.clone(),
-                        cron: Box::new(zoned),
-                    }
+                    ));
                 }
-                (None, Some(every)) => {
-                    if spec.timezone.is_some() {
-                        return Err(err(
+                ScheduleKind::Cron(zoned)
+            }
+            (None, Some(every)) => {
+                if spec.timezone.is_some() {
+                    return Err(err(
                         "timezone",
                         "interval schedules live in absolute time; remove `timezone` or use `cron`"
                             .into(),
                     ));
-                    }
-                    ScheduleKind::Every {
-                        period: parse_period(every).map_err(|m| err("every", m))?,
-                    }
                 }
-                (None, None) => return Err(err(
+                ScheduleKind::Every {
+                    period: parse_period(every).map_err(|m| err("every", m))?,
+                }
+            }
+            (None, None) => {
+                return Err(err(
                     "cron",
                     "give exactly one of `cron` (e.g. \"0 0 3 * * *\") or `every` (e.g. \"30s\")"
                         .into(),
-                )),
-                (Some(_), Some(_)) => {
-                    return Err(err(
-                        "every",
-                        "`cron` and `every` are exclusive; keep one of them".into(),
-                    ))
-                }
-            };
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "every",
+                    "`cron` and `every` are exclusive; keep one of them".into(),
+                ))
+            }
+        };
         Ok(Self {
             name: spec.name.clone(),
             job_type: spec.job_type.clone(),
@@ -204,7 +209,7 @@ impl Schedule {
         // in, so "strictly after" means "from the next whole second".
         let after = after.trunc_subsecs(0);
         match &self.kind {
-            ScheduleKind::Cron { cron, .. } => cron.next_after(after),
+            ScheduleKind::Cron(cron) => cron.next_after(after),
             ScheduleKind::Every { period } => {
                 let period_s = period.num_seconds();
                 let now_s = after.timestamp();
@@ -245,9 +250,11 @@ impl Schedule {
     /// The row this schedule is stored as in `schedules`.
     pub fn to_row(&self) -> ScheduleRow {
         let (cron, every_ms, timezone) = match &self.kind {
-            ScheduleKind::Cron { expr, cron } => {
-                (Some(expr.clone()), None, cron.tz().name().to_owned())
-            }
+            ScheduleKind::Cron(cron) => (
+                Some(cron.expr().to_owned()),
+                None,
+                cron.tz().name().to_owned(),
+            ),
             ScheduleKind::Every { period } => (None, Some(period.num_milliseconds()), "UTC".into()),
         };
         ScheduleRow {

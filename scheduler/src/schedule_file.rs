@@ -89,6 +89,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Schedule>, ScheduleFileError
         message: e.to_string(),
     })?;
     let mut seen = HashSet::new();
+    let mut cache = crate::zoned_cron::CronCache::default();
     let mut schedules = Vec::with_capacity(file.schedule.len());
     for spec in &file.schedule {
         if !seen.insert(spec.name.clone()) {
@@ -98,9 +99,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Schedule>, ScheduleFileError
             });
         }
         schedules.push(
-            Schedule::from_spec(spec).map_err(|source| ScheduleFileError::Invalid {
-                path: path.to_owned(),
-                source,
+            Schedule::from_spec_cached(spec, &mut cache).map_err(|source| {
+                ScheduleFileError::Invalid {
+                    path: path.to_owned(),
+                    source,
+                }
             })?,
         );
     }

@@ -10,14 +10,21 @@
 //! ([`crate::misfire`]); the rest are reported as skipped.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use belfry_runtime::SharedClock;
 use chrono::{DateTime, Utc};
 
 use crate::misfire::due_between;
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, ScheduleKind};
+
+/// The longest single sleep. Sleeps run on the monotonic clock while wake-up
+/// instants are wall-clock times; waking at least this often re-reads the
+/// wall clock, so an NTP step or a suspended VM delays a far-away fire by at
+/// most this much.
+pub const MAX_SLEEP: Duration = Duration::from_secs(30);
 
 /// Default lateness within which a fire counts as on time.
 pub const DEFAULT_MISFIRE_THRESHOLD: Duration = Duration::from_secs(10);
@@ -59,6 +66,11 @@ pub struct Timer {
     schedules: Vec<Arc<Schedule>>,
     heap: BinaryHeap<Reverse<Entry>>,
     threshold: Duration,
+    /// Schedules fired by the last [`Timer::due`] whose next instant is not
+    /// computed yet: it is computed after the fires were handed off (on the
+    /// next call), so a burst of ten thousand fires is handed off first and
+    /// rescheduled second.
+    pending: Vec<(usize, DateTime<Utc>)>,
 }
 
 impl Timer {
@@ -69,6 +81,7 @@ impl Timer {
             heap: BinaryHeap::with_capacity(schedules.len()),
             schedules,
             threshold: DEFAULT_MISFIRE_THRESHOLD,
+            pending: Vec::new(),
         };
         for i in 0..timer.schedules.len() {
             let s = timer.schedules[i].clone();
@@ -92,24 +105,60 @@ impl Timer {
     }
 
     /// The earliest pending wake-up.
-    pub fn next_at(&self) -> Option<DateTime<Utc>> {
+    pub fn next_at(&mut self) -> Option<DateTime<Utc>> {
+        self.settle();
         self.heap.peek().map(|Reverse((wake, _, _))| *wake)
     }
 
     /// The number of schedules with a pending fire.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.heap.len() + self.pending.len()
     }
 
     /// Whether no schedule will fire again.
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.len() == 0
+    }
+
+    /// Computes the next instants of the schedules fired last.
+    fn settle(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        // Schedules sharing a parsed cron expression (thousands of tenants
+        // on `0 0 * * * *`) fired at the same instant have the same next
+        // instant: compute it once per expression and instant.
+        let mut memo: HashMap<(usize, DateTime<Utc>), Option<DateTime<Utc>>> = HashMap::new();
+        for (i, last) in std::mem::take(&mut self.pending) {
+            let schedule = &self.schedules[i];
+            let next = match &schedule.kind {
+                ScheduleKind::Cron(cron) => *memo
+                    .entry((Arc::as_ptr(cron) as usize, last))
+                    .or_insert_with(|| schedule.next_after(last)),
+                ScheduleKind::Every { .. } => schedule.next_after(last),
+            };
+            if let Some(next) = next {
+                self.heap.push(Reverse((schedule.wake_at(next), i, next)));
+            }
+        }
+    }
+
+    /// Sleeps until the earliest wake-up by `clock` (at most
+    /// [`MAX_SLEEP`], so a stepped wall clock is noticed), or for
+    /// [`MAX_SLEEP`] when nothing is scheduled.
+    pub async fn wait(&mut self, clock: &SharedClock) {
+        let wait = match self.next_at() {
+            Some(next) => (next - clock.now()).to_std().unwrap_or(Duration::ZERO),
+            None => MAX_SLEEP,
+        };
+        tokio::time::sleep(wait.min(MAX_SLEEP)).await;
     }
 
     /// Removes and returns every fire due at `now` (wake-up ≤ `now`) after
     /// applying each schedule's misfire policy, and queues each schedule's
     /// next instant.
     pub fn due(&mut self, now: DateTime<Utc>) -> Due {
+        self.settle();
         let mut due = Due::default();
         while let Some(Reverse((wake, i, first))) = self.heap.peek().copied() {
             if wake > now {
@@ -120,6 +169,17 @@ impl Timer {
             // Lateness is measured from the wake-up, so jitter never makes
             // a fire look missed.
             let reference = now - schedule.jitter_offset;
+            if reference - first < chrono::Duration::seconds(1) {
+                // The common case: less than a second late, so exactly this
+                // instant is due (instants are whole seconds apart) and it is
+                // on time. Handed off now, rescheduled on the next call.
+                due.fires.push(Fire {
+                    schedule,
+                    at: first,
+                });
+                self.pending.push((i, first));
+                continue;
+            }
             let mut instants = due_between(
                 &schedule,
                 first - chrono::Duration::seconds(1),
@@ -237,7 +297,7 @@ mod tests {
         let mut t = Timer::new(vec![skip.clone()], at("2026-01-01T00:00:30Z"));
         assert_eq!(t.next_at(), Some(at("2026-01-01T00:01:00Z") + off));
         // Started just after 00:00:00: its jittered wake-up is still ahead.
-        let early = Timer::new(vec![skip.clone()], at("2026-01-01T00:00:00Z"));
+        let mut early = Timer::new(vec![skip.clone()], at("2026-01-01T00:00:00Z"));
         assert_eq!(early.next_at(), Some(at("2026-01-01T00:00:00Z") + off));
         // On time (at its jittered wake-up): fires with the nominal instant.
         let d = t.due(at("2026-01-01T00:01:00.5Z") + off);

@@ -23,6 +23,9 @@
 //! hours evaluates the expression on the post-transition fixed offset to get
 //! the second pass.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use chrono::{DateTime, Duration, FixedOffset, Offset, SubsecRound, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
@@ -33,20 +36,54 @@ const FOLD_WINDOW: i64 = 3 * 3600;
 /// A parsed cron expression in a time zone.
 #[derive(Debug, Clone)]
 pub struct ZonedCron {
+    expr: String,
     cron: Cron,
     tz: Tz,
     wild_hour: bool,
 }
 
+/// Parsed expressions by (expression, zone), shared between schedules.
+#[derive(Debug, Default)]
+pub struct CronCache {
+    parsed: HashMap<(String, Tz), Arc<ZonedCron>>,
+}
+
+impl CronCache {
+    /// The parsed form of `expr` in `tz`, parsing it on first use.
+    ///
+    /// # Errors
+    ///
+    /// croner's error when `expr` is not a valid cron expression.
+    pub fn get_or_parse(
+        &mut self,
+        expr: &str,
+        tz: Tz,
+    ) -> Result<Arc<ZonedCron>, croner::errors::CronError> {
+        if let Some(z) = self.parsed.get(&(expr.to_owned(), tz)) {
+            return Ok(z.clone());
+        }
+        let cron = Cron::new(expr).with_seconds_optional().parse()?;
+        let zoned = Arc::new(ZonedCron::new(expr, cron, tz));
+        self.parsed.insert((expr.to_owned(), tz), zoned.clone());
+        Ok(zoned)
+    }
+}
+
 impl ZonedCron {
-    /// Wraps a parsed expression.
-    pub fn new(cron: Cron, tz: Tz) -> Self {
+    /// Wraps a parsed expression; `expr` is the text it was parsed from.
+    pub fn new(expr: &str, cron: Cron, tz: Tz) -> Self {
         let wild_hour = hour_is_wild(&cron);
         Self {
+            expr: expr.to_owned(),
             cron,
             tz,
             wild_hour,
         }
+    }
+
+    /// The expression as written.
+    pub fn expr(&self) -> &str {
+        &self.expr
     }
 
     /// The time zone.
@@ -169,7 +206,7 @@ mod tests {
 
     fn zc(expr: &str, tz: &str) -> ZonedCron {
         let cron = Cron::new(expr).with_seconds_optional().parse().unwrap();
-        ZonedCron::new(cron, tz.parse().unwrap())
+        ZonedCron::new(expr, cron, tz.parse().unwrap())
     }
 
     fn at(s: &str) -> DateTime<Utc> {
