@@ -5,6 +5,7 @@
 //! the replicas run.
 
 use chrono::{DateTime, Utc};
+use sqlx::Row;
 
 use crate::{Ledger, LedgerError};
 
@@ -27,6 +28,11 @@ pub struct ScheduleRow {
     pub paused: bool,
     /// Retry/timeout overrides of its runs (JSON `JobOptions`).
     pub options: serde_json::Value,
+    /// The whole definition (JSON `ScheduleSpec`), which replicas run.
+    pub spec: Option<serde_json::Value>,
+    /// When the row last changed.
+    #[sqlx(default)]
+    pub updated_at: Option<DateTime<Utc>>,
 }
 
 impl Ledger {
@@ -39,11 +45,15 @@ impl Ledger {
     /// breaks a table constraint.
     pub async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
         sqlx::query(
-            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused, options) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused, options, spec) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
                  timezone = EXCLUDED.timezone, job_type = EXCLUDED.job_type, \
-                 payload = EXCLUDED.payload, options = EXCLUDED.options, updated_at = now()",
+                 payload = EXCLUDED.payload, options = EXCLUDED.options, spec = EXCLUDED.spec \
+             WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
+                    schedules.payload, schedules.options, schedules.spec) \
+                   IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_ms, EXCLUDED.timezone, \
+                    EXCLUDED.job_type, EXCLUDED.payload, EXCLUDED.options, EXCLUDED.spec)",
         )
         .bind(&row.name)
         .bind(&row.cron)
@@ -53,6 +63,7 @@ impl Ledger {
         .bind(&row.payload)
         .bind(row.paused)
         .bind(&row.options)
+        .bind(&row.spec)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -65,11 +76,73 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
         Ok(sqlx::query_as(
-            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options \
+            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
              FROM schedules ORDER BY name",
         )
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// One stored schedule.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError> {
+        Ok(sqlx::query_as(
+            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
+             FROM schedules WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The name and last change of every stored schedule: what a replica
+    /// compares against its timer in a periodic resync.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
+        let rows = sqlx::query("SELECT name, updated_at FROM schedules")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get("name")?, r.try_get("updated_at")?)))
+            .collect()
+    }
+
+    /// Sets a schedule's paused flag. Returns whether the schedule exists.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
+        let done = sqlx::query("UPDATE schedules SET paused = $2 WHERE name = $1")
+            .bind(name)
+            .bind(paused)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Deletes the stored schedules whose names are not in `keep`; returns
+    /// the deleted names. Their runs stay in `job_runs`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn delete_schedules_except(
+        &self,
+        keep: &[String],
+    ) -> Result<Vec<String>, LedgerError> {
+        Ok(
+            sqlx::query_scalar("DELETE FROM schedules WHERE NOT (name = ANY($1)) RETURNING name")
+                .bind(keep)
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     /// The database's current time, for clock comparisons.

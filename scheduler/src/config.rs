@@ -8,6 +8,8 @@
 //! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.claimed_by` |
 //! | `BELFRY_NAMESPACE` | `belfry` | prefix of every exchange, queue and Redis key |
 //! | `BELFRY_SCHEDULES` | `examples/schedules.toml` | schedule file |
+//! | `BELFRY_SCHEDULES_PRUNE` | `false` | delete stored schedules that are not in the file |
+//! | `BELFRY_SCHEDULE_RESYNC` | `30s` | full comparison of stored schedules (notifications cover changes in between) |
 //! | `BELFRY_LOCK_TTL` | `60s` | how long a fire's Redis lock lives |
 //! | `BELFRY_MAX_INFLIGHT_FIRES` | `64` | fires claimed/published concurrently |
 //! | `BELFRY_DB_POOL` | `8` | Postgres connections |
@@ -46,6 +48,11 @@ pub struct SchedulerConfig {
     pub namespace: String,
     /// Schedule file.
     pub schedules_path: PathBuf,
+    /// Whether stored schedules missing from the file are deleted at start.
+    pub prune_schedules: bool,
+    /// How often the stored schedules are compared in full (notifications
+    /// cover changes in between).
+    pub schedule_resync: Duration,
     /// Redis lock lifetime.
     pub lock_ttl: Duration,
     /// Concurrent fires.
@@ -81,6 +88,8 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("instance", &self.instance)
             .field("namespace", &self.namespace)
             .field("schedules_path", &self.schedules_path)
+            .field("prune_schedules", &self.prune_schedules)
+            .field("schedule_resync", &self.schedule_resync)
             .field("lock_ttl", &self.lock_ttl)
             .field("max_inflight_fires", &self.max_inflight_fires)
             .field("db_pool", &self.db_pool)
@@ -115,6 +124,12 @@ impl SchedulerConfig {
             schedules_path: settings
                 .string("BELFRY_SCHEDULES", "examples/schedules.toml")
                 .into(),
+            prune_schedules: settings.parsed("BELFRY_SCHEDULES_PRUNE", false, "true or false")?,
+            schedule_resync: settings.duration(
+                "BELFRY_SCHEDULE_RESYNC",
+                Duration::from_secs(30),
+                Duration::from_millis(100),
+            )?,
             lock_ttl: settings.duration(
                 "BELFRY_LOCK_TTL",
                 Duration::from_secs(60),

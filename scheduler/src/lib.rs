@@ -25,6 +25,7 @@ pub mod preview;
 pub mod replica;
 pub mod schedule;
 pub mod schedule_file;
+pub mod schedule_sync;
 pub mod timer;
 pub mod zoned_cron;
 
@@ -37,4 +38,5 @@ pub use lock::ClaimLock;
 pub use misfire::MisfirePolicy;
 pub use replica::{FireOutcome, Replica, ReplicaTiming};
 pub use schedule::{OverlapPolicy, Schedule, ScheduleError};
+pub use schedule_sync::{ScheduleChange, ScheduleSync};
 pub use timer::{Due, Fire, Skipped, Timer};

@@ -36,10 +36,16 @@ async fn run() -> anyhow::Result<()> {
     init_logging(config.log_format);
     tracing::info!(?config, "starting belfry-scheduler");
     let cancel = shutdown_token();
-    let (replica, schedules) = Replica::start(&config).await?;
-    let timer = Timer::new(schedules, chrono::Utc::now());
+    let (replica, sync, schedules) = Replica::start(&config).await?;
+    let timer =
+        Timer::new(schedules, chrono::Utc::now()).with_misfire_threshold(config.misfire_threshold);
+    // Schedule changes (API, another replica's file, SQL by hand) flow from
+    // the table to the timer while the replica runs.
+    let (changes_tx, changes) = tokio::sync::mpsc::unbounded_channel();
+    let following = tokio::spawn(sync.run(changes_tx, config.schedule_resync, cancel.clone()));
     Arc::new(replica)
-        .run(timer, Arc::new(SystemClock), cancel)
+        .run_with_changes(timer, Arc::new(SystemClock), cancel, changes)
         .await;
+    let _ = following.await;
     Ok(())
 }

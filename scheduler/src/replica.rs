@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -27,6 +27,7 @@ use crate::counters::FireCounters;
 use crate::lock::ClaimLock;
 use crate::misfire::DueInstants;
 use crate::schedule::Schedule;
+use crate::schedule_sync::{ScheduleChange, ScheduleSync};
 use crate::timer::{Skipped, Timer};
 use crate::{schedule_file, SchedulerConfig, SchedulerError};
 
@@ -130,14 +131,25 @@ impl Replica {
     /// that is wrong.
     pub async fn start(
         config: &SchedulerConfig,
-    ) -> Result<(Self, Vec<Arc<Schedule>>), SchedulerError> {
-        let schedules = schedule_file::load(&config.schedules_path)?;
+    ) -> Result<(Self, ScheduleSync, Vec<Arc<Schedule>>), SchedulerError> {
+        let specs = schedule_file::load(&config.schedules_path)?;
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
         ledger.migrate().await?;
-        for s in &schedules {
-            ledger.upsert_schedule(&s.to_row()).await?;
+        // The file is synced into the table (rows that did not change are
+        // left alone, so replicas starting together do not wake each other);
+        // the table is what every replica runs.
+        for spec in &specs {
+            ledger.upsert_schedule(&Schedule::row_for(spec)?).await?;
         }
+        if config.prune_schedules {
+            let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+            for gone in ledger.delete_schedules_except(&names).await? {
+                tracing::info!(schedule = %gone, "deleted: not in the schedule file (BELFRY_SCHEDULES_PRUNE)");
+            }
+        }
+        let mut sync = ScheduleSync::new(ledger.clone());
+        let schedules = sync.load_all().await?;
         let broker = Broker::connect(
             &config.amqp_url,
             topology.clone(),
@@ -165,7 +177,7 @@ impl Replica {
             clock_check_interval: config.clock_check_interval,
         };
         let replica = Self::new(&config.instance, lock, ledger, broker, timing);
-        Ok((replica, schedules.into_iter().map(Arc::new).collect()))
+        Ok((replica, sync, schedules))
     }
 
     /// A replica from already connected parts.
@@ -284,6 +296,34 @@ impl Replica {
                 FireOutcome::NotConfirmed {
                     id: run.id,
                     reason: e.to_string(),
+                }
+            }
+        }
+    }
+
+    /// Applies one schedule change to `timer`.
+    pub fn apply_change(
+        self: &Arc<Self>,
+        timer: &mut Timer,
+        change: ScheduleChange,
+        now: DateTime<Utc>,
+    ) {
+        match change {
+            ScheduleChange::Upsert(schedule) => {
+                tracing::info!(schedule = %schedule.name, "schedule added or changed");
+                timer.upsert(schedule.clone(), now);
+                // Fires missed while it was paused or absent follow its
+                // misfire policy (nothing happens when it ran recently).
+                let this = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = this.recover_after_downtime(&[schedule], now).await {
+                        tracing::warn!(error = %e, "misfire recovery for a changed schedule failed");
+                    }
+                });
+            }
+            ScheduleChange::Remove(name) => {
+                if timer.remove(&name) {
+                    tracing::info!(schedule = %name, "schedule removed or paused");
                 }
             }
         }
@@ -435,11 +475,23 @@ impl Replica {
     ///
     /// On cancellation it stops firing, then waits up to the shutdown
     /// timeout for in-flight claims and publishes to finish.
-    pub async fn run(
+    pub async fn run(self: Arc<Self>, timer: Timer, clock: SharedClock, cancel: CancellationToken) {
+        // No schedule changes arrive: the sender is kept (not dropped) so
+        // the receiver never reports closed.
+        let (_keep, changes) = mpsc::unbounded_channel();
+        self.run_with_changes(timer, clock, cancel, changes).await;
+    }
+
+    /// [`Replica::run`], also applying schedule changes from `changes`
+    /// (see [`crate::schedule_sync`]) to the timer as they arrive. A
+    /// changed or resumed schedule first goes through misfire recovery for
+    /// the fires it missed while paused or absent.
+    pub async fn run_with_changes(
         self: Arc<Self>,
         mut timer: Timer,
         clock: SharedClock,
         cancel: CancellationToken,
+        mut changes: mpsc::UnboundedReceiver<ScheduleChange>,
     ) {
         let reconciling = {
             let this = self.clone();
@@ -469,7 +521,7 @@ impl Replica {
             let this = self.clone();
             let cancel = cancel.clone();
             let clock = clock.clone();
-            let schedules = timer.schedules().to_vec();
+            let schedules = timer.schedules();
             tokio::spawn(async move {
                 // Fires missed while every replica was down, then fires this
                 // replica could not claim, every few seconds.
@@ -492,9 +544,16 @@ impl Replica {
             while inflight.try_join_next().is_some() {}
             tokio::select! {
                 // Biased towards shutdown: once cancelled, no new fire is
-                // claimed even if one is due at the same moment.
+                // claimed even if one is due at the same moment. A schedule
+                // change is applied between fires, never during one.
                 biased;
                 _ = cancel.cancelled() => break,
+                change = changes.recv() => {
+                    if let Some(change) = change {
+                        self.apply_change(&mut timer, change, clock.now());
+                    }
+                    continue;
+                }
                 _ = timer.wait(&clock) => {}
             }
             let due = timer.due(clock.now());

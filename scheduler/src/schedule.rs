@@ -109,65 +109,64 @@ impl Schedule {
         validate_name("schedule name", &spec.name).map_err(|e| err("name", e.to_string()))?;
         validate_name("job type", &spec.job_type).map_err(|e| err("job_type", e.to_string()))?;
         let tz_name = spec.timezone.as_deref().unwrap_or("UTC");
-        let kind = match (&spec.cron, &spec.every) {
-            (Some(expr), None) => {
-                let tz: Tz = tz_name.parse().map_err(|_| {
-                    err(
-                        "timezone",
-                        format!(
-                            "unknown time zone {tz_name:?}; use an IANA name such as \
+        let kind =
+            match (&spec.cron, &spec.every) {
+                (Some(expr), None) => {
+                    let tz: Tz = tz_name.parse().map_err(|_| {
+                        err(
+                            "timezone",
+                            format!(
+                                "unknown time zone {tz_name:?}; use an IANA name such as \
                              \"UTC\", \"Europe/London\" or \"Asia/Shanghai\""
-                        ),
-                    )
-                })?;
-                let zoned = cache.get_or_parse(expr, tz).map_err(|e| {
-                    err(
-                        "cron",
-                        format!(
-                            "invalid cron expression {expr:?}: {e}; expected 6 fields \
+                            ),
+                        )
+                    })?;
+                    let zoned = cache.get_or_parse(expr, tz).map_err(|e| {
+                        err(
+                            "cron",
+                            format!(
+                                "invalid cron expression {expr:?}: {e}; expected 6 fields \
                                  (sec min hour day-of-month month day-of-week) or 5 \
                                  (seconds = 0), e.g. \"0 */5 * * * *\""
-                        ),
-                    )
-                })?;
-                // An expression that parses but never matches (30
-                // February) would otherwise sit silently forever.
-                if zoned.next_after(Utc::now()).is_none() {
-                    return Err(err(
-                        "cron",
-                        format!(
+                            ),
+                        )
+                    })?;
+                    // An expression that parses but never matches (30
+                    // February) would otherwise sit silently forever.
+                    if zoned.next_after(Utc::now()).is_none() {
+                        return Err(err(
+                            "cron",
+                            format!(
                             "cron expression {expr:?} never fires; check the day and month fields"
                         ),
-                    ));
+                        ));
+                    }
+                    ScheduleKind::Cron(zoned)
                 }
-                ScheduleKind::Cron(zoned)
-            }
-            (None, Some(every)) => {
-                if spec.timezone.is_some() {
-                    return Err(err(
+                (None, Some(every)) => {
+                    if spec.timezone.is_some() {
+                        return Err(err(
                         "timezone",
                         "interval schedules live in absolute time; remove `timezone` or use `cron`"
                             .into(),
                     ));
+                    }
+                    ScheduleKind::Every {
+                        period: parse_period(every).map_err(|m| err("every", m))?,
+                    }
                 }
-                ScheduleKind::Every {
-                    period: parse_period(every).map_err(|m| err("every", m))?,
-                }
-            }
-            (None, None) => {
-                return Err(err(
+                (None, None) => return Err(err(
                     "cron",
                     "give exactly one of `cron` (e.g. \"0 0 3 * * *\") or `every` (e.g. \"30s\")"
                         .into(),
-                ))
-            }
-            (Some(_), Some(_)) => {
-                return Err(err(
-                    "every",
-                    "`cron` and `every` are exclusive; keep one of them".into(),
-                ))
-            }
-        };
+                )),
+                (Some(_), Some(_)) => {
+                    return Err(err(
+                        "every",
+                        "`cron` and `every` are exclusive; keep one of them".into(),
+                    ))
+                }
+            };
         Ok(Self {
             name: spec.name.clone(),
             job_type: spec.job_type.clone(),
@@ -247,7 +246,18 @@ impl Schedule {
         out
     }
 
-    /// The row this schedule is stored as in `schedules`.
+    /// The row `spec` is stored as in `schedules` (validated).
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError`] when `spec` is invalid.
+    pub fn row_for(spec: &ScheduleSpec) -> Result<ScheduleRow, ScheduleError> {
+        let mut row = Self::from_spec(spec)?.to_row();
+        row.spec = serde_json::to_value(spec).ok();
+        Ok(row)
+    }
+
+    /// The row this schedule is stored as in `schedules`, without its spec.
     pub fn to_row(&self) -> ScheduleRow {
         let (cron, every_ms, timezone) = match &self.kind {
             ScheduleKind::Cron(cron) => (
@@ -266,6 +276,8 @@ impl Schedule {
             payload: self.payload.clone(),
             paused: false,
             options: serde_json::to_value(&self.options).unwrap_or_default(),
+            spec: None,
+            updated_at: None,
         }
     }
 }

@@ -70,7 +70,7 @@ struct ScheduleFile {
 ///
 /// [`ScheduleFileError`] when the file cannot be read, is not valid TOML,
 /// holds an invalid schedule, or repeats a name.
-pub fn load(path: &Path) -> Result<Vec<Schedule>, ScheduleFileError> {
+pub fn load(path: &Path) -> Result<Vec<ScheduleSpec>, ScheduleFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| ScheduleFileError::Read {
         path: path.to_owned(),
         source,
@@ -83,14 +83,13 @@ pub fn load(path: &Path) -> Result<Vec<Schedule>, ScheduleFileError> {
 /// # Errors
 ///
 /// As [`load`], except for reading.
-pub fn parse(path: &Path, text: &str) -> Result<Vec<Schedule>, ScheduleFileError> {
+pub fn parse(path: &Path, text: &str) -> Result<Vec<ScheduleSpec>, ScheduleFileError> {
     let file: ScheduleFile = toml::from_str(text).map_err(|e| ScheduleFileError::Parse {
         path: path.to_owned(),
         message: e.to_string(),
     })?;
     let mut seen = HashSet::new();
     let mut cache = crate::zoned_cron::CronCache::default();
-    let mut schedules = Vec::with_capacity(file.schedule.len());
     for spec in &file.schedule {
         if !seen.insert(spec.name.clone()) {
             return Err(ScheduleFileError::Duplicate {
@@ -98,16 +97,14 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Schedule>, ScheduleFileError
                 name: spec.name.clone(),
             });
         }
-        schedules.push(
-            Schedule::from_spec_cached(spec, &mut cache).map_err(|source| {
-                ScheduleFileError::Invalid {
-                    path: path.to_owned(),
-                    source,
-                }
-            })?,
-        );
+        Schedule::from_spec_cached(spec, &mut cache).map_err(|source| {
+            ScheduleFileError::Invalid {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
     }
-    Ok(schedules)
+    Ok(file.schedule)
 }
 
 #[cfg(test)]
@@ -133,8 +130,8 @@ mod tests {
         "#;
         let s = parse(Path::new(P), text).unwrap();
         assert_eq!(s.len(), 2);
-        assert_eq!(s[0].payload["retries"], 2);
-        assert_eq!(s[1].payload, serde_json::Value::Null);
+        assert_eq!(s[0].payload.as_ref().unwrap()["retries"], 2);
+        assert_eq!(s[1].payload, None);
     }
 
     #[test]

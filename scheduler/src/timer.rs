@@ -56,21 +56,33 @@ pub struct Due {
     pub skipped: Vec<Skipped>,
 }
 
-/// A heap entry: (wake-up instant, schedule index, nominal instant); ordered
-/// by wake-up first.
-type Entry = (DateTime<Utc>, usize, DateTime<Utc>);
+/// A heap entry: (wake-up instant, slot, nominal instant, slot generation);
+/// ordered by wake-up first. An entry whose generation is not its slot's
+/// current one belongs to a replaced or removed definition and is dropped
+/// when it comes up.
+type Entry = (DateTime<Utc>, usize, DateTime<Utc>, u32);
+
+/// One schedule's place in the timer.
+#[derive(Debug)]
+struct Slot {
+    schedule: Option<Arc<Schedule>>,
+    generation: u32,
+    /// The latest nominal instant handed off for this schedule.
+    last: Option<DateTime<Utc>>,
+}
 
 /// The heap of next wake-ups.
 #[derive(Debug, Default)]
 pub struct Timer {
-    schedules: Vec<Arc<Schedule>>,
+    slots: Vec<Slot>,
+    by_name: HashMap<String, usize>,
     heap: BinaryHeap<Reverse<Entry>>,
     threshold: Duration,
-    /// Schedules fired by the last [`Timer::due`] whose next instant is not
+    /// Slots fired by the last [`Timer::due`] whose next instant is not
     /// computed yet: it is computed after the fires were handed off (on the
     /// next call), so a burst of ten thousand fires is handed off first and
     /// rescheduled second.
-    pending: Vec<(usize, DateTime<Utc>)>,
+    pending: Vec<(usize, DateTime<Utc>, u32)>,
 }
 
 impl Timer {
@@ -79,16 +91,13 @@ impl Timer {
     pub fn new(schedules: Vec<Arc<Schedule>>, now: DateTime<Utc>) -> Self {
         let mut timer = Self {
             heap: BinaryHeap::with_capacity(schedules.len()),
-            schedules,
+            slots: Vec::with_capacity(schedules.len()),
+            by_name: HashMap::with_capacity(schedules.len()),
             threshold: DEFAULT_MISFIRE_THRESHOLD,
             pending: Vec::new(),
         };
-        for i in 0..timer.schedules.len() {
-            let s = timer.schedules[i].clone();
-            // An instant whose jittered wake-up is still ahead fires.
-            if let Some(at) = s.next_after(now - s.jitter_offset) {
-                timer.heap.push(Reverse((s.wake_at(at), i, at)));
-            }
+        for s in schedules {
+            timer.upsert(s, now);
         }
         timer
     }
@@ -99,25 +108,91 @@ impl Timer {
         self
     }
 
+    /// Adds a schedule, or replaces the definition of the one with its name.
+    ///
+    /// A replaced schedule continues after the latest instant it already
+    /// handed off, or after `now` if that is later: an instant is never fired
+    /// twice by this timer, and the next instant of the new definition is
+    /// never lost.
+    pub fn upsert(&mut self, schedule: Arc<Schedule>, now: DateTime<Utc>) {
+        let slot = match self.by_name.get(&schedule.name) {
+            Some(&i) => i,
+            None => {
+                self.slots.push(Slot {
+                    schedule: None,
+                    generation: 0,
+                    last: None,
+                });
+                let i = self.slots.len() - 1;
+                self.by_name.insert(schedule.name.clone(), i);
+                i
+            }
+        };
+        let entry = &mut self.slots[slot];
+        entry.generation = entry.generation.wrapping_add(1);
+        // An instant whose jittered wake-up is still ahead fires.
+        let mut from = now - schedule.jitter_offset;
+        if let Some(last) = entry.last {
+            from = from.max(last);
+        }
+        if let Some(at) = schedule.next_after(from) {
+            self.heap
+                .push(Reverse((schedule.wake_at(at), slot, at, entry.generation)));
+        }
+        entry.schedule = Some(schedule);
+    }
+
+    /// Removes the schedule named `name` (deleted or paused). Returns
+    /// whether it was there.
+    pub fn remove(&mut self, name: &str) -> bool {
+        let Some(slot) = self.by_name.remove(name) else {
+            return false;
+        };
+        let entry = &mut self.slots[slot];
+        entry.generation = entry.generation.wrapping_add(1);
+        entry.schedule = None;
+        true
+    }
+
     /// The schedules this timer fires.
-    pub fn schedules(&self) -> &[Arc<Schedule>] {
-        &self.schedules
+    pub fn schedules(&self) -> Vec<Arc<Schedule>> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.schedule.clone())
+            .collect()
+    }
+
+    /// The live schedule of `slot` if `generation` is still current.
+    fn live(&self, slot: usize, generation: u32) -> Option<Arc<Schedule>> {
+        let entry = &self.slots[slot];
+        if entry.generation == generation {
+            entry.schedule.clone()
+        } else {
+            None
+        }
     }
 
     /// The earliest pending wake-up.
     pub fn next_at(&mut self) -> Option<DateTime<Utc>> {
         self.settle();
-        self.heap.peek().map(|Reverse((wake, _, _))| *wake)
+        // Drop stale entries so the sleep is for a live schedule.
+        while let Some(Reverse((wake, slot, _, generation))) = self.heap.peek().copied() {
+            if self.live(slot, generation).is_some() {
+                return Some(wake);
+            }
+            self.heap.pop();
+        }
+        None
     }
 
-    /// The number of schedules with a pending fire.
+    /// The number of live schedules.
     pub fn len(&self) -> usize {
-        self.heap.len() + self.pending.len()
+        self.by_name.len()
     }
 
-    /// Whether no schedule will fire again.
+    /// Whether the timer has no schedule.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.by_name.is_empty()
     }
 
     /// Computes the next instants of the schedules fired last.
@@ -129,8 +204,10 @@ impl Timer {
         // on `0 0 * * * *`) fired at the same instant have the same next
         // instant: compute it once per expression and instant.
         let mut memo: HashMap<(usize, DateTime<Utc>), Option<DateTime<Utc>>> = HashMap::new();
-        for (i, last) in std::mem::take(&mut self.pending) {
-            let schedule = &self.schedules[i];
+        for (slot, last, generation) in std::mem::take(&mut self.pending) {
+            let Some(schedule) = self.live(slot, generation) else {
+                continue;
+            };
             let next = match &schedule.kind {
                 ScheduleKind::Cron(cron) => *memo
                     .entry((Arc::as_ptr(cron) as usize, last))
@@ -138,7 +215,8 @@ impl Timer {
                 ScheduleKind::Every { .. } => schedule.next_after(last),
             };
             if let Some(next) = next {
-                self.heap.push(Reverse((schedule.wake_at(next), i, next)));
+                self.heap
+                    .push(Reverse((schedule.wake_at(next), slot, next, generation)));
             }
         }
     }
@@ -160,12 +238,14 @@ impl Timer {
     pub fn due(&mut self, now: DateTime<Utc>) -> Due {
         self.settle();
         let mut due = Due::default();
-        while let Some(Reverse((wake, i, first))) = self.heap.peek().copied() {
+        while let Some(Reverse((wake, slot, first, generation))) = self.heap.peek().copied() {
             if wake > now {
                 break;
             }
             self.heap.pop();
-            let schedule = self.schedules[i].clone();
+            let Some(schedule) = self.live(slot, generation) else {
+                continue;
+            };
             // Lateness is measured from the wake-up, so jitter never makes
             // a fire look missed.
             let reference = now - schedule.jitter_offset;
@@ -173,11 +253,12 @@ impl Timer {
                 // The common case: less than a second late, so exactly this
                 // instant is due (instants are whole seconds apart) and it is
                 // on time. Handed off now, rescheduled on the next call.
+                self.slots[slot].last = Some(first);
                 due.fires.push(Fire {
                     schedule,
                     at: first,
                 });
-                self.pending.push((i, first));
+                self.pending.push((slot, first, generation));
                 continue;
             }
             let mut instants = due_between(
@@ -186,7 +267,7 @@ impl Timer {
                 reference.max(first),
                 schedule.misfire.keep(),
             );
-            if instants.latest.first().is_none_or(|t| *t != first) && instants.total == 0 {
+            if instants.total == 0 {
                 instants.latest.push(first);
                 instants.total = 1;
             }
@@ -206,8 +287,11 @@ impl Timer {
                     at,
                 });
             }
-            if let Some(next) = schedule.next_after(last.max(reference)) {
-                self.heap.push(Reverse((schedule.wake_at(next), i, next)));
+            let resume = last.max(reference);
+            self.slots[slot].last = Some(resume);
+            if let Some(next) = schedule.next_after(resume) {
+                self.heap
+                    .push(Reverse((schedule.wake_at(next), slot, next, generation)));
             }
         }
         due

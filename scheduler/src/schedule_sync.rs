@@ -1,0 +1,224 @@
+//! Keeping every replica's timer in step with the `schedules` table.
+//!
+//! The table is the source of truth: the schedule file is synced into it at
+//! start, and later the API writes to it. A trigger bumps `updated_at` and
+//! sends `NOTIFY belfry_schedules, '<name>'` on every change, by belfry or
+//! by hand; each replica `LISTEN`s and reloads the named schedule, so a
+//! created, changed, paused or deleted schedule reaches every timer within
+//! moments. Notifications are lost while a listener reconnects, so a full
+//! comparison of `updated_at` runs every resync interval as well.
+//!
+//! A stored definition that no longer validates (edited by hand) is logged
+//! with its error and not fired; the other schedules keep running.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use belfry_ledger::{Ledger, LedgerError, ScheduleRow};
+use belfry_protocol::ScheduleSpec;
+
+use crate::schedule::Schedule;
+use crate::zoned_cron::CronCache;
+
+/// The notification channel the `schedules` trigger sends on.
+pub const CHANNEL: &str = "belfry_schedules";
+
+/// A change for a timer.
+#[derive(Debug, Clone)]
+pub enum ScheduleChange {
+    /// Add or replace this schedule.
+    Upsert(Arc<Schedule>),
+    /// Stop firing the schedule of this name (deleted, paused or invalid).
+    Remove(String),
+}
+
+/// Follows the `schedules` table for one replica.
+#[derive(Debug)]
+pub struct ScheduleSync {
+    ledger: Ledger,
+    known: HashMap<String, DateTime<Utc>>,
+    cache: CronCache,
+}
+
+impl ScheduleSync {
+    /// A follower of `ledger`'s `schedules`.
+    pub fn new(ledger: Ledger) -> Self {
+        Self {
+            ledger,
+            known: HashMap::new(),
+            cache: CronCache::default(),
+        }
+    }
+
+    /// Every schedule that should fire (not paused, valid), remembering
+    /// what was seen for later comparisons.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when the table cannot be read.
+    pub async fn load_all(&mut self) -> Result<Vec<Arc<Schedule>>, LedgerError> {
+        let rows = self.ledger.schedules().await?;
+        self.known.clear();
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            if let Some(updated) = row.updated_at {
+                self.known.insert(row.name.clone(), updated);
+            }
+            if let ScheduleChange::Upsert(s) = self.compile(row) {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The change for schedule `name`, read now.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when the row cannot be read.
+    pub async fn reload(&mut self, name: &str) -> Result<ScheduleChange, LedgerError> {
+        match self.ledger.schedule(name).await? {
+            Some(row) => {
+                if let Some(updated) = row.updated_at {
+                    self.known.insert(row.name.clone(), updated);
+                }
+                Ok(self.compile(row))
+            }
+            None => {
+                self.known.remove(name);
+                Ok(ScheduleChange::Remove(name.to_owned()))
+            }
+        }
+    }
+
+    /// Every change since the last look, found by comparing `updated_at`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when the table cannot be read.
+    pub async fn resync(&mut self) -> Result<Vec<ScheduleChange>, LedgerError> {
+        let versions = self.ledger.schedule_versions().await?;
+        let mut changes = Vec::new();
+        let mut present = std::collections::HashSet::with_capacity(versions.len());
+        for (name, updated) in versions {
+            present.insert(name.clone());
+            if self.known.get(&name) != Some(&updated) {
+                changes.push(self.reload(&name).await?);
+            }
+        }
+        let gone: Vec<String> = self
+            .known
+            .keys()
+            .filter(|n| !present.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.known.remove(&name);
+            changes.push(ScheduleChange::Remove(name));
+        }
+        Ok(changes)
+    }
+
+    fn compile(&mut self, row: ScheduleRow) -> ScheduleChange {
+        if row.paused {
+            return ScheduleChange::Remove(row.name);
+        }
+        let spec = match row.spec.clone() {
+            Some(json) => serde_json::from_value::<ScheduleSpec>(json).map_err(|e| e.to_string()),
+            None => Ok(spec_from_columns(&row)),
+        };
+        let compiled = spec.and_then(|spec| {
+            Schedule::from_spec_cached(&spec, &mut self.cache).map_err(|e| e.to_string())
+        });
+        match compiled {
+            Ok(s) => ScheduleChange::Upsert(Arc::new(s)),
+            Err(e) => {
+                tracing::error!(schedule = %row.name, error = %e, "stored schedule is invalid; not firing it until it is fixed");
+                ScheduleChange::Remove(row.name)
+            }
+        }
+    }
+
+    /// Sends changes to `changes` until `cancel`: on every notification,
+    /// and from a full comparison every `resync_every`.
+    pub async fn run(
+        mut self,
+        changes: mpsc::UnboundedSender<ScheduleChange>,
+        resync_every: Duration,
+        cancel: CancellationToken,
+    ) {
+        let mut listener = match PgListener::connect_with(self.ledger.pool()).await {
+            Ok(mut l) => match l.listen(CHANNEL).await {
+                Ok(()) => Some(l),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot LISTEN for schedule changes; relying on periodic resync");
+                    None
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot LISTEN for schedule changes; relying on periodic resync");
+                None
+            }
+        };
+        let mut tick = tokio::time::interval(resync_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Three wake-ups: shutdown, a notification (one schedule), or
+            // the resync tick (all of them). Each is handled completely
+            // before the next wait, so changes reach the timer in order.
+            let notified = tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => None,
+                n = recv(&mut listener) => n,
+            };
+            let found = match notified {
+                Some(Ok(name)) => self.reload(name.as_str()).await.map(|c| vec![c]),
+                Some(Err(e)) => {
+                    // The listener reconnects on its next receive; changes
+                    // sent meanwhile are picked up by a resync now.
+                    tracing::warn!(error = %e, "schedule notifications interrupted; resyncing");
+                    self.resync().await
+                }
+                None => self.resync().await,
+            };
+            match found {
+                Ok(found) => {
+                    for change in found {
+                        if changes.send(change).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read schedules; keeping the current ones")
+                }
+            }
+        }
+    }
+}
+
+async fn recv(listener: &mut Option<PgListener>) -> Option<Result<String, sqlx::Error>> {
+    // An absent listener never yields: the resync tick drives the loop.
+    match listener {
+        Some(l) => Some(l.recv().await.map(|n| n.payload().to_owned())),
+        None => std::future::pending().await,
+    }
+}
+
+fn spec_from_columns(row: &ScheduleRow) -> ScheduleSpec {
+    ScheduleSpec {
+        name: row.name.clone(),
+        cron: row.cron.clone(),
+        every: row.every_ms.map(|ms| format!("{}s", ms / 1000)),
+        timezone: row.cron.as_ref().map(|_| row.timezone.clone()),
+        job_type: row.job_type.clone(),
+        payload: Some(row.payload.clone()).filter(|p| !p.is_null()),
+        ..ScheduleSpec::default()
+    }
+}
