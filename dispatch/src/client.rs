@@ -262,6 +262,13 @@ fn check_key(key: &str) -> Result<(), DispatchError> {
     if key.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(bad("it contains whitespace or control characters"));
     }
+    if chrono::DateTime::parse_from_rfc3339(key).is_ok() {
+        // `{name}@{instant}` is the run key of a scheduled fire: an ad-hoc
+        // run must not take a fire's key (or be mistaken for one).
+        return Err(bad(
+            "it is an RFC 3339 instant, the form of scheduled fires' run keys; use another key",
+        ));
+    }
     Ok(())
 }
 
@@ -275,5 +282,6 @@ mod tests {
         assert!(check_key("").is_err());
         assert!(check_key("a b").is_err());
         assert!(check_key(&"k".repeat(201)).is_err());
+        assert!(check_key("2026-07-26T03:00:00Z").is_err());
     }
 }

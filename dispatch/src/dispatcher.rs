@@ -89,9 +89,11 @@ impl Dispatcher {
         retry_at: DateTime<Utc>,
     ) -> Result<DispatchOutcome, DispatchError> {
         let message = run.to_message();
+        // The lease `take_due` set: later updates only apply while it holds.
+        let lease = run.next_dispatch_at.unwrap_or(retry_at);
         match self.publish(&message).await {
             Ok(PublishOutcome::Confirmed) => {
-                self.ledger.mark_republished(run.id).await?;
+                self.ledger.mark_republished(run.id, lease).await?;
                 Ok(DispatchOutcome::Dispatched)
             }
             Ok(PublishOutcome::Unroutable) => {
@@ -99,14 +101,18 @@ impl Dispatcher {
                 Ok(DispatchOutcome::Unroutable)
             }
             Ok(PublishOutcome::Nacked) => {
-                self.ledger.postpone_dispatch(run.id, retry_at).await?;
+                self.ledger
+                    .postpone_dispatch(run.id, lease, retry_at)
+                    .await?;
                 Ok(not_confirmed(
                     &message,
                     "the broker nacked the publish".into(),
                 ))
             }
             Err(reason) => {
-                self.ledger.postpone_dispatch(run.id, retry_at).await?;
+                self.ledger
+                    .postpone_dispatch(run.id, lease, retry_at)
+                    .await?;
                 Ok(not_confirmed(&message, reason))
             }
         }

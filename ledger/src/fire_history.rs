@@ -23,7 +23,8 @@ pub enum ExclusiveClaim {
 }
 
 impl Ledger {
-    /// The latest `scheduled_at` of each of `job_names` that has runs.
+    /// The latest `scheduled_at` of each of `job_names` that has scheduled
+    /// runs (ad-hoc runs of the same name are not fires of the schedule).
     ///
     /// # Errors
     ///
@@ -34,7 +35,8 @@ impl Ledger {
     ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
         // One index probe per name (job_runs_job_name_scheduled_idx).
         let rows = sqlx::query(
-            "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r WHERE r.job_name = n.name) AS last \
+            "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r \
+                  WHERE r.job_name = n.name AND r.claimed_by NOT LIKE 'client:%') AS last \
              FROM unnest($1::text[]) AS n(name)",
         )
         .bind(job_names)
@@ -81,6 +83,7 @@ impl Ledger {
         let running: Option<String> = sqlx::query_scalar(
             "SELECT run_key FROM job_runs WHERE job_name = $1 AND scheduled_at < $2 \
                  AND status IN ('claimed', 'dispatched', 'running', 'retrying') \
+                 AND NOT (status = 'running' AND lease_until < now()) \
              ORDER BY scheduled_at DESC LIMIT 1",
         )
         .bind(&run.job_name)

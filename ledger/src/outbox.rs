@@ -57,28 +57,35 @@ impl Ledger {
         Ok(rows)
     }
 
-    /// Records that a run taken from the outbox was confirmed by the broker:
+    /// Records that a run taken from the outbox (with lease `lease`, its
+    /// `next_dispatch_at` as [`Ledger::take_due`] returned it) was confirmed
+    /// by the broker:
     /// a `claimed` run becomes `dispatched`; a `retrying` run leaves the
     /// outbox and waits for its worker. Returns whether the row moved.
     ///
     /// # Errors
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
-    pub async fn mark_republished(&self, id: Uuid) -> Result<bool, LedgerError> {
+    pub async fn mark_republished(
+        &self,
+        id: Uuid,
+        lease: DateTime<Utc>,
+    ) -> Result<bool, LedgerError> {
         let done = sqlx::query(
             "UPDATE job_runs SET \
                  status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
                  dispatched_at = now(), next_dispatch_at = NULL, updated_at = now() \
-             WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at IS NOT NULL",
+             WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = $2",
         )
         .bind(id)
+        .bind(lease)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
 
     /// Moves a run's next publish to `at` (a failed publish is tried again
-    /// later). Returns whether the row moved.
+    /// later), if it still holds `lease`. Returns whether the row moved.
     ///
     /// # Errors
     ///
@@ -86,14 +93,16 @@ impl Ledger {
     pub async fn postpone_dispatch(
         &self,
         id: Uuid,
+        lease: DateTime<Utc>,
         at: DateTime<Utc>,
     ) -> Result<bool, LedgerError> {
         let done = sqlx::query(
             "UPDATE job_runs SET next_dispatch_at = $2 \
-             WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at IS NOT NULL",
+             WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = $3",
         )
         .bind(id)
         .bind(at)
+        .bind(lease)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)

@@ -33,6 +33,18 @@ pub struct ScheduleSpec {
     /// instants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub every: Option<String>,
+    /// With `every`: the instant the intervals count from (RFC 3339);
+    /// default the Unix epoch. Every replica and every restart computes the
+    /// same instants from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<String>,
+    /// A one-shot run at this instant (RFC 3339), instead of `cron`/`every`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    /// A one-shot run this long after the schedule is first stored
+    /// (`"10m"`); stored as the resulting instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
     /// IANA time zone the cron expression is read in; default `UTC`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,

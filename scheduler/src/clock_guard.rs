@@ -58,12 +58,28 @@ impl ClockGuard {
         ledger: &Ledger,
         clock: &SharedClock,
     ) -> Result<chrono::Duration, LedgerError> {
+        // Hold a connection first, so waiting for the pool is not timed: only
+        // the query's round trip is.
+        let mut conn = ledger.pool().acquire().await.map_err(LedgerError::from)?;
         let before = clock.now();
-        let db = ledger.now().await?;
+        let db: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(LedgerError::from)?;
         let after = clock.now();
+        drop(conn);
+        let round_trip = after - before;
+        if round_trip > self.threshold / 2 {
+            // Too slow to tell skew from latency: keep the last verdict.
+            tracing::debug!(
+                round_trip_ms = round_trip.num_milliseconds(),
+                "clock check round trip too slow; ignored"
+            );
+            return Ok(chrono::Duration::milliseconds(self.last_skew_ms()));
+        }
         // The database read its clock somewhere in the round trip: compare
         // with the middle of it.
-        let skew = (before + (after - before) / 2) - db;
+        let skew = (before + round_trip / 2) - db;
         self.last_skew_ms
             .store(skew.num_milliseconds(), Ordering::Relaxed);
         let too_far = skew.abs() > self.threshold;

@@ -27,8 +27,7 @@ use crate::schedule::Schedule;
 pub const DEFAULT_CATCH_UP_WINDOW: Duration = Duration::from_secs(3600);
 /// Default `catch_up` cap.
 pub const DEFAULT_CATCH_UP_MAX: usize = 100;
-/// Most instants enumerated to count what was missed; beyond it the count
-/// says "at least".
+/// Most instants walked one by one when counting what was missed.
 pub const COUNT_LIMIT: u64 = 1_000_000;
 
 /// What a schedule does with missed fires.
@@ -119,20 +118,60 @@ impl MisfirePolicy {
 }
 
 /// Enumerates `schedule`'s instants in `(after, until]`, keeping the latest
-/// `keep` and counting all (up to [`COUNT_LIMIT`]).
+/// `keep` and counting all (exactly for intervals; for cron schedules gaps
+/// longer than six hours are counted exactly in their last six hours and
+/// estimated before).
 pub fn due_between(
     schedule: &Schedule,
     after: DateTime<Utc>,
     until: DateTime<Utc>,
     keep: usize,
 ) -> DueInstants {
+    if until <= after {
+        return DueInstants::default();
+    }
     let mut latest = VecDeque::with_capacity(keep.min(1024));
     let mut total = 0u64;
     let mut t = after;
+    // Counting every instant of a long gap one by one would be slow (a day
+    // of a one-second cron is 86,400 evaluations per schedule). Intervals
+    // are counted arithmetically; cron schedules enumerate only the last
+    // part of the gap — all a policy can fire — and the earlier part is
+    // estimated from the schedule's spacing.
+    let keep_i = i64::try_from(keep).unwrap_or(i64::MAX);
+    match &schedule.kind {
+        crate::schedule::ScheduleKind::Every { period, .. } => {
+            let Some(first) = schedule.next_after(after).filter(|f| *f <= until) else {
+                return DueInstants::default();
+            };
+            let p = period.num_seconds().max(1);
+            let count = (until - first).num_seconds() / p + 1;
+            let skip = (count - keep_i).max(0);
+            t = first + chrono::Duration::seconds(skip * p) - chrono::Duration::seconds(1);
+            total = u64::try_from(skip).unwrap_or(0);
+        }
+        crate::schedule::ScheduleKind::Cron(_) => {
+            let lookback = chrono::Duration::hours(6);
+            if until - after > lookback {
+                let start = until - lookback;
+                if let (Some(a), Some(b)) = (schedule.next_after(after), schedule.next_after(start))
+                {
+                    let gap = schedule
+                        .next_after(a)
+                        .map_or(1, |n| (n - a).num_seconds().max(1));
+                    total = u64::try_from(((b - a).num_seconds() / gap).max(0)).unwrap_or(0);
+                    t = start;
+                }
+            }
+        }
+        crate::schedule::ScheduleKind::Once { .. } => {}
+    }
+    let mut walked = 0u64;
     while let Some(next) = schedule.next_after(t) {
-        if next > until || total >= COUNT_LIMIT {
+        if next > until || walked >= COUNT_LIMIT {
             break;
         }
+        walked += 1;
         total += 1;
         if latest.len() == keep {
             latest.pop_front();
@@ -229,6 +268,49 @@ mod tests {
                 skipped: 2
             }
         );
+    }
+
+    #[test]
+    fn long_gaps_are_counted_without_walking_them() {
+        let every = crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
+            name: "s".into(),
+            every: Some("1s".into()),
+            job_type: "noop".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let started = std::time::Instant::now();
+        let d = due_between(
+            &every,
+            at("2026-01-01T00:00:00Z"),
+            at("2026-07-01T00:00:00Z"),
+            3,
+        );
+        assert_eq!(d.total, 181 * 86_400);
+        assert_eq!(d.latest.last(), Some(&at("2026-07-01T00:00:00Z")));
+        let cron = crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
+            name: "c".into(),
+            cron: Some("* * * * * *".into()),
+            job_type: "noop".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let d = due_between(
+            &cron,
+            at("2026-06-30T00:00:00Z"),
+            at("2026-07-01T00:00:00Z"),
+            3,
+        );
+        assert_eq!(d.total, 86_400);
+        assert_eq!(
+            d.latest,
+            [
+                at("2026-06-30T23:59:58Z"),
+                at("2026-06-30T23:59:59Z"),
+                at("2026-07-01T00:00:00Z")
+            ]
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use belfry_broker::Broker;
 use belfry_ledger::Ledger;
-use belfry_protocol::Topology;
+use belfry_protocol::{ScheduleSpec, Topology};
 use belfry_runtime::SharedClock;
 
 use belfry_dispatch::{DispatchOutcome, Dispatcher, Reconciler};
@@ -117,7 +117,7 @@ pub struct Replica {
     broker: Broker,
     ledger: Ledger,
     guard: ClockGuard,
-    missed: std::sync::Mutex<Vec<(Arc<Schedule>, DateTime<Utc>)>>,
+    missed: std::sync::Mutex<std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)>>,
 }
 
 impl Replica {
@@ -139,8 +139,31 @@ impl Replica {
         // The file is synced into the table (rows that did not change are
         // left alone, so replicas starting together do not wake each other);
         // the table is what every replica runs.
+        let now = chrono::Utc::now();
         for spec in &specs {
-            ledger.upsert_schedule(&Schedule::row_for(spec)?).await?;
+            let stored = ledger.schedule(&spec.name).await?;
+            if stored.is_none() {
+                // New: a one-shot instant must still be ahead.
+                Schedule::from_spec(spec)?.check_new(now)?;
+            } else if spec.after.is_some() {
+                // "after" was turned into an instant when first stored;
+                // storing it again would move the run.
+                continue;
+            }
+            let mut row = Schedule::row_for(spec)?;
+            if spec.after.is_some() {
+                // Store the instant, not the delay, so every replica and
+                // restart fires it at the same moment.
+                if let Some(at) = Schedule::from_spec(spec)?.first_instant() {
+                    let fixed = ScheduleSpec {
+                        after: None,
+                        at: Some(at.to_rfc3339()),
+                        ..spec.clone()
+                    };
+                    row = Schedule::row_for(&fixed)?;
+                }
+            }
+            ledger.upsert_schedule(&row).await?;
         }
         if config.prune_schedules {
             let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
@@ -208,7 +231,7 @@ impl Replica {
             ),
             ledger,
             guard: ClockGuard::new(timing.max_clock_skew),
-            missed: std::sync::Mutex::new(Vec::new()),
+            missed: std::sync::Mutex::new(std::collections::VecDeque::new()),
             dispatcher,
             counters,
             timing: ReplicaTiming {
@@ -310,8 +333,13 @@ impl Replica {
     ) {
         match change {
             ScheduleChange::Upsert(schedule) => {
-                tracing::info!(schedule = %schedule.name, "schedule added or changed");
-                timer.upsert(schedule.clone(), now);
+                let changed = timer.upsert(schedule.clone(), now);
+                tracing::info!(schedule = %schedule.name, changed, "schedule added, resumed or changed");
+                if changed {
+                    // A changed definition continues from now: its new
+                    // instants before now were never due.
+                    return;
+                }
                 // Fires missed while it was paused or absent follow its
                 // misfire policy (nothing happens when it ran recently).
                 let this = self.clone();
@@ -350,17 +378,17 @@ impl Replica {
         // Bounded: a very long outage keeps the latest instants (the
         // policies only ever need those) and counts the rest as skipped.
         if missed.len() >= MAX_REMEMBERED_MISSES {
-            missed.remove(0);
+            missed.pop_front();
             FireCounters::add(&self.counters.misfires_skipped, 1);
         }
-        missed.push((schedule.clone(), at));
+        missed.push_back((schedule.clone(), at));
     }
 
     /// Applies each schedule's misfire policy to the fires this replica
     /// could not claim (ledger down, clock skewed), once claiming works
     /// again; returns the outcomes of the fires it made.
     pub async fn recover_missed_once(&self, now: DateTime<Utc>) -> Vec<FireOutcome> {
-        let taken: Vec<(Arc<Schedule>, DateTime<Utc>)> = {
+        let taken: std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)> = {
             let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
             if missed.is_empty() {
                 return Vec::new();
@@ -416,10 +444,21 @@ impl Replica {
         let last = self.ledger.last_fires(&names).await?;
         let mut fires = Vec::new();
         for schedule in schedules {
-            let Some(last) = last.get(&schedule.name) else {
-                continue;
+            // Never ran: only a one-shot whose instant passed has a miss.
+            let from = match last.get(&schedule.name) {
+                Some(last) => *last,
+                None => match schedule.first_instant() {
+                    Some(at) => at - chrono::Duration::seconds(1),
+                    None => continue,
+                },
             };
-            let due = crate::misfire::due_between(schedule, *last, now, schedule.misfire.keep());
+            // Lateness counts from each fire's wake-up, as in the timer.
+            let due = crate::misfire::due_between(
+                schedule,
+                from,
+                now - schedule.jitter_offset,
+                schedule.misfire.keep(),
+            );
             if due.total > 0 {
                 fires.extend(self.decide(schedule, &due, now));
             }
@@ -544,17 +583,18 @@ impl Replica {
             while inflight.try_join_next().is_some() {}
             tokio::select! {
                 // Biased towards shutdown: once cancelled, no new fire is
-                // claimed even if one is due at the same moment. A schedule
-                // change is applied between fires, never during one.
+                // claimed even if one is due at the same moment. Due fires
+                // come before schedule changes, so a burst of changes cannot
+                // delay them; a change is applied between fires.
                 biased;
                 _ = cancel.cancelled() => break,
+                _ = timer.wait(&clock) => {}
                 change = changes.recv() => {
                     if let Some(change) = change {
                         self.apply_change(&mut timer, change, clock.now());
                     }
                     continue;
                 }
-                _ = timer.wait(&clock) => {}
             }
             let due = timer.due(clock.now());
             self.count_skipped(&due.skipped);

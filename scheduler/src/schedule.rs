@@ -37,10 +37,18 @@ pub enum ScheduleKind {
     /// A cron expression in a time zone, shared by every schedule with the
     /// same expression and zone (see [`CronCache`]).
     Cron(Arc<ZonedCron>),
-    /// A fixed interval anchored at the Unix epoch.
+    /// A fixed interval counted from an anchor instant (default the Unix
+    /// epoch).
     Every {
         /// The period, a whole number of seconds.
         period: Duration,
+        /// Unix seconds of the anchor.
+        anchor: i64,
+    },
+    /// One run at one instant.
+    Once {
+        /// The instant.
+        at: DateTime<Utc>,
     },
 }
 
@@ -109,64 +117,122 @@ impl Schedule {
         validate_name("schedule name", &spec.name).map_err(|e| err("name", e.to_string()))?;
         validate_name("job type", &spec.job_type).map_err(|e| err("job_type", e.to_string()))?;
         let tz_name = spec.timezone.as_deref().unwrap_or("UTC");
-        let kind =
-            match (&spec.cron, &spec.every) {
-                (Some(expr), None) => {
-                    let tz: Tz = tz_name.parse().map_err(|_| {
-                        err(
-                            "timezone",
-                            format!(
-                                "unknown time zone {tz_name:?}; use an IANA name such as \
+        let kinds = [
+            spec.cron.is_some(),
+            spec.every.is_some(),
+            spec.at.is_some(),
+            spec.after.is_some(),
+        ];
+        if kinds.iter().filter(|k| **k).count() != 1 {
+            let field = match (spec.cron.is_some(), spec.every.is_some()) {
+                (false, false) if spec.at.is_none() && spec.after.is_none() => "cron",
+                (true, _) if spec.every.is_none() => "at",
+                _ => "every",
+            };
+            return Err(err(
+                field,
+                "give exactly one of `cron` (e.g. \"0 0 3 * * *\"), `every` (e.g. \"30s\"), \
+                 `at` (an RFC 3339 instant) or `after` (a delay such as \"10m\")"
+                    .into(),
+            ));
+        }
+        let kind = if let Some(expr) = &spec.cron {
+            let tz: Tz = tz_name.parse().map_err(|_| {
+                err(
+                    "timezone",
+                    format!(
+                        "unknown time zone {tz_name:?}; use an IANA name such as \
                              \"UTC\", \"Europe/London\" or \"Asia/Shanghai\""
-                            ),
-                        )
-                    })?;
-                    let zoned = cache.get_or_parse(expr, tz).map_err(|e| {
-                        err(
-                            "cron",
-                            format!(
-                                "invalid cron expression {expr:?}: {e}; expected 6 fields \
+                    ),
+                )
+            })?;
+            let zoned = cache.get_or_parse(expr, tz).map_err(|e| {
+                err(
+                    "cron",
+                    format!(
+                        "invalid cron expression {expr:?}: {e}; expected 6 fields \
                                  (sec min hour day-of-month month day-of-week) or 5 \
                                  (seconds = 0), e.g. \"0 */5 * * * *\""
-                            ),
-                        )
-                    })?;
-                    // An expression that parses but never matches (30
-                    // February) would otherwise sit silently forever.
-                    if zoned.next_after(Utc::now()).is_none() {
-                        return Err(err(
-                            "cron",
-                            format!(
-                            "cron expression {expr:?} never fires; check the day and month fields"
-                        ),
-                        ));
-                    }
-                    ScheduleKind::Cron(zoned)
-                }
-                (None, Some(every)) => {
-                    if spec.timezone.is_some() {
-                        return Err(err(
-                        "timezone",
-                        "interval schedules live in absolute time; remove `timezone` or use `cron`"
-                            .into(),
-                    ));
-                    }
-                    ScheduleKind::Every {
-                        period: parse_period(every).map_err(|m| err("every", m))?,
-                    }
-                }
-                (None, None) => return Err(err(
+                    ),
+                )
+            })?;
+            // An expression that parses but never matches (30
+            // February) would otherwise sit silently forever.
+            if zoned.next_after(Utc::now()).is_none() {
+                return Err(err(
                     "cron",
-                    "give exactly one of `cron` (e.g. \"0 0 3 * * *\") or `every` (e.g. \"30s\")"
+                    format!("cron expression {expr:?} never fires; check the day and month fields"),
+                ));
+            }
+            ScheduleKind::Cron(zoned)
+        } else if let Some(every) = &spec.every {
+            if spec.timezone.is_some() {
+                return Err(err(
+                    "timezone",
+                    "interval schedules live in absolute time; remove `timezone` or use `cron`"
                         .into(),
-                )),
-                (Some(_), Some(_)) => {
-                    return Err(err(
-                        "every",
-                        "`cron` and `every` are exclusive; keep one of them".into(),
-                    ))
-                }
+                ));
+            }
+            let anchor = match &spec.anchor {
+                None => 0,
+                Some(raw) => DateTime::parse_from_rfc3339(raw)
+                    .map_err(|e| {
+                        err("anchor", format!("{raw:?} is not an RFC 3339 instant ({e}); e.g. \"2026-01-01T00:00:00Z\""))
+                    })?
+                    .timestamp(),
             };
+            ScheduleKind::Every {
+                period: parse_period(every).map_err(|m| err("every", m))?,
+                anchor,
+            }
+        } else {
+            if spec.timezone.is_some() {
+                return Err(err(
+                    "timezone",
+                    "one-shot schedules take an absolute instant; remove `timezone`".into(),
+                ));
+            }
+            let at = match (&spec.at, &spec.after) {
+                (Some(raw), _) => DateTime::parse_from_rfc3339(raw)
+                    .map_err(|e| err("at", format!("{raw:?} is not an RFC 3339 instant ({e}); e.g. \"2026-07-26T03:00:00Z\"")))?
+                    .with_timezone(&Utc),
+                (None, Some(raw)) => {
+                    let delay = humantime::parse_duration(raw.trim())
+                        .map_err(|e| err("after", format!("invalid delay {raw:?}: {e}; expected e.g. \"10m\"")))?;
+                    Utc::now() + Duration::from_std(delay).map_err(|_| err("after", format!("{raw:?} is too long")))?
+                }
+                (None, None) => return Err(err("at", "give `at` or `after`".into())),
+            };
+            ScheduleKind::Once {
+                at: at.trunc_subsecs(0),
+            }
+        };
+        if spec.anchor.is_some() && !matches!(kind, ScheduleKind::Every { .. }) {
+            return Err(err(
+                "anchor",
+                "`anchor` only applies to `every` schedules".into(),
+            ));
+        }
+        let jitter_offset = match &spec.jitter {
+            None => Duration::zero(),
+            Some(raw) => {
+                let max_ms = option_ms("jitter", raw, std::time::Duration::from_millis(1))
+                    .map_err(|(field, message)| err(field, message))?;
+                // FNV-1a of the name: stable across replicas, builds and
+                // restarts (std's hasher is not guaranteed to be).
+                let hash = spec.name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+                let mut offset =
+                    Duration::milliseconds(i64::try_from(hash % max_ms.max(1)).unwrap_or(0));
+                // Never as long as the interval: a fire must come
+                // before the next one's nominal instant.
+                if let ScheduleKind::Every { period, .. } = &kind {
+                    offset = offset.min(*period - Duration::milliseconds(1));
+                }
+                offset
+            }
+        };
         Ok(Self {
             name: spec.name.clone(),
             job_type: spec.job_type.clone(),
@@ -184,19 +250,7 @@ impl Schedule {
                     ))
                 }
             },
-            jitter_offset: match &spec.jitter {
-                None => Duration::zero(),
-                Some(raw) => {
-                    let max_ms = option_ms("jitter", raw, std::time::Duration::from_millis(1))
-                        .map_err(|(field, message)| err(field, message))?;
-                    // FNV-1a of the name: stable across replicas, builds and
-                    // restarts (std's hasher is not guaranteed to be).
-                    let hash = spec.name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-                    });
-                    Duration::milliseconds(i64::try_from(hash % max_ms.max(1)).unwrap_or(0))
-                }
-            },
+            jitter_offset,
         })
     }
 
@@ -209,12 +263,15 @@ impl Schedule {
         let after = after.trunc_subsecs(0);
         match &self.kind {
             ScheduleKind::Cron(cron) => cron.next_after(after),
-            ScheduleKind::Every { period } => {
+            ScheduleKind::Every { period, anchor } => {
                 let period_s = period.num_seconds();
-                let now_s = after.timestamp();
-                let next = (now_s.div_euclid(period_s) + 1).checked_mul(period_s)?;
+                let since = after.timestamp().checked_sub(*anchor)?;
+                let next = (since.div_euclid(period_s) + 1)
+                    .checked_mul(period_s)?
+                    .checked_add(*anchor)?;
                 Utc.timestamp_opt(next, 0).single()
             }
+            ScheduleKind::Once { at } => (*at > after).then_some(*at),
         }
     }
 
@@ -246,6 +303,34 @@ impl Schedule {
         out
     }
 
+    /// Checks what only matters for a schedule that is being created: a
+    /// one-shot instant must be in the future.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError`] naming `at` when the instant has passed.
+    pub fn check_new(&self, now: DateTime<Utc>) -> Result<(), ScheduleError> {
+        match self.kind {
+            ScheduleKind::Once { at } if at <= now => Err(ScheduleError {
+                schedule: self.name.clone(),
+                field: "at",
+                message: format!("{at} is in the past; a one-shot run needs a future instant"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// For a schedule that has never run, the instant recovery starts from:
+    /// a one-shot's own instant (its fire is recovered if every replica was
+    /// down then); `None` for repeating schedules, which start from their
+    /// first definition.
+    pub fn first_instant(&self) -> Option<DateTime<Utc>> {
+        match self.kind {
+            ScheduleKind::Once { at } => Some(at),
+            _ => None,
+        }
+    }
+
     /// The row `spec` is stored as in `schedules` (validated).
     ///
     /// # Errors
@@ -265,7 +350,10 @@ impl Schedule {
                 None,
                 cron.tz().name().to_owned(),
             ),
-            ScheduleKind::Every { period } => (None, Some(period.num_milliseconds()), "UTC".into()),
+            ScheduleKind::Every { period, .. } => {
+                (None, Some(period.num_milliseconds()), "UTC".into())
+            }
+            ScheduleKind::Once { .. } => (None, None, "UTC".into()),
         };
         ScheduleRow {
             name: self.name.clone(),
@@ -580,6 +668,61 @@ mod tests {
         assert_eq!(
             (r.max_attempts, r.initial_delay_ms, r.multiplier),
             (Some(3), Some(2000), None)
+        );
+    }
+
+    #[test]
+    fn anchored_intervals_and_one_shots() {
+        let mut s = spec(None, Some("90s"), None);
+        s.anchor = Some("2026-07-26T03:00:10Z".into());
+        let sc = Schedule::from_spec(&s).unwrap();
+        assert_eq!(
+            sc.next_after(at("2026-07-26T03:00:00Z")),
+            Some(at("2026-07-26T03:00:10Z"))
+        );
+        assert_eq!(
+            sc.next_after(at("2026-07-26T03:00:10Z")),
+            Some(at("2026-07-26T03:01:40Z"))
+        );
+        let once = ScheduleSpec {
+            name: "once".into(),
+            at: Some("2026-07-26T03:00:00Z".into()),
+            job_type: "noop".into(),
+            ..Default::default()
+        };
+        let o = Schedule::from_spec(&once).unwrap();
+        assert_eq!(
+            o.next_after(at("2026-07-26T02:00:00Z")),
+            Some(at("2026-07-26T03:00:00Z"))
+        );
+        assert_eq!(o.next_after(at("2026-07-26T03:00:00Z")), None);
+        assert_eq!(
+            o.check_new(at("2026-07-26T04:00:00Z")).unwrap_err().field,
+            "at"
+        );
+        assert!(o.check_new(at("2026-07-26T02:00:00Z")).is_ok());
+        let later = ScheduleSpec {
+            at: None,
+            after: Some("10m".into()),
+            ..once.clone()
+        };
+        let l = Schedule::from_spec(&later).unwrap();
+        assert!(l.first_instant().unwrap() > Utc::now() + Duration::minutes(9));
+        let both = ScheduleSpec {
+            cron: Some("* * * * * *".into()),
+            ..once.clone()
+        };
+        assert!(Schedule::from_spec(&both).is_err());
+        let bad = ScheduleSpec {
+            at: Some("tomorrow".into()),
+            ..once
+        };
+        assert_eq!(Schedule::from_spec(&bad).unwrap_err().field, "at");
+        let mut anchored_cron = spec(Some("* * * * * *"), None, None);
+        anchored_cron.anchor = Some("2026-07-26T03:00:10Z".into());
+        assert_eq!(
+            Schedule::from_spec(&anchored_cron).unwrap_err().field,
+            "anchor"
         );
     }
 

@@ -113,8 +113,10 @@ impl Timer {
     /// A replaced schedule continues after the latest instant it already
     /// handed off, or after `now` if that is later: an instant is never fired
     /// twice by this timer, and the next instant of the new definition is
-    /// never lost.
-    pub fn upsert(&mut self, schedule: Arc<Schedule>, now: DateTime<Utc>) {
+    /// never lost. Returns whether the schedule was already in the timer
+    /// (a change) rather than new or resumed.
+    pub fn upsert(&mut self, schedule: Arc<Schedule>, now: DateTime<Utc>) -> bool {
+        let known = self.by_name.contains_key(&schedule.name);
         let slot = match self.by_name.get(&schedule.name) {
             Some(&i) => i,
             None => {
@@ -140,6 +142,7 @@ impl Timer {
                 .push(Reverse((schedule.wake_at(at), slot, at, entry.generation)));
         }
         entry.schedule = Some(schedule);
+        known
     }
 
     /// Removes the schedule named `name` (deleted or paused). Returns
@@ -212,7 +215,7 @@ impl Timer {
                 ScheduleKind::Cron(cron) => *memo
                     .entry((Arc::as_ptr(cron) as usize, last))
                     .or_insert_with(|| schedule.next_after(last)),
-                ScheduleKind::Every { .. } => schedule.next_after(last),
+                ScheduleKind::Every { .. } | ScheduleKind::Once { .. } => schedule.next_after(last),
             };
             if let Some(next) = next {
                 self.heap
@@ -246,9 +249,10 @@ impl Timer {
             let Some(schedule) = self.live(slot, generation) else {
                 continue;
             };
-            // Lateness is measured from the wake-up, so jitter never makes
-            // a fire look missed.
-            let reference = now - schedule.jitter_offset;
+            // Lateness is measured from the wake-up (this entry's own offset,
+            // which `wake_at` may have shortened), so jitter never makes a
+            // fire look missed.
+            let reference = now - (wake - first);
             if reference - first < chrono::Duration::seconds(1) {
                 // The common case: less than a second late, so exactly this
                 // instant is due (instants are whole seconds apart) and it is

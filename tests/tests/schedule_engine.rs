@@ -317,3 +317,69 @@ async fn live_changes_reach_every_replica_without_double_or_lost_fires() {
     assert_eq!(all, dedup);
     env.teardown(&["default"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_fires_once_even_if_every_replica_was_down_at_its_instant() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let now = Utc::now().trunc_subsecs(0);
+    let once = |name: &str, at: DateTime<Utc>| {
+        Arc::new(
+            Schedule::from_spec(&ScheduleSpec {
+                name: name.into(),
+                at: Some(at.to_rfc3339()),
+                job_type: "noop".into(),
+                ..Default::default()
+            })
+            .unwrap(),
+        )
+    };
+    // Due 30 s ago while nothing ran: recovered once (fire_once).
+    let missed = once("once-missed", now - chrono::Duration::seconds(30));
+    let a = replica(&env, "a", Some(&redis_url())).await;
+    let b = replica(&env, "b", Some(&redis_url())).await;
+    assert_eq!(
+        fired(
+            &a.recover_after_downtime(&[missed.clone()], now)
+                .await
+                .unwrap()
+        ),
+        1
+    );
+    assert_eq!(
+        fired(
+            &b.recover_after_downtime(&[missed.clone()], now)
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    // Ahead: the timer fires it once, then never again.
+    let ahead = once("once-ahead", now + chrono::Duration::seconds(5));
+    let mut timer = belfry_scheduler::Timer::new(vec![ahead], now);
+    assert_eq!(
+        fired(
+            &a.tick_once(&mut timer, now + chrono::Duration::seconds(5))
+                .await
+        ),
+        1
+    );
+    assert!(timer.next_at().is_none());
+    assert!(a
+        .tick_once(&mut timer, now + chrono::Duration::seconds(3600))
+        .await
+        .is_empty());
+    let runs = env.all_runs().await;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        runs.iter()
+            .find(|r| r.job_name == "once-missed")
+            .unwrap()
+            .scheduled_at,
+        now - chrono::Duration::seconds(30)
+    );
+    env.teardown(&["default"]).await;
+}

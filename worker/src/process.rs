@@ -154,6 +154,21 @@ impl Worker {
         delivery: Delivery,
         hard_stop: &CancellationToken,
     ) -> ProcessOutcome {
+        self.process_on_channel(delivery, hard_stop, &CancellationToken::new())
+            .await
+    }
+
+    /// [`Worker::process_one`] for a delivery of a channel that may be lost:
+    /// `channel_lost` is cancelled when it is. The broker then redelivers the
+    /// message elsewhere, so a retry waiting out its back-off here stops
+    /// waiting and leaves the run to the redelivery instead of retrying it
+    /// alongside (a running attempt is protected by its lease instead).
+    pub async fn process_on_channel(
+        &self,
+        delivery: Delivery,
+        hard_stop: &CancellationToken,
+        channel_lost: &CancellationToken,
+    ) -> ProcessOutcome {
         WorkerCounters::add(&self.counters.deliveries);
         let message = match JobMessage::from_slice(&delivery.data) {
             Ok(m) => m,
@@ -358,6 +373,10 @@ impl Worker {
             tokio::select! {
                 biased;
                 _ = hard_stop.cancelled() => return self.hand_back_after(&delivery, None, Duration::ZERO, hard_stop).await,
+                _ = channel_lost.cancelled() => {
+                    tracing::warn!(run_key = %message.run_key, "channel lost during the back-off; the redelivered message continues the run");
+                    return ProcessOutcome::HandedBack;
+                }
                 _ = tokio::time::sleep(delay) => {}
             }
         }

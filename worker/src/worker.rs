@@ -156,6 +156,9 @@ impl Worker {
                 }
             };
             backoff = Duration::from_secs(1);
+            // Cancelled when this channel is lost: its deliveries are
+            // redelivered, so tasks waiting out a back-off on them stop.
+            let channel_lost = CancellationToken::new();
             tracing::info!(instance = %this.instance, queue = %this.queue, prefetch = this.prefetch,
                 concurrency = this.concurrency, "worker consuming");
             loop {
@@ -177,9 +180,10 @@ impl Worker {
                     Some(Ok(delivery)) => {
                         let worker = this.clone();
                         let stop = hard_stop.clone();
+                        let lost = channel_lost.clone();
                         tasks.spawn(async move {
                             let _permit = permit;
-                            worker.process_one(delivery, &stop).await
+                            worker.process_on_channel(delivery, &stop, &lost).await
                         });
                     }
                     Some(Err(e)) => {
@@ -194,6 +198,7 @@ impl Worker {
             }
             // The lost channel's unacked deliveries are requeued by the
             // broker; nothing more can be done on it.
+            channel_lost.cancel();
             drop(channel);
         }
         // Stop deliveries before waiting: the broker keeps prefetched but
