@@ -343,7 +343,7 @@ async fn a_one_shot_fires_once_even_if_every_replica_was_down_at_its_instant() {
     let b = replica(&env, "b", Some(&redis_url())).await;
     assert_eq!(
         fired(
-            &a.recover_after_downtime(&[missed.clone()], now)
+            &a.recover_after_downtime(std::slice::from_ref(&missed), now)
                 .await
                 .unwrap()
         ),
@@ -351,7 +351,7 @@ async fn a_one_shot_fires_once_even_if_every_replica_was_down_at_its_instant() {
     );
     assert_eq!(
         fired(
-            &b.recover_after_downtime(&[missed.clone()], now)
+            &b.recover_after_downtime(std::slice::from_ref(&missed), now)
                 .await
                 .unwrap()
         ),
