@@ -140,30 +140,35 @@ impl Replica {
         // left alone, so replicas starting together do not wake each other);
         // the table is what every replica runs.
         let now = chrono::Utc::now();
+        // Everything is checked before anything is stored: one bad schedule
+        // refuses the file and leaves the stored ones untouched.
+        let mut rows = Vec::with_capacity(specs.len());
         for spec in &specs {
             let stored = ledger.schedule(&spec.name).await?;
-            if stored.is_none() {
-                // New: a one-shot instant must still be ahead.
-                Schedule::from_spec(spec)?.check_new(now)?;
-            } else if spec.after.is_some() {
+            if stored.is_some() && spec.after.is_some() {
                 // "after" was turned into an instant when first stored;
                 // storing it again would move the run.
                 continue;
             }
-            let mut row = Schedule::row_for(spec)?;
-            if spec.after.is_some() {
+            let schedule = Schedule::from_spec(spec)?;
+            if stored.is_none() {
+                // New: a one-shot instant must still be ahead.
+                schedule.check_new(now)?;
+            }
+            let row = match (&spec.after, schedule.first_instant()) {
                 // Store the instant, not the delay, so every replica and
                 // restart fires it at the same moment.
-                if let Some(at) = Schedule::from_spec(spec)?.first_instant() {
-                    let fixed = ScheduleSpec {
-                        after: None,
-                        at: Some(at.to_rfc3339()),
-                        ..spec.clone()
-                    };
-                    row = Schedule::row_for(&fixed)?;
-                }
-            }
-            ledger.upsert_schedule(&row).await?;
+                (Some(_), Some(at)) => Schedule::row_for(&ScheduleSpec {
+                    after: None,
+                    at: Some(at.to_rfc3339()),
+                    ..spec.clone()
+                })?,
+                _ => Schedule::row_for(spec)?,
+            };
+            rows.push(row);
+        }
+        for row in &rows {
+            ledger.upsert_schedule(row).await?;
         }
         if config.prune_schedules {
             let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
