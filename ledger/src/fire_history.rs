@@ -114,6 +114,86 @@ impl Ledger {
         })
     }
 
+    /// Scheduled runs still `claimed` (never confirmed by the broker) whose
+    /// fire instant is older than `older_than` and whose republish is due:
+    /// `(id, job_name, scheduled_at, the schedule's stored spec)`, by
+    /// schedule and instant. The misfire policy decides which of them are
+    /// still published.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn late_claims(
+        &self,
+        older_than: std::time::Duration,
+        limit: i64,
+    ) -> Result<Vec<(uuid::Uuid, String, DateTime<Utc>, Option<serde_json::Value>)>, LedgerError>
+    {
+        let rows = sqlx::query(
+            "SELECT r.id, r.job_name, r.scheduled_at, s.spec FROM job_runs r \
+             JOIN schedules s ON s.name = r.job_name \
+             WHERE r.status = 'claimed' AND r.next_dispatch_at <= now() \
+               AND r.claimed_by NOT LIKE 'client:%' \
+               AND r.scheduled_at < now() - make_interval(secs => $1) \
+             ORDER BY r.job_name, r.scheduled_at LIMIT $2",
+        )
+        .bind(older_than.as_secs_f64())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("id")?,
+                    r.try_get("job_name")?,
+                    r.try_get("scheduled_at")?,
+                    r.try_get("spec")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Gives up claimed runs that their schedule's misfire policy skips:
+    /// they become `dead` with `reason` and are recorded in `skipped_fires`
+    /// (by `by`). Only rows still `claimed` change. Returns how many did.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn skip_claimed(
+        &self,
+        ids: &[uuid::Uuid],
+        reason: &str,
+        by: &str,
+    ) -> Result<u64, LedgerError> {
+        let mut tx = self.pool.begin().await?;
+        let skipped = sqlx::query(
+            "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
+                 next_dispatch_at = NULL, updated_at = now() \
+             WHERE id = ANY($1) AND status = 'claimed' \
+             RETURNING job_name, run_key, scheduled_at",
+        )
+        .bind(ids)
+        .bind(reason)
+        .fetch_all(&mut *tx)
+        .await?;
+        for r in &skipped {
+            sqlx::query(
+                "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            )
+            .bind(r.try_get::<String, _>("job_name")?)
+            .bind(r.try_get::<String, _>("run_key")?)
+            .bind(r.try_get::<DateTime<Utc>, _>("scheduled_at")?)
+            .bind(reason)
+            .bind(by)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(u64::try_from(skipped.len()).unwrap_or(u64::MAX))
+    }
+
     /// The fires of `job_name` skipped for overlap, newest first.
     ///
     /// # Errors

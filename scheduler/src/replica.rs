@@ -67,6 +67,9 @@ pub enum FireOutcome {
     },
 }
 
+/// A schedule's stored spec and its late unpublished runs (id, instant).
+type LateRuns = (Option<serde_json::Value>, Vec<(uuid::Uuid, DateTime<Utc>)>);
+
 /// How often fires this replica could not claim are looked at again.
 const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
 /// Most missed fires remembered for recovery.
@@ -471,6 +474,63 @@ impl Replica {
         Ok(self.fire_recovered(fires).await)
     }
 
+    /// Applies misfire policies to fires that were claimed on time but never
+    /// reached the broker (it was unreachable, or the claiming replica died)
+    /// and are now late: the policy decides which of them the reconciler
+    /// still publishes; the others become `dead` and are recorded in
+    /// `skipped_fires`. Without this a ten-minute broker outage would
+    /// publish six hundred fires of a one-second `fire_once` schedule at
+    /// once. Returns how many were skipped.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
+    pub async fn skip_late_claims_once(&self, now: DateTime<Utc>) -> Result<u64, SchedulerError> {
+        let late = self
+            .ledger
+            .late_claims(self.timing.misfire_threshold, 10_000)
+            .await?;
+        let mut by_schedule: std::collections::BTreeMap<String, LateRuns> = Default::default();
+        for (id, name, at, spec) in late {
+            by_schedule
+                .entry(name)
+                .or_insert_with(|| (spec, Vec::new()))
+                .1
+                .push((id, at));
+        }
+        let mut skipped = 0;
+        for (name, (spec, runs)) in by_schedule {
+            let policy = spec
+                .and_then(|s| serde_json::from_value::<ScheduleSpec>(s).ok())
+                .and_then(|s| Schedule::from_spec(&s).ok())
+                .map_or(crate::MisfirePolicy::default(), |s| s.misfire);
+            let due = DueInstants {
+                latest: runs.iter().map(|(_, at)| *at).collect(),
+                total: u64::try_from(runs.len()).unwrap_or(u64::MAX),
+            };
+            let keep = policy.decide(&due, now, self.timing.misfire_threshold).fire;
+            let drop: Vec<uuid::Uuid> = runs
+                .iter()
+                .filter(|(_, at)| !keep.contains(at))
+                .map(|(id, _)| *id)
+                .collect();
+            if drop.is_empty() {
+                continue;
+            }
+            let reason = format!("skipped by misfire policy {policy:?}: claimed on time but not published before it was late");
+            let n = self
+                .ledger
+                .skip_claimed(&drop, &reason, &self.instance)
+                .await?;
+            if n > 0 {
+                FireCounters::add(&self.counters.misfires_skipped, n);
+                tracing::warn!(schedule = %name, skipped = n, "late unpublished fires skipped by the misfire policy");
+            }
+            skipped += n;
+        }
+        Ok(skipped)
+    }
+
     fn decide(
         &self,
         schedule: &Arc<Schedule>,
@@ -541,9 +601,28 @@ impl Replica {
             let this = self.clone();
             let cancel = cancel.clone();
             tokio::spawn(async move {
-                this.reconciler
-                    .run(this.timing.reconcile_interval, cancel)
-                    .await
+                // Each pass: misfire policies for late unpublished fires
+                // first, then the outbox, so the reconciler never publishes
+                // a fire the policy skips.
+                loop {
+                    if let Err(e) = this.skip_late_claims_once(chrono::Utc::now()).await {
+                        tracing::warn!(error = %e, "late-claim pass failed; retrying");
+                    }
+                    let full = match this.reconciler.reconcile_once().await {
+                        Ok(report) => report.taken >= 500,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "outbox pass failed; retrying");
+                            false
+                        }
+                    };
+                    if full && !cancel.is_cancelled() {
+                        continue;
+                    }
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(this.timing.reconcile_interval) => {}
+                    }
+                }
             })
         };
         let guarding = {

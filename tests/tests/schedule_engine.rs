@@ -383,3 +383,92 @@ async fn a_one_shot_fires_once_even_if_every_replica_was_down_at_its_instant() {
     );
     env.teardown(&["default"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    // Two 1-second schedules, stored as the file sync would store them.
+    let mut specs = Vec::new();
+    for (name, misfire) in [("out-once", None), ("out-catch", Some("catch_up"))] {
+        let spec = ScheduleSpec {
+            name: name.into(),
+            every: Some("1s".into()),
+            job_type: "noop".into(),
+            misfire: misfire.map(Into::into),
+            catch_up_max: misfire.map(|_| 3),
+            ..Default::default()
+        };
+        env.ledger
+            .upsert_schedule(&Schedule::row_for(&spec).unwrap())
+            .await
+            .unwrap();
+        specs.push(spec);
+    }
+    // While RabbitMQ was down, ten fires of each were claimed (on time) and
+    // never published; their confirm deadline has passed.
+    let now = Utc::now().trunc_subsecs(0);
+    for spec in &specs {
+        for i in 0..10 {
+            let at = now - chrono::Duration::seconds(120 - i);
+            let run = belfry_ledger::NewRun {
+                id: uuid::Uuid::now_v7(),
+                job_name: spec.name.clone(),
+                run_key: belfry_protocol::run_key(&spec.name, at).unwrap(),
+                job_type: "noop".into(),
+                payload: serde_json::Value::Null,
+                scheduled_at: at,
+                claimed_by: "replica-during-outage".into(),
+                trace_id: None,
+                traceparent: None,
+                options: Default::default(),
+                next_dispatch_at: at + chrono::Duration::seconds(30),
+            };
+            assert!(env.ledger.claim(&run).await.unwrap());
+        }
+    }
+    let r = replica(&env, "after-outage", Some(&redis_url())).await;
+    let skipped = r.skip_late_claims_once(Utc::now()).await.unwrap();
+    assert_eq!(
+        skipped,
+        9 + 7,
+        "fire_once keeps 1, catch_up (max 3) keeps 3"
+    );
+    let report = r.reconciler().reconcile_once().await.unwrap();
+    assert_eq!(report.republished, 4);
+    let runs = env.all_runs().await;
+    let status = |name: &str, s: &str| {
+        runs.iter()
+            .filter(|r| r.job_name == name && r.status_text == s)
+            .count()
+    };
+    assert_eq!(
+        (status("out-once", "dispatched"), status("out-once", "dead")),
+        (1, 9)
+    );
+    assert_eq!(
+        (
+            status("out-catch", "dispatched"),
+            status("out-catch", "dead")
+        ),
+        (3, 7)
+    );
+    // The one fire_once keeps is the latest.
+    let kept = runs
+        .iter()
+        .find(|r| r.job_name == "out-once" && r.status_text == "dispatched")
+        .unwrap();
+    assert_eq!(kept.scheduled_at, now - chrono::Duration::seconds(111));
+    assert_eq!(
+        env.ledger
+            .skipped_fires("out-once", 100)
+            .await
+            .unwrap()
+            .len(),
+        9
+    );
+    env.teardown(&["default"]).await;
+}
