@@ -58,8 +58,12 @@ async fn misfire_policies_after_every_replica_was_down() {
         .declare_group("default", &["noop"])
         .await
         .unwrap();
-    let now = Utc::now().trunc_subsecs(0);
-    // Each schedule last ran 10 minutes ago; 9-10 fires of a 1-minute
+    // Half-way through a minute, so no 1-minute instant is within the 10 s
+    // on-time threshold and every missed one is up to the policy.
+    let real = Utc::now().trunc_subsecs(0);
+    let now = real - chrono::Duration::seconds(real.timestamp().rem_euclid(60))
+        + chrono::Duration::seconds(30);
+    // Each schedule last ran about 10 minutes ago; 10 fires of a 1-minute
     // schedule were missed while no replica ran.
     let skip = schedule("m-skip", "1m", Some("skip"), |_| {});
     let once = schedule("m-once", "1m", None, |_| {});
