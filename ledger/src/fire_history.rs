@@ -194,6 +194,30 @@ impl Ledger {
         Ok(u64::try_from(skipped.len()).unwrap_or(u64::MAX))
     }
 
+    /// Which of `keys` (job name, run key) are recorded, as a run or as a
+    /// skipped fire: the run keys found.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn recorded_keys(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<std::collections::HashSet<String>, LedgerError> {
+        let names: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
+        let run_keys: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+        let found: Vec<String> = sqlx::query_scalar(
+            "SELECT k.run_key FROM unnest($1::text[], $2::text[]) AS k(job_name, run_key) \
+             WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = k.job_name AND r.run_key = k.run_key) \
+                OR EXISTS (SELECT 1 FROM skipped_fires f WHERE f.job_name = k.job_name AND f.run_key = k.run_key)",
+        )
+        .bind(&names)
+        .bind(&run_keys)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(found.into_iter().collect())
+    }
+
     /// The fires of `job_name` skipped for overlap, newest first.
     ///
     /// # Errors

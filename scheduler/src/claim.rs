@@ -75,9 +75,33 @@ impl Claimer {
         schedule: &Schedule,
         at: DateTime<Utc>,
     ) -> Result<ClaimOutcome, SchedulerError> {
+        self.claim_with(schedule, at, true).await
+    }
+
+    /// [`Claimer::claim`] through the ledger alone, skipping the lock: for
+    /// recovered fires, whose lock may still be held by a replica that died
+    /// before recording them (the ledger decides correctly either way).
+    ///
+    /// # Errors
+    ///
+    /// As [`Claimer::claim`].
+    pub async fn claim_unlocked(
+        &self,
+        schedule: &Schedule,
+        at: DateTime<Utc>,
+    ) -> Result<ClaimOutcome, SchedulerError> {
+        self.claim_with(schedule, at, false).await
+    }
+
+    async fn claim_with(
+        &self,
+        schedule: &Schedule,
+        at: DateTime<Utc>,
+        use_lock: bool,
+    ) -> Result<ClaimOutcome, SchedulerError> {
         let key = run_key(&schedule.name, at).map_err(|belfry_protocol::RunKeyError::Name(e)| e)?;
         let mut locked = false;
-        if let Some(lock) = &self.lock {
+        if let Some(lock) = self.lock.as_ref().filter(|_| use_lock) {
             match lock.try_acquire(&schedule.name, &key).await {
                 Ok(LockOutcome::Acquired) => locked = true,
                 Ok(LockOutcome::HeldElsewhere) => {

@@ -67,11 +67,17 @@ pub enum FireOutcome {
     },
 }
 
+/// A fire lost at the lock: the schedule, its instant, when it was lost.
+type LockLoss = (Arc<Schedule>, DateTime<Utc>, std::time::Instant);
+
 /// A schedule's stored spec and its late unpublished runs (id, instant).
 type LateRuns = (Option<serde_json::Value>, Vec<(uuid::Uuid, DateTime<Utc>)>);
 
 /// How often fires this replica could not claim are looked at again.
 const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
+/// How long after losing a fire at the lock this replica checks that the
+/// winner recorded it: far longer than a claim takes.
+const LOCK_LOSS_CHECK_AFTER: Duration = Duration::from_secs(5);
 /// Most missed fires remembered for recovery.
 const MAX_REMEMBERED_MISSES: usize = 100_000;
 
@@ -121,6 +127,7 @@ pub struct Replica {
     ledger: Ledger,
     guard: ClockGuard,
     missed: std::sync::Mutex<std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)>>,
+    lock_losses: std::sync::Mutex<std::collections::VecDeque<LockLoss>>,
 }
 
 impl Replica {
@@ -240,6 +247,7 @@ impl Replica {
             ledger,
             guard: ClockGuard::new(timing.max_clock_skew),
             missed: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            lock_losses: std::sync::Mutex::new(std::collections::VecDeque::new()),
             dispatcher,
             counters,
             timing: ReplicaTiming {
@@ -279,6 +287,15 @@ impl Replica {
     /// loop applies the schedule's misfire policy to it once claiming works
     /// again.
     pub async fn fire(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) -> FireOutcome {
+        self.fire_with(schedule, at, true).await
+    }
+
+    async fn fire_with(
+        &self,
+        schedule: &Arc<Schedule>,
+        at: DateTime<Utc>,
+        use_lock: bool,
+    ) -> FireOutcome {
         FireCounters::add(&self.counters.fires, 1);
         if !self.guard.allows_claims() {
             FireCounters::add(&self.counters.skipped_clock_skew, 1);
@@ -290,9 +307,21 @@ impl Replica {
                 ),
             };
         }
-        let run = match self.claimer.claim(schedule, at).await {
+        let claimed = if use_lock {
+            self.claimer.claim(schedule, at).await
+        } else {
+            self.claimer.claim_unlocked(schedule, at).await
+        };
+        let run = match claimed {
             Ok(ClaimOutcome::Won(run)) => run,
-            Ok(ClaimOutcome::LostAtLock | ClaimOutcome::LostAtLedger) => return FireOutcome::Lost,
+            Ok(ClaimOutcome::LostAtLock) => {
+                // Another replica holds the lock; if it dies before
+                // recording the fire, nobody would. Check later that the
+                // fire was recorded.
+                self.remember_lock_loss(schedule, at);
+                return FireOutcome::Lost;
+            }
+            Ok(ClaimOutcome::LostAtLedger) => return FireOutcome::Lost,
             Ok(ClaimOutcome::Overlapped) => {
                 return FireOutcome::Skipped {
                     reason: "overlap: the previous run is not finished".into(),
@@ -390,6 +419,70 @@ impl Replica {
             FireCounters::add(&self.counters.misfires_skipped, 1);
         }
         missed.push_back((schedule.clone(), at));
+    }
+
+    fn remember_lock_loss(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {
+        let mut losses = self.lock_losses.lock().unwrap_or_else(|p| p.into_inner());
+        if losses.len() >= MAX_REMEMBERED_MISSES {
+            losses.pop_front();
+        }
+        losses.push_back((schedule.clone(), at, std::time::Instant::now()));
+    }
+
+    /// Checks the fires this replica lost at the Redis lock at least
+    /// `after` ago: any that no replica recorded in the ledger (the lock
+    /// holder died between the lock and the insert) is treated as missed
+    /// and goes through the misfire policy, claimed through the ledger
+    /// alone. Returns how many were missing.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be read (the
+    /// entries are kept for the next pass).
+    pub async fn verify_lock_losses_once(&self, after: Duration) -> Result<usize, SchedulerError> {
+        let ready: Vec<(Arc<Schedule>, DateTime<Utc>)> = {
+            let mut losses = self.lock_losses.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ready = Vec::new();
+            while losses
+                .front()
+                .is_some_and(|(_, _, when)| when.elapsed() >= after)
+            {
+                if let Some((s, at, _)) = losses.pop_front() {
+                    ready.push((s, at));
+                }
+            }
+            ready
+        };
+        if ready.is_empty() {
+            return Ok(0);
+        }
+        let keys: Vec<(String, String)> = ready
+            .iter()
+            .filter_map(|(s, at)| {
+                belfry_protocol::run_key(&s.name, *at)
+                    .ok()
+                    .map(|k| (s.name.clone(), k))
+            })
+            .collect();
+        let recorded = match self.ledger.recorded_keys(&keys).await {
+            Ok(r) => r,
+            Err(e) => {
+                let mut losses = self.lock_losses.lock().unwrap_or_else(|p| p.into_inner());
+                for (s, at) in ready {
+                    losses.push_front((s, at, std::time::Instant::now()));
+                }
+                return Err(e.into());
+            }
+        };
+        let mut missing = 0;
+        for ((schedule, at), (_, key)) in ready.iter().zip(&keys) {
+            if !recorded.contains(key) {
+                missing += 1;
+                tracing::warn!(run_key = %key, "a fire lost at the lock was never recorded (its holder died?); recovering it");
+                self.remember_missed(schedule, *at);
+            }
+        }
+        Ok(missing)
     }
 
     /// Applies each schedule's misfire policy to the fires this replica
@@ -568,7 +661,10 @@ impl Replica {
         // Bounded concurrency, as in the timer loop.
         for chunk in fires.chunks(self.timing.max_inflight) {
             outcomes.extend(
-                futures::future::join_all(chunk.iter().map(|(s, at)| self.fire(s, *at))).await,
+                futures::future::join_all(
+                    chunk.iter().map(|(s, at)| self.fire_with(s, *at, false)),
+                )
+                .await,
             );
         }
         outcomes
@@ -655,6 +751,9 @@ impl Replica {
                     tokio::select! {
                         _ = cancel.cancelled() => return,
                         _ = tokio::time::sleep(RECOVERY_INTERVAL) => {}
+                    }
+                    if let Err(e) = this.verify_lock_losses_once(LOCK_LOSS_CHECK_AFTER).await {
+                        tracing::warn!(error = %e, "cannot check fires lost at the lock; retrying");
                     }
                     this.recover_missed_once(clock.now()).await;
                 }

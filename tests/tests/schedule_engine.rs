@@ -476,3 +476,63 @@ async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
     );
     env.teardown(&["default"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let s = schedule("orphaned-lock", "1s", None, |_| {});
+    let at = Utc::now().trunc_subsecs(0);
+    // A replica took the lock of this fire and died before its insert.
+    let dead = belfry_scheduler::ClaimLock::new(
+        &redis_url(),
+        env.topology.clone(),
+        "dead-replica",
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
+    let key = belfry_protocol::run_key(&s.name, at).unwrap();
+    assert_eq!(
+        dead.try_acquire(&s.name, &key).await.unwrap(),
+        belfry_scheduler::lock::LockOutcome::Acquired
+    );
+    let r = replica(&env, "survivor", Some(&redis_url())).await;
+    assert_eq!(
+        r.fire(&s, at).await,
+        FireOutcome::Lost,
+        "turned away by the dead replica's lock"
+    );
+    assert!(env.all_runs().await.is_empty());
+    // The check finds no row for the lost fire and recovers it through the
+    // ledger alone (the lock is still held).
+    assert_eq!(
+        r.verify_lock_losses_once(std::time::Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
+    let recovered = r.recover_missed_once(Utc::now()).await;
+    assert_eq!(fired(&recovered), 1, "{recovered:?}");
+    let runs = env.all_runs().await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].run_key, key);
+    // A fire whose winner did record it is left alone.
+    let at2 = at + chrono::Duration::seconds(1);
+    let winner = replica(&env, "winner", Some(&redis_url())).await;
+    assert!(matches!(
+        winner.fire(&s, at2).await,
+        FireOutcome::Dispatched { .. }
+    ));
+    assert_eq!(r.fire(&s, at2).await, FireOutcome::Lost);
+    assert_eq!(
+        r.verify_lock_losses_once(std::time::Duration::ZERO)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(env.all_runs().await.len(), 2);
+    env.teardown(&["default"]).await;
+}
