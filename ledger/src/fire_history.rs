@@ -10,6 +10,21 @@ use sqlx::Row;
 use crate::runs::NewRun;
 use crate::{Ledger, LedgerError};
 
+/// A claimed run that never reached the broker and is now late.
+#[derive(Debug, Clone)]
+pub struct LateClaim {
+    /// The run.
+    pub id: uuid::Uuid,
+    /// Its schedule.
+    pub job_name: String,
+    /// Its fire instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// Whether a later fire of the schedule reached the broker.
+    pub superseded: bool,
+    /// The schedule's stored definition.
+    pub spec: Option<serde_json::Value>,
+}
+
 /// The result of a claim that must not overlap the previous run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExclusiveClaim {
@@ -114,11 +129,12 @@ impl Ledger {
         })
     }
 
-    /// Scheduled runs still `claimed` (never confirmed by the broker) whose
-    /// fire instant is older than `older_than` and whose republish is due:
-    /// `(id, job_name, scheduled_at, the schedule's stored spec)`, by
-    /// schedule and instant. The misfire policy decides which of them are
-    /// still published.
+    /// Scheduled runs still `claimed` (never confirmed by the broker),
+    /// claimed more than `grace` ago (database time) and due more than
+    /// `older_than` ago: `(id, job_name, scheduled_at, superseded, spec)` by
+    /// schedule and instant, where `superseded` says a later fire of the
+    /// schedule did reach the broker. The misfire policy decides which of
+    /// them are still published.
     ///
     /// # Errors
     ///
@@ -126,36 +142,42 @@ impl Ledger {
     pub async fn late_claims(
         &self,
         older_than: std::time::Duration,
+        grace: std::time::Duration,
         limit: i64,
-    ) -> Result<Vec<(uuid::Uuid, String, DateTime<Utc>, Option<serde_json::Value>)>, LedgerError>
-    {
+    ) -> Result<Vec<LateClaim>, LedgerError> {
         let rows = sqlx::query(
-            "SELECT r.id, r.job_name, r.scheduled_at, s.spec FROM job_runs r \
-             JOIN schedules s ON s.name = r.job_name \
-             WHERE r.status = 'claimed' AND r.next_dispatch_at <= now() \
-               AND r.claimed_by NOT LIKE 'client:%' \
+            "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
+                 EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
+                         AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed') AS superseded \
+             FROM job_runs r JOIN schedules s ON s.name = r.job_name \
+             WHERE r.status = 'claimed' AND r.claimed_by NOT LIKE 'client:%' \
+               AND r.claimed_at < now() - make_interval(secs => $2) \
                AND r.scheduled_at < now() - make_interval(secs => $1) \
-             ORDER BY r.job_name, r.scheduled_at LIMIT $2",
+             ORDER BY r.job_name, r.scheduled_at LIMIT $3",
         )
         .bind(older_than.as_secs_f64())
+        .bind(grace.as_secs_f64())
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         rows.into_iter()
             .map(|r| {
-                Ok((
-                    r.try_get("id")?,
-                    r.try_get("job_name")?,
-                    r.try_get("scheduled_at")?,
-                    r.try_get("spec")?,
-                ))
+                Ok(LateClaim {
+                    id: r.try_get("id")?,
+                    job_name: r.try_get("job_name")?,
+                    scheduled_at: r.try_get("scheduled_at")?,
+                    superseded: r.try_get("superseded")?,
+                    spec: r.try_get("spec")?,
+                })
             })
             .collect()
     }
 
     /// Gives up claimed runs that their schedule's misfire policy skips:
     /// they become `dead` with `reason` and are recorded in `skipped_fires`
-    /// (by `by`). Only rows still `claimed` change. Returns how many did.
+    /// (by `by`). Only rows still `claimed`, not being published right now
+    /// (their `next_dispatch_at` has passed, so no reconciler holds them)
+    /// and claimed more than `grace` ago change. Returns how many did.
     ///
     /// # Errors
     ///
@@ -165,16 +187,19 @@ impl Ledger {
         ids: &[uuid::Uuid],
         reason: &str,
         by: &str,
+        grace: std::time::Duration,
     ) -> Result<u64, LedgerError> {
         let mut tx = self.pool.begin().await?;
         let skipped = sqlx::query(
             "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
                  next_dispatch_at = NULL, updated_at = now() \
              WHERE id = ANY($1) AND status = 'claimed' \
+               AND next_dispatch_at <= now() AND claimed_at < now() - make_interval(secs => $3) \
              RETURNING job_name, run_key, scheduled_at",
         )
         .bind(ids)
         .bind(reason)
+        .bind(grace.as_secs_f64())
         .fetch_all(&mut *tx)
         .await?;
         for r in &skipped {

@@ -24,7 +24,7 @@ use sqlx::PgPool;
 
 pub use attempt_batch::{AttemptBatcher, BeginRequest, EndRequest};
 pub use error::LedgerError;
-pub use fire_history::ExclusiveClaim;
+pub use fire_history::{ExclusiveClaim, LateClaim};
 pub use runs::{AttemptEntry, AttemptStart, NewRun, RunRecord, RUN_COLUMNS};
 pub use schedules::ScheduleRow;
 pub use status::RunStatus;

@@ -151,17 +151,35 @@ pub fn due_between(
             total = u64::try_from(skip).unwrap_or(0);
         }
         crate::schedule::ScheduleKind::Cron(_) => {
-            let lookback = chrono::Duration::hours(6);
-            if until - after > lookback {
-                let start = until - lookback;
-                if let (Some(a), Some(b)) = (schedule.next_after(after), schedule.next_after(start))
-                {
-                    let gap = schedule
-                        .next_after(a)
-                        .map_or(1, |n| (n - a).num_seconds().max(1));
-                    total = u64::try_from(((b - a).num_seconds() / gap).max(0)).unwrap_or(0);
-                    t = start;
+            // Walk back from `until` in doubling windows until the window
+            // holds `keep` instants or reaches `after`: a daily schedule
+            // after an eight-hour outage still finds its one missed fire.
+            let mut lookback = chrono::Duration::hours(6);
+            loop {
+                if until - after <= lookback {
+                    break;
                 }
+                let start = until - lookback;
+                let inside = (0..keep.max(1))
+                    .scan(start, |t, _| {
+                        let next = schedule.next_after(*t).filter(|n| *n <= until)?;
+                        *t = next;
+                        Some(next)
+                    })
+                    .count();
+                if inside >= keep.max(1) {
+                    if let (Some(a), Some(b)) =
+                        (schedule.next_after(after), schedule.next_after(start))
+                    {
+                        let gap = schedule
+                            .next_after(a)
+                            .map_or(1, |n| (n - a).num_seconds().max(1));
+                        total = u64::try_from(((b - a).num_seconds() / gap).max(0)).unwrap_or(0);
+                        t = start;
+                    }
+                    break;
+                }
+                lookback = lookback * 2;
             }
         }
         crate::schedule::ScheduleKind::Once { .. } => {}
@@ -311,6 +329,29 @@ mod tests {
             ]
         );
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_daily_fire_missed_long_ago_is_still_found() {
+        let daily = crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
+            name: "d".into(),
+            cron: Some("0 0 3 * * *".into()),
+            job_type: "noop".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let d = due_between(
+            &daily,
+            at("2026-07-26T02:00:00Z"),
+            at("2026-07-26T10:00:00Z"),
+            64,
+        );
+        assert_eq!(
+            (d.total, d.latest.clone()),
+            (1, vec![at("2026-07-26T03:00:00Z")])
+        );
+        let r = MisfirePolicy::FireOnce.decide(&d, at("2026-07-26T10:00:00Z"), T);
+        assert_eq!(r.fire, [at("2026-07-26T03:00:00Z")]);
     }
 
     #[test]

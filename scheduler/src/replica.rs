@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use belfry_broker::Broker;
-use belfry_ledger::Ledger;
+use belfry_ledger::{LateClaim, Ledger};
 use belfry_protocol::{ScheduleSpec, Topology};
 use belfry_runtime::SharedClock;
 
@@ -70,8 +70,18 @@ pub enum FireOutcome {
 /// A fire lost at the lock: the schedule, its instant, when it was lost.
 type LockLoss = (Arc<Schedule>, DateTime<Utc>, std::time::Instant);
 
-/// A schedule's stored spec and its late unpublished runs (id, instant).
-type LateRuns = (Option<serde_json::Value>, Vec<(uuid::Uuid, DateTime<Utc>)>);
+/// Most late claims looked at per pass.
+const LATE_CLAIM_BATCH: i64 = 10_000;
+
+/// What one late-claim pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LateClaimPass {
+    /// Claims skipped by misfire policies.
+    pub skipped: u64,
+    /// More late claims remain: the outbox should wait for the next pass so
+    /// it does not publish claims no policy has looked at.
+    pub more: bool,
+}
 
 /// How often fires this replica could not claim are looked at again.
 const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
@@ -456,26 +466,32 @@ impl Replica {
         if ready.is_empty() {
             return Ok(0);
         }
+        // Pairs are built together so a fire and its key can never drift apart
+        // (a run key always builds for a validated schedule name).
+        let ready: Vec<(Arc<Schedule>, DateTime<Utc>, String)> = ready
+            .into_iter()
+            .filter_map(|(s, at)| {
+                belfry_protocol::run_key(&s.name, at)
+                    .ok()
+                    .map(|k| (s, at, k))
+            })
+            .collect();
         let keys: Vec<(String, String)> = ready
             .iter()
-            .filter_map(|(s, at)| {
-                belfry_protocol::run_key(&s.name, *at)
-                    .ok()
-                    .map(|k| (s.name.clone(), k))
-            })
+            .map(|(s, _, k)| (s.name.clone(), k.clone()))
             .collect();
         let recorded = match self.ledger.recorded_keys(&keys).await {
             Ok(r) => r,
             Err(e) => {
                 let mut losses = self.lock_losses.lock().unwrap_or_else(|p| p.into_inner());
-                for (s, at) in ready {
+                for (s, at, _) in ready {
                     losses.push_front((s, at, std::time::Instant::now()));
                 }
                 return Err(e.into());
             }
         };
         let mut missing = 0;
-        for ((schedule, at), (_, key)) in ready.iter().zip(&keys) {
+        for (schedule, at, key) in &ready {
             if !recorded.contains(key) {
                 missing += 1;
                 tracing::warn!(run_key = %key, "a fire lost at the lock was never recorded (its holder died?); recovering it");
@@ -498,10 +514,12 @@ impl Replica {
         };
         if !self.guard.allows_claims() || !self.ledger.ping().await {
             // Still unable to claim: keep them for the next pass.
-            self.missed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend(taken);
+            let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
+            missed.extend(taken);
+            while missed.len() > MAX_REMEMBERED_MISSES {
+                missed.pop_front();
+                FireCounters::add(&self.counters.misfires_skipped, 1);
+            }
             return Vec::new();
         }
         let mut by_schedule: std::collections::BTreeMap<
@@ -578,34 +596,63 @@ impl Replica {
     /// # Errors
     ///
     /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
-    pub async fn skip_late_claims_once(&self, now: DateTime<Utc>) -> Result<u64, SchedulerError> {
-        let late = self
+    pub async fn skip_late_claims_once(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<LateClaimPass, SchedulerError> {
+        let grace = self.timing.confirm_grace;
+        let mut late = self
             .ledger
-            .late_claims(self.timing.misfire_threshold, 10_000)
+            .late_claims(self.timing.misfire_threshold, grace, LATE_CLAIM_BATCH)
             .await?;
-        let mut by_schedule: std::collections::BTreeMap<String, LateRuns> = Default::default();
-        for (id, name, at, spec) in late {
+        let full = late.len() >= usize::try_from(LATE_CLAIM_BATCH).unwrap_or(usize::MAX);
+        if full {
+            // The last schedule may continue past the batch: decide it on a
+            // later pass, with all its rows.
+            if let Some(last) = late.last().map(|c| c.job_name.clone()) {
+                late.retain(|c| c.job_name != last);
+            }
+        }
+        let mut by_schedule: std::collections::BTreeMap<String, Vec<LateClaim>> =
+            Default::default();
+        for claim in late {
             by_schedule
-                .entry(name)
-                .or_insert_with(|| (spec, Vec::new()))
-                .1
-                .push((id, at));
+                .entry(claim.job_name.clone())
+                .or_default()
+                .push(claim);
         }
         let mut skipped = 0;
-        for (name, (spec, runs)) in by_schedule {
-            let policy = spec
+        for (name, runs) in by_schedule {
+            let schedule = runs[0]
+                .spec
+                .clone()
                 .and_then(|s| serde_json::from_value::<ScheduleSpec>(s).ok())
-                .and_then(|s| Schedule::from_spec(&s).ok())
-                .map_or(crate::MisfirePolicy::default(), |s| s.misfire);
+                .and_then(|s| Schedule::from_spec(&s).ok());
+            let (policy, jitter) = schedule.map_or(
+                (crate::MisfirePolicy::default(), chrono::Duration::zero()),
+                |s| (s.misfire, s.jitter_offset),
+            );
             let due = DueInstants {
-                latest: runs.iter().map(|(_, at)| *at).collect(),
+                latest: runs.iter().map(|r| r.scheduled_at).collect(),
                 total: u64::try_from(runs.len()).unwrap_or(u64::MAX),
             };
-            let keep = policy.decide(&due, now, self.timing.misfire_threshold).fire;
+            // Lateness counts from when the fire should have reached the
+            // broker at the latest: its wake-up plus the confirm grace. A
+            // publish retried right after the grace is on time.
+            let grace_chrono = chrono::Duration::from_std(grace).unwrap_or_default();
+            let reference = now - grace_chrono - jitter;
+            let mut keep = policy
+                .decide(&due, reference, self.timing.misfire_threshold)
+                .fire;
+            if policy == crate::MisfirePolicy::FireOnce {
+                // fire_once fires a missed instant only when no later fire
+                // made it: a later published fire supersedes them all.
+                keep.retain(|at| !runs.iter().any(|r| r.scheduled_at == *at && r.superseded));
+            }
             let drop: Vec<uuid::Uuid> = runs
                 .iter()
-                .filter(|(_, at)| !keep.contains(at))
-                .map(|(id, _)| *id)
+                .filter(|r| !keep.contains(&r.scheduled_at))
+                .map(|r| r.id)
                 .collect();
             if drop.is_empty() {
                 continue;
@@ -613,7 +660,7 @@ impl Replica {
             let reason = format!("skipped by misfire policy {policy:?}: claimed on time but not published before it was late");
             let n = self
                 .ledger
-                .skip_claimed(&drop, &reason, &self.instance)
+                .skip_claimed(&drop, &reason, &self.instance, grace)
                 .await?;
             if n > 0 {
                 FireCounters::add(&self.counters.misfires_skipped, n);
@@ -621,7 +668,10 @@ impl Replica {
             }
             skipped += n;
         }
-        Ok(skipped)
+        Ok(LateClaimPass {
+            skipped,
+            more: full,
+        })
     }
 
     fn decide(
@@ -701,8 +751,10 @@ impl Replica {
                 // first, then the outbox, so the reconciler never publishes
                 // a fire the policy skips.
                 loop {
-                    if let Err(e) = this.skip_late_claims_once(chrono::Utc::now()).await {
-                        tracing::warn!(error = %e, "late-claim pass failed; retrying");
+                    match this.skip_late_claims_once(chrono::Utc::now()).await {
+                        Ok(pass) if pass.more && !cancel.is_cancelled() => continue,
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "late-claim pass failed; retrying"),
                     }
                     let full = match this.reconciler.reconcile_once().await {
                         Ok(report) => report.taken >= 500,
@@ -764,21 +816,19 @@ impl Replica {
         tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
         'ticks: loop {
             while inflight.try_join_next().is_some() {}
-            tokio::select! {
+            let change = tokio::select! {
                 // Biased towards shutdown: once cancelled, no new fire is
                 // claimed even if one is due at the same moment. Due fires
                 // come before schedule changes, so a burst of changes cannot
                 // delay them; a change is applied between fires.
                 biased;
                 _ = cancel.cancelled() => break,
-                _ = timer.wait(&clock) => {}
-                change = changes.recv() => {
-                    if let Some(change) = change {
-                        self.apply_change(&mut timer, change, clock.now());
-                    }
-                    continue;
-                }
-            }
+                _ = timer.wait(&clock) => None,
+                change = changes.recv() => change,
+            };
+            // What is due is handed off before a change is applied, so a
+            // change arriving just as its schedule is due does not lose
+            // that fire.
             let due = timer.due(clock.now());
             self.count_skipped(&due.skipped);
             for fire in due.fires {
@@ -796,6 +846,9 @@ impl Replica {
                     let _permit = permit;
                     this.fire(&fire.schedule, fire.at).await
                 });
+            }
+            if let Some(change) = change {
+                self.apply_change(&mut timer, change, clock.now());
             }
         }
         let pending = inflight.len();

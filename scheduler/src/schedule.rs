@@ -199,7 +199,10 @@ impl Schedule {
                 (None, Some(raw)) => {
                     let delay = humantime::parse_duration(raw.trim())
                         .map_err(|e| err("after", format!("invalid delay {raw:?}: {e}; expected e.g. \"10m\"")))?;
-                    Utc::now() + Duration::from_std(delay).map_err(|_| err("after", format!("{raw:?} is too long")))?
+                    Duration::from_std(delay)
+                        .ok()
+                        .and_then(|d| Utc::now().checked_add_signed(d))
+                        .ok_or_else(|| err("after", format!("{raw:?} is too long")))?
                 }
                 (None, None) => return Err(err("at", "give `at` or `after`".into())),
             };

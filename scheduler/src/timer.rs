@@ -69,6 +69,8 @@ struct Slot {
     generation: u32,
     /// The latest nominal instant handed off for this schedule.
     last: Option<DateTime<Utc>>,
+    /// The nominal instant queued in the heap, not yet handed off.
+    queued: Option<DateTime<Utc>>,
 }
 
 /// The heap of next wake-ups.
@@ -109,6 +111,7 @@ impl Timer {
                 _ => schedule.next_after(from),
             };
             if timer.by_name.contains_key(&schedule.name) {
+                // (Only reachable with a repeated name in the input.)
                 // A repeated name: the later definition replaces it.
                 timer.upsert(schedule, now);
                 continue;
@@ -124,6 +127,7 @@ impl Timer {
                 schedule: Some(schedule),
                 generation: 1,
                 last: None,
+                queued: first,
             });
         }
         timer
@@ -143,7 +147,10 @@ impl Timer {
     /// never lost. Returns whether the schedule was already in the timer
     /// (a change) rather than new or resumed.
     pub fn upsert(&mut self, schedule: Arc<Schedule>, now: DateTime<Utc>) -> bool {
-        let known = self.by_name.contains_key(&schedule.name);
+        let known = self
+            .by_name
+            .get(&schedule.name)
+            .is_some_and(|&i| self.slots[i].schedule.is_some());
         let slot = match self.by_name.get(&schedule.name) {
             Some(&i) => i,
             None => {
@@ -151,6 +158,7 @@ impl Timer {
                     schedule: None,
                     generation: 0,
                     last: None,
+                    queued: None,
                 });
                 let i = self.slots.len() - 1;
                 self.by_name.insert(schedule.name.clone(), i);
@@ -159,12 +167,23 @@ impl Timer {
         };
         let entry = &mut self.slots[slot];
         entry.generation = entry.generation.wrapping_add(1);
-        // An instant whose jittered wake-up is still ahead fires.
-        let mut from = now - schedule.jitter_offset;
+        // An instant whose jittered wake-up is still ahead fires, under the
+        // old jitter or the new one; an instant the old definition had
+        // queued but not handed off is not skipped; nothing handed off fires
+        // again.
+        let old_offset = entry
+            .schedule
+            .as_ref()
+            .map_or(chrono::Duration::zero(), |s| s.jitter_offset);
+        let mut from = now - old_offset.max(schedule.jitter_offset);
+        if let Some(queued) = entry.queued {
+            from = from.min(queued - chrono::Duration::seconds(1));
+        }
         if let Some(last) = entry.last {
             from = from.max(last);
         }
-        if let Some(at) = schedule.next_after(from) {
+        entry.queued = schedule.next_after(from);
+        if let Some(at) = entry.queued {
             self.heap
                 .push(Reverse((schedule.wake_at(at), slot, at, entry.generation)));
         }
@@ -175,13 +194,15 @@ impl Timer {
     /// Removes the schedule named `name` (deleted or paused). Returns
     /// whether it was there.
     pub fn remove(&mut self, name: &str) -> bool {
-        let Some(slot) = self.by_name.remove(name) else {
+        // The slot stays (with its last fired instant) for the name's return:
+        // a resumed schedule reuses it and never refires what it fired.
+        let Some(&slot) = self.by_name.get(name) else {
             return false;
         };
         let entry = &mut self.slots[slot];
         entry.generation = entry.generation.wrapping_add(1);
-        entry.schedule = None;
-        true
+        entry.queued = None;
+        entry.schedule.take().is_some()
     }
 
     /// The schedules this timer fires.
@@ -217,12 +238,12 @@ impl Timer {
 
     /// The number of live schedules.
     pub fn len(&self) -> usize {
-        self.by_name.len()
+        self.slots.iter().filter(|s| s.schedule.is_some()).count()
     }
 
     /// Whether the timer has no schedule.
     pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
+        self.len() == 0
     }
 
     /// Computes the next instants of the schedules fired last.
@@ -244,6 +265,7 @@ impl Timer {
                     .or_insert_with(|| schedule.next_after(last)),
                 ScheduleKind::Every { .. } | ScheduleKind::Once { .. } => schedule.next_after(last),
             };
+            self.slots[slot].queued = next;
             if let Some(next) = next {
                 self.heap
                     .push(Reverse((schedule.wake_at(next), slot, next, generation)));
@@ -285,6 +307,7 @@ impl Timer {
                 // instant is due (instants are whole seconds apart) and it is
                 // on time. Handed off now, rescheduled on the next call.
                 self.slots[slot].last = Some(first);
+                self.slots[slot].queued = None;
                 due.fires.push(Fire {
                     schedule,
                     at: first,
@@ -320,7 +343,8 @@ impl Timer {
             }
             let resume = last.max(reference);
             self.slots[slot].last = Some(resume);
-            if let Some(next) = schedule.next_after(resume) {
+            self.slots[slot].queued = schedule.next_after(resume);
+            if let Some(next) = self.slots[slot].queued {
                 self.heap
                     .push(Reverse((schedule.wake_at(next), slot, next, generation)));
             }
