@@ -243,6 +243,53 @@ impl Ledger {
         Ok(found.into_iter().collect())
     }
 
+    /// Finds runs that stopped moving: `dispatched` or `retrying` with no
+    /// change for `after`, or `running` with an expired lease and no change
+    /// for `after` (their worker died and no redelivery took them up: no
+    /// worker alive for the type, the queue deleted). Each is reported once:
+    /// its `last_error` becomes a `stuck: ...` reason (the status stays, so a
+    /// late worker can still finish it). Returns `(run_key, status, reason)`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn mark_stuck(
+        &self,
+        after: std::time::Duration,
+        limit: i64,
+    ) -> Result<Vec<(String, String, String)>, LedgerError> {
+        let rows = sqlx::query(
+            "WITH stuck AS ( \
+                 SELECT id FROM job_runs \
+                 WHERE status IN ('dispatched', 'running', 'retrying') \
+                   AND updated_at < now() - make_interval(secs => $1) \
+                   AND next_dispatch_at IS NULL \
+                   AND (status <> 'running' OR lease_until IS NULL OR lease_until < now()) \
+                   AND (last_error IS NULL OR last_error NOT LIKE 'stuck:%') \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             UPDATE job_runs j SET last_error = 'stuck: no progress since ' || \
+                 to_char(j.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') || ' while ' || j.status || \
+                 CASE j.status WHEN 'dispatched' THEN ' (no worker took it: is a worker group serving ' || j.job_type || ' running?)' \
+                      WHEN 'running' THEN ' (its worker died and no redelivery took it up)' \
+                      ELSE ' (its retry never came: is a worker or a scheduler replica running?)' END \
+             FROM stuck WHERE j.id = stuck.id \
+             RETURNING j.run_key, j.status, j.last_error",
+        )
+        .bind(after.as_secs_f64())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("run_key")?,
+                    r.try_get("status")?,
+                    r.try_get("last_error")?,
+                ))
+            })
+            .collect()
+    }
+
     /// The fires of `job_name` skipped for overlap, newest first.
     ///
     /// # Errors

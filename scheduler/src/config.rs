@@ -19,6 +19,7 @@
 //! | `BELFRY_MISFIRE_THRESHOLD` | `10s` | lateness within which a fire is on time; older ones follow the misfire policy |
 //! | `BELFRY_MAX_CLOCK_SKEW` | `2s` | clock difference with the database beyond which the replica stops claiming |
 //! | `BELFRY_CLOCK_CHECK_INTERVAL` | `10s` | how often the clock is compared with the database's |
+//! | `BELFRY_STUCK_AFTER` | `1h` | a run with no progress for this long is reported stuck |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
 
 use std::path::PathBuf;
@@ -71,6 +72,8 @@ pub struct SchedulerConfig {
     pub max_clock_skew: Duration,
     /// How often the clock is compared with the database's.
     pub clock_check_interval: Duration,
+    /// A run with no progress for this long is reported stuck.
+    pub stuck_after: Duration,
     /// Log format.
     pub log_format: LogFormat,
 }
@@ -99,6 +102,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("misfire_threshold", &self.misfire_threshold)
             .field("max_clock_skew", &self.max_clock_skew)
             .field("clock_check_interval", &self.clock_check_interval)
+            .field("stuck_after", &self.stuck_after)
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -174,6 +178,11 @@ impl SchedulerConfig {
                 "BELFRY_CLOCK_CHECK_INTERVAL",
                 Duration::from_secs(10),
                 Duration::from_millis(100),
+            )?,
+            stuck_after: settings.duration(
+                "BELFRY_STUCK_AFTER",
+                Duration::from_secs(3600),
+                Duration::from_secs(1),
             )?,
             log_format: settings.parsed(
                 "BELFRY_LOG_FORMAT",

@@ -35,6 +35,8 @@ pub struct FireCounters {
     pub skipped_overlap: AtomicU64,
     /// Fires not claimed because this replica's clock is skewed.
     pub skipped_clock_skew: AtomicU64,
+    /// Runs reported stuck (no progress past the deadline).
+    pub stuck_runs: AtomicU64,
 }
 
 impl FireCounters {

@@ -108,6 +108,8 @@ pub struct ReplicaTiming {
     pub max_clock_skew: Duration,
     /// How often the clock is compared with the database's.
     pub clock_check_interval: Duration,
+    /// A run with no progress for this long is reported stuck.
+    pub stuck_after: Duration,
 }
 
 impl Default for ReplicaTiming {
@@ -120,6 +122,7 @@ impl Default for ReplicaTiming {
             misfire_threshold: crate::timer::DEFAULT_MISFIRE_THRESHOLD,
             max_clock_skew: Duration::from_secs(2),
             clock_check_interval: Duration::from_secs(10),
+            stuck_after: Duration::from_secs(3600),
         }
     }
 }
@@ -223,6 +226,7 @@ impl Replica {
             misfire_threshold: config.misfire_threshold,
             max_clock_skew: config.max_clock_skew,
             clock_check_interval: config.clock_check_interval,
+            stuck_after: config.stuck_after,
         };
         let replica = Self::new(&config.instance, lock, ledger, broker, timing);
         Ok((replica, sync, schedules))
@@ -429,6 +433,26 @@ impl Replica {
             FireCounters::add(&self.counters.misfires_skipped, 1);
         }
         missed.push_back((schedule.clone(), at));
+    }
+
+    /// Reports runs that stopped moving (see
+    /// [`belfry_ledger::Ledger::mark_stuck`]): an error log line and a
+    /// counter for each, and a `stuck: ...` reason in `job_runs`. Returns
+    /// how many were found.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
+    pub async fn report_stuck_once(&self) -> Result<usize, SchedulerError> {
+        let stuck = self
+            .ledger
+            .mark_stuck(self.timing.stuck_after, 1_000)
+            .await?;
+        for (run_key, status, reason) in &stuck {
+            FireCounters::add(&self.counters.stuck_runs, 1);
+            tracing::error!(%run_key, %status, %reason, "run is stuck");
+        }
+        Ok(stuck.len())
     }
 
     fn remember_lock_loss(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {
@@ -803,6 +827,9 @@ impl Replica {
                     tokio::select! {
                         _ = cancel.cancelled() => return,
                         _ = tokio::time::sleep(RECOVERY_INTERVAL) => {}
+                    }
+                    if let Err(e) = this.report_stuck_once().await {
+                        tracing::warn!(error = %e, "cannot look for stuck runs; retrying");
                     }
                     if let Err(e) = this.verify_lock_losses_once(LOCK_LOSS_CHECK_AFTER).await {
                         tracing::warn!(error = %e, "cannot check fires lost at the lock; retrying");

@@ -541,3 +541,56 @@ async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
     assert_eq!(env.all_runs().await.len(), 2);
     env.teardown(&["default"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_that_stopped_moving_are_reported_once() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let r = replica(&env, "watcher", Some(&redis_url())).await;
+    let s = schedule("stale", "1s", None, |_| {});
+    let t: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
+    // Three runs: published but never consumed, running under an expired
+    // lease, and one that is fine (recent).
+    for (i, _) in ["dispatched", "running", "fresh"].iter().enumerate() {
+        assert!(matches!(
+            r.fire(&s, t + chrono::Duration::seconds(i as i64)).await,
+            FireOutcome::Dispatched { .. }
+        ));
+    }
+    sqlx::query(
+        "UPDATE job_runs SET updated_at = now() - interval '2 hours', \
+             status = CASE WHEN scheduled_at = $1 THEN 'running' ELSE status END, \
+             lease_until = CASE WHEN scheduled_at = $1 THEN now() - interval '1 hour' END \
+         WHERE scheduled_at < $2",
+    )
+    .bind(t + chrono::Duration::seconds(1))
+    .bind(t + chrono::Duration::seconds(2))
+    .execute(env.ledger.pool())
+    .await
+    .unwrap();
+    assert_eq!(r.report_stuck_once().await.unwrap(), 2);
+    assert_eq!(r.report_stuck_once().await.unwrap(), 0, "reported once");
+    let runs = env.all_runs().await;
+    let reason = |at: DateTime<Utc>| {
+        runs.iter()
+            .find(|r| r.scheduled_at == at)
+            .and_then(|r| r.last_error.clone())
+    };
+    assert!(
+        reason(t).unwrap().starts_with("stuck: no progress since"),
+        "{:?}",
+        reason(t)
+    );
+    assert!(reason(t)
+        .unwrap()
+        .contains("is a worker group serving noop running?"));
+    assert!(reason(t + chrono::Duration::seconds(1))
+        .unwrap()
+        .contains("its worker died"));
+    assert_eq!(reason(t + chrono::Duration::seconds(2)), None);
+    assert_eq!(FireCounters::get(&r.counters().stuck_runs), 2);
+    env.teardown(&["default"]).await;
+}
