@@ -60,6 +60,7 @@ impl Dispatcher {
     pub async fn dispatch(&self, message: &JobMessage) -> Result<DispatchOutcome, DispatchError> {
         match self.publish(message).await {
             Ok(PublishOutcome::Confirmed) => {
+                belfry_runtime::failpoint::hit("after_publish_before_dispatched");
                 self.ledger.mark_dispatched(message.message_id).await?;
                 Ok(DispatchOutcome::Dispatched)
             }

@@ -7,6 +7,7 @@
 
 pub mod clock;
 pub mod endpoint;
+pub mod failpoint;
 pub mod setting;
 pub mod shutdown;
 pub mod telemetry;

@@ -327,7 +327,10 @@ impl Replica {
             self.claimer.claim_unlocked(schedule, at).await
         };
         let run = match claimed {
-            Ok(ClaimOutcome::Won(run)) => run,
+            Ok(ClaimOutcome::Won(run)) => {
+                belfry_runtime::failpoint::hit("after_claim_before_publish");
+                run
+            }
             Ok(ClaimOutcome::LostAtLock) => {
                 // Another replica holds the lock; if it dies before
                 // recording the fire, nobody would. Check later that the

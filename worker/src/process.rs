@@ -261,6 +261,7 @@ impl Worker {
                 span: span.clone(),
             };
             WorkerCounters::add(&self.counters.attempts);
+            belfry_runtime::failpoint::hit("inside_handler");
             let result = run_attempt(
                 &registered.handler,
                 ctx,
@@ -528,6 +529,7 @@ impl Worker {
     }
 
     async fn ack(&self, delivery: &Delivery) {
+        belfry_runtime::failpoint::hit("before_ack");
         if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
             // The outcome is already in the ledger: a redelivery will be
             // recognised as a duplicate.
