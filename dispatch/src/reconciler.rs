@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use tokio_util::sync::CancellationToken;
 
 use belfry_ledger::Ledger;
 
@@ -30,6 +29,8 @@ pub struct ReconcileReport {
     pub unroutable: usize,
     /// Not confirmed; postponed.
     pub failed: usize,
+    /// The pass took a full batch: more may be due, run the next at once.
+    pub more: bool,
 }
 
 /// The outbox loop.
@@ -62,6 +63,7 @@ impl Reconciler {
         let due = self.ledger.take_due(self.batch, self.lease).await?;
         let mut report = ReconcileReport {
             taken: due.len(),
+            more: due.len() >= usize::try_from(self.batch).unwrap_or(usize::MAX),
             ..ReconcileReport::default()
         };
         if due.is_empty() {
@@ -88,32 +90,5 @@ impl Reconciler {
             }
         }
         Ok(report)
-    }
-
-    /// Runs passes every `interval` until `cancel`; a pass that found a
-    /// full batch is followed at once by the next.
-    pub async fn run(&self, interval: Duration, cancel: CancellationToken) {
-        loop {
-            if cancel.is_cancelled() {
-                return;
-            }
-            let full = match self.reconcile_once().await {
-                Ok(report) => report.taken >= usize::try_from(self.batch).unwrap_or(usize::MAX),
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbox pass failed; retrying");
-                    false
-                }
-            };
-            if full {
-                continue;
-            }
-            // Stop between passes only: a pass in flight finishes, so taken
-            // runs are published (or their lease expires) rather than
-            // abandoned mid-way.
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(interval) => {}
-            }
-        }
     }
 }

@@ -144,15 +144,4 @@ impl Ledger {
                 .await?,
         )
     }
-
-    /// The database's current time, for clock comparisons.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database cannot be reached.
-    pub async fn now(&self) -> Result<DateTime<Utc>, LedgerError> {
-        Ok(sqlx::query_scalar("SELECT now()")
-            .fetch_one(&self.pool)
-            .await?)
-    }
 }

@@ -27,6 +27,8 @@ use std::time::Duration;
 
 use belfry_runtime::{default_instance, LogFormat, SettingError, Settings};
 
+use crate::replica::ReplicaTiming;
+
 /// Default Postgres URL (the local trust-auth server of a dev machine).
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 /// Default Redis URL.
@@ -56,24 +58,10 @@ pub struct SchedulerConfig {
     pub schedule_resync: Duration,
     /// Redis lock lifetime.
     pub lock_ttl: Duration,
-    /// Concurrent fires.
-    pub max_inflight_fires: usize,
     /// Postgres pool size.
     pub db_pool: u32,
-    /// Shutdown deadline for in-flight fires.
-    pub shutdown_timeout: Duration,
-    /// A claimed run not confirmed by then is republished by the reconciler.
-    pub confirm_grace: Duration,
-    /// How often the outbox reconciler runs.
-    pub reconcile_interval: Duration,
-    /// Lateness within which a fire is on time.
-    pub misfire_threshold: Duration,
-    /// Clock skew beyond which the replica stops claiming.
-    pub max_clock_skew: Duration,
-    /// How often the clock is compared with the database's.
-    pub clock_check_interval: Duration,
-    /// A run with no progress for this long is reported stuck.
-    pub stuck_after: Duration,
+    /// In-flight limit, deadlines and intervals of the replica loop.
+    pub timing: ReplicaTiming,
     /// Log format.
     pub log_format: LogFormat,
 }
@@ -94,15 +82,8 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("prune_schedules", &self.prune_schedules)
             .field("schedule_resync", &self.schedule_resync)
             .field("lock_ttl", &self.lock_ttl)
-            .field("max_inflight_fires", &self.max_inflight_fires)
             .field("db_pool", &self.db_pool)
-            .field("shutdown_timeout", &self.shutdown_timeout)
-            .field("confirm_grace", &self.confirm_grace)
-            .field("reconcile_interval", &self.reconcile_interval)
-            .field("misfire_threshold", &self.misfire_threshold)
-            .field("max_clock_skew", &self.max_clock_skew)
-            .field("clock_check_interval", &self.clock_check_interval)
-            .field("stuck_after", &self.stuck_after)
+            .field("timing", &self.timing)
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -139,51 +120,53 @@ impl SchedulerConfig {
                 Duration::from_secs(60),
                 Duration::from_secs(1),
             )?,
-            max_inflight_fires: usize::try_from(settings.number(
-                "BELFRY_MAX_INFLIGHT_FIRES",
-                64,
-                1,
-                100_000,
-            )?)
-            .unwrap_or(64),
             db_pool: u32::try_from(settings.number("BELFRY_DB_POOL", 8, 1, 1_000)?).unwrap_or(8),
-            shutdown_timeout: settings.duration(
-                "BELFRY_SHUTDOWN_TIMEOUT",
-                Duration::from_secs(30),
-                Duration::ZERO,
-            )?,
-            confirm_grace: settings.duration(
-                "BELFRY_RECONCILE_AFTER",
-                Duration::from_secs(30),
-                Duration::from_secs(1),
-            )?,
-            reconcile_interval: settings.duration(
-                "BELFRY_RECONCILE_INTERVAL",
-                Duration::from_secs(1),
-                Duration::from_millis(10),
-            )?,
-            // At least 1 s: instants are whole seconds apart, and the timer
-            // treats a fire less than a second late as on time.
-            misfire_threshold: settings.duration(
-                "BELFRY_MISFIRE_THRESHOLD",
-                Duration::from_secs(10),
-                Duration::from_secs(1),
-            )?,
-            max_clock_skew: settings.duration(
-                "BELFRY_MAX_CLOCK_SKEW",
-                Duration::from_secs(2),
-                Duration::from_millis(1),
-            )?,
-            clock_check_interval: settings.duration(
-                "BELFRY_CLOCK_CHECK_INTERVAL",
-                Duration::from_secs(10),
-                Duration::from_millis(100),
-            )?,
-            stuck_after: settings.duration(
-                "BELFRY_STUCK_AFTER",
-                Duration::from_secs(3600),
-                Duration::from_secs(1),
-            )?,
+            timing: ReplicaTiming {
+                max_inflight: usize::try_from(settings.number(
+                    "BELFRY_MAX_INFLIGHT_FIRES",
+                    64,
+                    1,
+                    100_000,
+                )?)
+                .unwrap_or(64),
+                shutdown_timeout: settings.duration(
+                    "BELFRY_SHUTDOWN_TIMEOUT",
+                    Duration::from_secs(30),
+                    Duration::ZERO,
+                )?,
+                confirm_grace: settings.duration(
+                    "BELFRY_RECONCILE_AFTER",
+                    Duration::from_secs(30),
+                    Duration::from_secs(1),
+                )?,
+                reconcile_interval: settings.duration(
+                    "BELFRY_RECONCILE_INTERVAL",
+                    Duration::from_secs(1),
+                    Duration::from_millis(10),
+                )?,
+                // At least 1 s: instants are whole seconds apart, and the timer
+                // treats a fire less than a second late as on time.
+                misfire_threshold: settings.duration(
+                    "BELFRY_MISFIRE_THRESHOLD",
+                    Duration::from_secs(10),
+                    Duration::from_secs(1),
+                )?,
+                max_clock_skew: settings.duration(
+                    "BELFRY_MAX_CLOCK_SKEW",
+                    Duration::from_secs(2),
+                    Duration::from_millis(1),
+                )?,
+                clock_check_interval: settings.duration(
+                    "BELFRY_CLOCK_CHECK_INTERVAL",
+                    Duration::from_secs(10),
+                    Duration::from_millis(100),
+                )?,
+                stuck_after: settings.duration(
+                    "BELFRY_STUCK_AFTER",
+                    Duration::from_secs(3600),
+                    Duration::from_secs(1),
+                )?,
+            },
             log_format: settings.parsed(
                 "BELFRY_LOG_FORMAT",
                 LogFormat::Text,

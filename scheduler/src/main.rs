@@ -37,8 +37,8 @@ async fn run() -> anyhow::Result<()> {
     tracing::info!(?config, "starting belfry-scheduler");
     let cancel = shutdown_token();
     let (replica, sync, schedules) = Replica::start(&config).await?;
-    let timer =
-        Timer::new(schedules, chrono::Utc::now()).with_misfire_threshold(config.misfire_threshold);
+    let timer = Timer::new(schedules, chrono::Utc::now())
+        .with_misfire_threshold(config.timing.misfire_threshold);
     // Schedule changes (API, another replica's file, SQL by hand) flow from
     // the table to the timer while the replica runs.
     let (changes_tx, changes) = tokio::sync::mpsc::unbounded_channel();

@@ -165,28 +165,34 @@ impl Replica {
         let now = chrono::Utc::now();
         // Everything is checked before anything is stored: one bad schedule
         // refuses the file and leaves the stored ones untouched.
+        let stored: std::collections::HashSet<String> = ledger
+            .schedule_versions()
+            .await?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
         let mut rows = Vec::with_capacity(specs.len());
         for spec in &specs {
-            let stored = ledger.schedule(&spec.name).await?;
-            if stored.is_some() && spec.after.is_some() {
+            let known = stored.contains(&spec.name);
+            if known && spec.after.is_some() {
                 // "after" was turned into an instant when first stored;
                 // storing it again would move the run.
                 continue;
             }
             let schedule = Schedule::from_spec(spec)?;
-            if stored.is_none() {
+            if !known {
                 // New: a one-shot instant must still be ahead.
                 schedule.check_new(now)?;
             }
             let row = match (&spec.after, schedule.first_instant()) {
                 // Store the instant, not the delay, so every replica and
                 // restart fires it at the same moment.
-                (Some(_), Some(at)) => Schedule::row_for(&ScheduleSpec {
+                (Some(_), Some(at)) => schedule.to_stored_row(&ScheduleSpec {
                     after: None,
                     at: Some(at.to_rfc3339()),
                     ..spec.clone()
-                })?,
-                _ => Schedule::row_for(spec)?,
+                }),
+                _ => schedule.to_stored_row(spec),
             };
             rows.push(row);
         }
@@ -218,17 +224,13 @@ impl Replica {
             },
             None => None,
         };
-        let timing = ReplicaTiming {
-            max_inflight: config.max_inflight_fires,
-            shutdown_timeout: config.shutdown_timeout,
-            confirm_grace: config.confirm_grace,
-            reconcile_interval: config.reconcile_interval,
-            misfire_threshold: config.misfire_threshold,
-            max_clock_skew: config.max_clock_skew,
-            clock_check_interval: config.clock_check_interval,
-            stuck_after: config.stuck_after,
-        };
-        let replica = Self::new(&config.instance, lock, ledger, broker, timing);
+        let replica = Self::new(
+            &config.instance,
+            lock,
+            ledger,
+            broker,
+            config.timing.clone(),
+        );
         Ok((replica, sync, schedules))
     }
 
@@ -784,7 +786,7 @@ impl Replica {
                         Err(e) => tracing::warn!(error = %e, "late-claim pass failed; retrying"),
                     }
                     let full = match this.reconciler.reconcile_once().await {
-                        Ok(report) => report.taken >= 500,
+                        Ok(report) => report.more,
                         Err(e) => {
                             tracing::warn!(error = %e, "outbox pass failed; retrying");
                             false

@@ -340,9 +340,14 @@ impl Schedule {
     ///
     /// [`ScheduleError`] when `spec` is invalid.
     pub fn row_for(spec: &ScheduleSpec) -> Result<ScheduleRow, ScheduleError> {
-        let mut row = Self::from_spec(spec)?.to_row();
+        Ok(Self::from_spec(spec)?.to_stored_row(spec))
+    }
+
+    /// The row this schedule, built from `spec`, is stored as.
+    pub fn to_stored_row(&self, spec: &ScheduleSpec) -> ScheduleRow {
+        let mut row = self.to_row();
         row.spec = serde_json::to_value(spec).ok();
-        Ok(row)
+        row
     }
 
     /// The row this schedule is stored as in `schedules`, without its spec.

@@ -28,7 +28,7 @@ async fn a_replica_killed_between_claim_and_publish_loses_no_fire() {
         "[[schedule]]\nname = \"crashy\"\nevery = \"1s\"\njob_type = \"noop\"\n",
     )
     .unwrap();
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .envs(env.process_env())
         .env("BELFRY_SCHEDULES", &file)
         .env("BELFRY_INSTANCE", "doomed")
@@ -39,10 +39,7 @@ async fn a_replica_killed_between_claim_and_publish_loses_no_fire() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let exit = belfry_testkit::wait_exit(child).await;
     assert!(
         !exit.success(),
         "the failpoint aborts the process: {exit:?}"

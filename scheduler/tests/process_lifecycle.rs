@@ -26,7 +26,7 @@ async fn fires_and_stops_cleanly_on_sigterm() {
     let file = schedule_file(
         "[[schedule]]\nname = \"every-second\"\nevery = \"1s\"\njob_type = \"noop\"\n",
     );
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .envs(env.process_env())
         .env("BELFRY_SCHEDULES", &file)
         .env("BELFRY_INSTANCE", "sched-under-test")
@@ -39,15 +39,7 @@ async fn fires_and_stops_cleanly_on_sigterm() {
         (env.all_runs().await.len() >= 2).then_some(())
     })
     .await;
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let exit = belfry_testkit::terminate(child).await;
     assert!(exit.success(), "{exit:?}");
     let runs = env.all_runs().await;
     assert!(

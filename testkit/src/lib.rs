@@ -324,6 +324,32 @@ impl TestEnv {
     }
 }
 
+/// Waits for a child process to exit, off the async runtime's threads.
+///
+/// # Panics
+///
+/// When waiting fails.
+pub async fn wait_exit(mut child: std::process::Child) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Sends SIGTERM to a child process and waits for it to exit.
+///
+/// # Panics
+///
+/// When the signal cannot be sent or waiting fails.
+pub async fn terminate(child: std::process::Child) -> std::process::ExitStatus {
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(sent.success(), "kill -TERM {} failed", child.id());
+    wait_exit(child).await
+}
+
 /// Whether `queue` exists (a passive declare succeeds).
 pub async fn queue_exists(env: &TestEnv, queue: &str) -> bool {
     queue_len(env, queue).await.is_some()

@@ -35,11 +35,8 @@ async fn a_worker_killed_before_ack_does_not_run_the_job_twice() {
     let m = env
         .enqueue("once-only", "sleep", json!({"duration_ms": 10}), Utc::now())
         .await;
-    let mut first = worker(&env, "doomed-worker", "before_ack=abort");
-    let exit = tokio::task::spawn_blocking(move || first.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let first = worker(&env, "doomed-worker", "before_ack=abort");
+    let exit = belfry_testkit::wait_exit(first).await;
     assert!(
         !exit.success(),
         "the failpoint aborts the process: {exit:?}"
@@ -51,7 +48,7 @@ async fn a_worker_killed_before_ack_does_not_run_the_job_twice() {
         "recorded before the crash"
     );
     // The unacked delivery is back in the queue; the next worker drops it.
-    let mut second = worker(&env, "next-worker", "");
+    let second = worker(&env, "next-worker", "");
     let queue = env.topology.group_queue("default");
     eventually(
         "the redelivery to be consumed",
@@ -69,15 +66,7 @@ async fn a_worker_killed_before_ack_does_not_run_the_job_twice() {
         ),
         ("succeeded", 1, Some("doomed-worker"))
     );
-    assert!(Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let exit = tokio::task::spawn_blocking(move || second.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let exit = belfry_testkit::terminate(second).await;
     assert!(exit.success());
     env.teardown(&["default"]).await;
 }

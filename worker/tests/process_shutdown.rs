@@ -14,7 +14,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_belfry-worker");
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
     let env = TestEnv::new().await;
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .envs(env.process_env())
         .env("BELFRY_INSTANCE", "worker-under-test")
         .env("BELFRY_SHUTDOWN_TIMEOUT", "20s")
@@ -46,15 +46,7 @@ async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
     })
     .await;
     let term_sent = Utc::now();
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let exit = belfry_testkit::terminate(child).await;
     assert!(exit.success(), "worker exited with {exit:?}");
     let run = env.run_of(&m).await;
     assert_eq!(run.status_text, "succeeded", "{run:?}");

@@ -8,7 +8,7 @@ use belfry_testkit::{eventually, queue_exists, TestEnv};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_custom_worker_runs_invoices() {
     let env = TestEnv::new().await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_custom-worker"))
+    let child = Command::new(env!("CARGO_BIN_EXE_custom-worker"))
         .envs(env.process_env())
         .env("BELFRY_INSTANCE", "invoicer")
         .stdout(Stdio::null())
@@ -61,15 +61,7 @@ async fn the_custom_worker_runs_invoices() {
     let bad = env.wait_terminal(&bad.job_name, &bad.run_key, wait).await;
     assert_eq!(bad.status_text, "dead");
     assert!(bad.last_error.unwrap().contains("missing field `cents`"));
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let exit = belfry_testkit::terminate(child).await;
     assert!(exit.success());
     env.teardown(&["default"]).await;
 }
