@@ -40,3 +40,31 @@ impl Clock for SkewedClock {
         Utc::now() + self.offset
     }
 }
+
+/// The environment variable that skews [`process_clock`] in fault builds:
+/// a signed offset in milliseconds (`5000`, `-3000`).
+pub const FAULT_SKEW_ENV: &str = "BELFRY_FAULT_CLOCK_SKEW_MS";
+
+/// The clock a binary runs on: the system clock. In `failpoints` builds
+/// (fault tests only), [`FAULT_SKEW_ENV`] shifts it, so a real process can
+/// be run with a wrong clock; an unparsable value is ignored with a warning.
+pub fn process_clock() -> SharedClock {
+    #[cfg(feature = "failpoints")]
+    if let Ok(raw) = std::env::var(FAULT_SKEW_ENV) {
+        match raw.trim().parse::<i64>() {
+            Ok(ms) => {
+                tracing::warn!(
+                    skew_ms = ms,
+                    "fault injection: this process's clock is skewed"
+                );
+                return Arc::new(SkewedClock {
+                    offset: Duration::milliseconds(ms),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(value = %raw, error = %e, "{FAULT_SKEW_ENV} ignored: not a whole number of milliseconds")
+            }
+        }
+    }
+    Arc::new(SystemClock)
+}

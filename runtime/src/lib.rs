@@ -12,7 +12,7 @@ pub mod setting;
 pub mod shutdown;
 pub mod telemetry;
 
-pub use clock::{Clock, SharedClock, SkewedClock, SystemClock};
+pub use clock::{process_clock, Clock, SharedClock, SkewedClock, SystemClock};
 pub use endpoint::masked;
 pub use setting::{SettingError, Settings};
 pub use shutdown::shutdown_token;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use belfry_runtime::{init_logging, shutdown_token, Settings, SystemClock};
+use belfry_runtime::{init_logging, shutdown_token, Settings};
 use belfry_scheduler::{Replica, SchedulerConfig, Timer};
 
 #[tokio::main]
@@ -37,14 +37,15 @@ async fn run() -> anyhow::Result<()> {
     tracing::info!(?config, "starting belfry-scheduler");
     let cancel = shutdown_token();
     let (replica, sync, schedules) = Replica::start(&config).await?;
-    let timer = Timer::new(schedules, chrono::Utc::now())
-        .with_misfire_threshold(config.timing.misfire_threshold);
+    let clock = belfry_runtime::process_clock();
+    let timer =
+        Timer::new(schedules, clock.now()).with_misfire_threshold(config.timing.misfire_threshold);
     // Schedule changes (API, another replica's file, SQL by hand) flow from
     // the table to the timer while the replica runs.
     let (changes_tx, changes) = tokio::sync::mpsc::unbounded_channel();
     let following = tokio::spawn(sync.run(changes_tx, config.schedule_resync, cancel.clone()));
     Arc::new(replica)
-        .run_with_changes(timer, Arc::new(SystemClock), cancel, changes)
+        .run_with_changes(timer, clock, cancel, changes)
         .await;
     let _ = following.await;
     Ok(())

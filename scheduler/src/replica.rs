@@ -772,6 +772,14 @@ impl Replica {
         cancel: CancellationToken,
         mut changes: mpsc::UnboundedReceiver<ScheduleChange>,
     ) {
+        // The clock is checked once before anything is claimed (first
+        // tick, misfire recovery), so a replica started with a wrong clock
+        // claims nothing early (or late) while the guard's loop has not run
+        // yet. A failed check keeps claims
+        // allowed: the loop retries, and run keys cannot collide anyway.
+        if let Err(e) = self.guard.check_once(&self.ledger, &clock).await {
+            tracing::warn!(error = %e, "first clock check failed; the guard retries");
+        }
         let reconciling = {
             let this = self.clone();
             let cancel = cancel.clone();

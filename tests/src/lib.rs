@@ -2,6 +2,8 @@
 //! replicas and workers wired to a [`TestEnv`], each replica with its own
 //! connections, as separate processes would have.
 
+pub mod fault;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,5 +1,9 @@
 //! `http`: requests a URL. 2xx is success; 5xx, 429, connection errors and
 //! timeouts are retryable; any other status (4xx) is permanent.
+//!
+//! Every request carries `x-belfry-run-id`, `x-belfry-job`,
+//! `x-belfry-run-key` and `x-belfry-attempt`, so the receiver can make its
+//! side effect idempotent per run.
 
 use std::time::Duration;
 
@@ -47,7 +51,12 @@ impl Job for Http {
             .client
             .request(method, url)
             .timeout(Duration::from_millis(p.timeout_ms.unwrap_or(30_000)))
-            .header("x-belfry-run-key", &ctx.run_key);
+            // Receivers can deduplicate on these: a run may be delivered
+            // again after a crash, with the same id and run key.
+            .header("x-belfry-run-id", ctx.run_id.to_string())
+            .header("x-belfry-job", &ctx.job_name)
+            .header("x-belfry-run-key", &ctx.run_key)
+            .header("x-belfry-attempt", ctx.attempt.to_string());
         if let Some(body) = &p.body {
             request = request.json(body);
         }

@@ -1,0 +1,433 @@
+//! The fault suite: real `belfry-scheduler` and `belfry-worker` processes
+//! under a steady load while faults are injected at random moments, then a
+//! table that says whether any fire was lost, recorded twice or run again
+//! after it succeeded (see `RELIABILITY.md`).
+//!
+//! Load: `schedules` interval schedules firing every second, each an `http`
+//! job against the [`probe`], which records every handler execution and
+//! answers after a random short delay. Schedules use `misfire = "catch_up"`,
+//! so every fire instant in the measured window must end up with a row: a
+//! fire missed while the ledger was down is caught up, not skipped.
+//!
+//! Faults, one at a time in a seeded random order, each at a random moment
+//! inside its slot of the run (every kind appears `rounds` times):
+//! `kill -9` of a scheduler and of a worker (restarted after 1–3 s), SIGSTOP
+//! of the replica that claimed the latest fire for longer than the lock TTL,
+//! each failpoint (a process restarted with it armed until it aborts), a
+//! restart of RabbitMQ, Redis and Postgres (`scripts/service-bounce`), and a
+//! replica started with its clock 5 s ahead (it must claim nothing).
+
+pub mod fleet;
+pub mod probe;
+pub mod report;
+
+use std::time::Duration;
+
+use chrono::{DateTime, DurationRound, Utc};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use belfry_testkit::TestEnv;
+use fleet::{Fleet, Role};
+use probe::Probe;
+use report::Report;
+
+/// Lock TTL of the replicas under test: short, so a SIGSTOP outlives it.
+pub const LOCK_TTL: Duration = Duration::from_secs(2);
+/// Job timeout of the workers (the lease is this plus 30 s).
+pub const JOB_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Size and shape of one run, from the environment.
+#[derive(Debug, Clone)]
+pub struct FaultConfig {
+    /// Seconds of load (`BELFRY_FAULT_SECONDS`, default 60); the measured
+    /// window is at least this long, longer when faults overrun it.
+    pub seconds: u64,
+    /// Schedules firing every second (`BELFRY_FAULT_SCHEDULES`, default 100).
+    pub schedules: usize,
+    /// How many times every fault kind is injected (`BELFRY_FAULT_ROUNDS`,
+    /// default 1).
+    pub rounds: usize,
+    /// Seed of every random choice (`BELFRY_FAULT_SEED`, default random;
+    /// printed, so a run can be repeated).
+    pub seed: u64,
+    /// Scheduler replicas (3) and workers (2).
+    pub schedulers: usize,
+    /// Worker processes.
+    pub workers: usize,
+}
+
+impl FaultConfig {
+    /// Reads the environment.
+    ///
+    /// # Panics
+    ///
+    /// When a variable is set but not a number.
+    pub fn from_env() -> Self {
+        fn num(name: &str, default: u64) -> u64 {
+            match std::env::var(name) {
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{name}={v:?} is not a whole number")),
+                Err(_) => default,
+            }
+        }
+        Self {
+            seconds: num("BELFRY_FAULT_SECONDS", 60),
+            schedules: usize::try_from(num("BELFRY_FAULT_SCHEDULES", 100)).unwrap_or(100),
+            rounds: usize::try_from(num("BELFRY_FAULT_ROUNDS", 1))
+                .unwrap_or(1)
+                .max(1),
+            seed: num("BELFRY_FAULT_SEED", rand::random::<u64>() >> 12),
+            schedulers: 3,
+            workers: 2,
+        }
+    }
+}
+
+/// One kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `kill -9` a scheduler replica, restart it 1–3 s later.
+    KillScheduler,
+    /// `kill -9` a worker, restart it 1–3 s later.
+    KillWorker,
+    /// SIGSTOP the replica that claimed the latest fire for longer than
+    /// the lock TTL, then SIGCONT.
+    StopLockHolder,
+    /// Restart a replica (after a graceful stop) with a scheduler
+    /// failpoint armed, wait for it to abort, restart it normally.
+    SchedulerFailpoint(&'static str),
+    /// The same for a worker failpoint.
+    WorkerFailpoint(&'static str),
+    /// Restart a service: `postgres`, `redis` or `rabbitmq`.
+    Bounce(&'static str),
+    /// Restart a replica with its clock 5 s ahead for a while.
+    SkewedClock,
+}
+
+impl Fault {
+    /// Every kind, once.
+    pub const ALL: [Fault; 11] = [
+        Fault::KillScheduler,
+        Fault::KillWorker,
+        Fault::StopLockHolder,
+        Fault::SchedulerFailpoint("after_claim_before_publish"),
+        Fault::SchedulerFailpoint("after_publish_before_dispatched"),
+        Fault::WorkerFailpoint("inside_handler"),
+        Fault::WorkerFailpoint("before_ack"),
+        Fault::Bounce("rabbitmq"),
+        Fault::Bounce("redis"),
+        Fault::Bounce("postgres"),
+        Fault::SkewedClock,
+    ];
+}
+
+/// A fault as it happened.
+#[derive(Debug, Clone)]
+pub struct Injected {
+    /// Seconds after the window opened.
+    pub at: f64,
+    /// How long it took.
+    pub took: f64,
+    /// What was done, to whom.
+    pub what: String,
+}
+
+/// Runs the whole suite and returns its report (the caller asserts).
+///
+/// # Panics
+///
+/// When a service is unreachable, a process cannot start, a failpoint is
+/// never hit (binaries built without the feature) or a service restart
+/// fails.
+pub async fn run_suite(config: &FaultConfig) -> Report {
+    let env = TestEnv::new().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let probe = Probe::start(config.seed, 80).await;
+    let dir = std::env::temp_dir().join(format!("belfry-fault-{}", env.namespace));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let schedule_file = dir.join("schedules.toml");
+    std::fs::write(&schedule_file, schedule_file_text(config, &probe.url()))
+        .unwrap_or_else(|e| panic!("{}: {e}", schedule_file.display()));
+    println!(
+        "fault suite: seed {} ({} schedules/s, {} s, {} round(s)); logs in {}",
+        config.seed,
+        config.schedules,
+        config.seconds,
+        config.rounds,
+        dir.display()
+    );
+    let pairs = |list: &[(&str, String)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect()
+    };
+    let mut common = env.process_env();
+    common.push(("RUST_LOG".into(), "warn".into()));
+    common.push(("BELFRY_SHUTDOWN_TIMEOUT".into(), "10s".into()));
+    let mut fleet = Fleet::new(
+        dir.clone(),
+        common,
+        pairs(&[
+            ("BELFRY_SCHEDULES", schedule_file.display().to_string()),
+            ("BELFRY_LOCK_TTL", format!("{}s", LOCK_TTL.as_secs())),
+            ("BELFRY_RECONCILE_AFTER", "3s".into()),
+            ("BELFRY_MAX_CLOCK_SKEW", "2s".into()),
+            ("BELFRY_CLOCK_CHECK_INTERVAL", "1s".into()),
+            ("BELFRY_MAX_INFLIGHT_FIRES", "256".into()),
+        ]),
+        pairs(&[
+            ("BELFRY_WORKER_GROUP", "default".into()),
+            ("BELFRY_CONCURRENCY", "64".into()),
+            ("BELFRY_PREFETCH", "64".into()),
+            ("BELFRY_MAX_ATTEMPTS", "20".into()),
+            ("BELFRY_RETRY_INITIAL", "200ms".into()),
+            ("BELFRY_RETRY_MAX_DELAY", "2s".into()),
+            ("BELFRY_JOB_TIMEOUT", format!("{}s", JOB_TIMEOUT.as_secs())),
+        ]),
+    );
+    // Workers first, so their queue is bound before the first publish.
+    for i in 1..=config.workers {
+        fleet.add(Role::Worker, &format!("w{i}"));
+    }
+    let queue = env.topology.group_queue("default");
+    belfry_testkit::eventually(
+        "the workers to declare their queue",
+        Duration::from_secs(30),
+        || async {
+            belfry_testkit::queue_exists(&env, &queue)
+                .await
+                .then_some(())
+        },
+    )
+    .await;
+    for i in 1..=config.schedulers {
+        fleet.add(Role::Scheduler, &format!("s{i}"));
+    }
+    // Every replica has loaded the schedules once rows appear from each
+    // of them... or at least the first fires land; then the window opens
+    // on a whole second with every process warmed up.
+    let ledger = env.ledger.clone();
+    belfry_testkit::eventually(
+        "the first fires to be recorded",
+        Duration::from_secs(60),
+        || async {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM job_runs")
+                .fetch_one(ledger.pool())
+                .await
+                .ok()?;
+            (n >= i64::try_from(config.schedules).unwrap_or(i64::MAX)).then_some(())
+        },
+    )
+    .await;
+    let window_start = whole_second(Utc::now()) + chrono::Duration::seconds(2);
+    sleep_until(window_start).await;
+
+    let mut plan: Vec<Fault> = (0..config.rounds).flat_map(|_| Fault::ALL).collect();
+    plan.shuffle(&mut rng);
+    // Slots share the load time; each fault starts at a random point in
+    // the first half of its slot (later when the previous one overran).
+    let usable = config.seconds.saturating_sub(8).max(1) as f64;
+    let slot = usable / plan.len() as f64;
+    let mut injected = Vec::new();
+    for (k, fault) in plan.iter().enumerate() {
+        let offset = 2.0 + slot * k as f64 + rng.random_range(0.0..(slot / 2.0).max(0.01));
+        sleep_until(window_start + secs(offset)).await;
+        fleet.check_alive();
+        let began = Utc::now();
+        let what = inject(*fault, &mut fleet, &env, &mut rng).await;
+        let took = (Utc::now() - began).num_milliseconds() as f64 / 1000.0;
+        let at = (began - window_start).num_milliseconds() as f64 / 1000.0;
+        println!("fault suite: t+{at:>6.1}s ({took:>4.1}s) {what}");
+        injected.push(Injected { at, took, what });
+    }
+    // The window closes at the planned end, or 5 s after the last fault.
+    let planned_end =
+        window_start + chrono::Duration::seconds(i64::try_from(config.seconds).unwrap_or(60));
+    let window_end = whole_second(planned_end.max(Utc::now() + chrono::Duration::seconds(5)));
+    sleep_until(window_end).await;
+    fleet.check_alive();
+
+    // Drain: every fire of the window recorded and finished, then the
+    // schedulers stop (graceful), then whatever they published finishes,
+    // then the workers stop (graceful).
+    let drained = report::wait_settled(
+        &env,
+        config,
+        window_start,
+        window_end,
+        Duration::from_secs(120),
+    )
+    .await;
+    for i in fleet.of(Role::Scheduler) {
+        fleet.stop(i, Duration::from_secs(30)).await;
+    }
+    let all_done = report::wait_all_terminal(&env, Duration::from_secs(90)).await;
+    fleet.check_alive();
+    for i in fleet.of(Role::Worker) {
+        fleet.stop(i, Duration::from_secs(30)).await;
+    }
+    let mut report = Report::collect(
+        &env,
+        config,
+        window_start,
+        window_end,
+        &probe.executions(),
+        injected,
+    )
+    .await;
+    report.unexpected_exits = fleet.unexpected_exits.clone();
+    report.unclean_stops = fleet.unclean_stops.clone();
+    report.settled = drained && all_done;
+    if !report.passed() {
+        report.log_tails = fleet.log_tails(15);
+    }
+    drop(fleet);
+    env.teardown(&["default"]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    report
+}
+
+/// Carries out one fault; returns what was done.
+async fn inject(
+    fault: Fault,
+    fleet: &mut Fleet,
+    env: &TestEnv,
+    rng: &mut rand::rngs::StdRng,
+) -> String {
+    let pick = |fleet: &Fleet, role: Role, rng: &mut rand::rngs::StdRng| {
+        let of = fleet.of(role);
+        of[rng.random_range(0..of.len())]
+    };
+    match fault {
+        Fault::KillScheduler | Fault::KillWorker => {
+            let role = if fault == Fault::KillScheduler {
+                Role::Scheduler
+            } else {
+                Role::Worker
+            };
+            let i = pick(fleet, role, rng);
+            fleet.kill(i).await;
+            let down = rng.random_range(1000..3000);
+            tokio::time::sleep(Duration::from_millis(down)).await;
+            fleet.restart(i);
+            format!(
+                "kill -9 {}, restarted after {down} ms",
+                fleet.members[i].name
+            )
+        }
+        Fault::StopLockHolder => {
+            let holder: Option<String> = sqlx::query_scalar(
+                "SELECT claimed_by FROM job_runs ORDER BY claimed_at DESC NULLS LAST LIMIT 1",
+            )
+            .fetch_optional(env.ledger.pool())
+            .await
+            .ok()
+            .flatten()
+            .flatten();
+            let i = holder
+                .as_deref()
+                .and_then(|h| fleet.find(h))
+                .unwrap_or_else(|| pick(fleet, Role::Scheduler, rng));
+            let Some(pid) = fleet.pid(i) else {
+                return format!("SIGSTOP skipped: {} not running", fleet.members[i].name);
+            };
+            let stopped = LOCK_TTL + Duration::from_secs(2);
+            fleet::signal(pid, "STOP");
+            tokio::time::sleep(stopped).await;
+            fleet::signal(pid, "CONT");
+            format!(
+                "SIGSTOP {} (latest claimer) for {:?} (lock TTL {:?}), SIGCONT",
+                fleet.members[i].name, stopped, LOCK_TTL
+            )
+        }
+        Fault::SchedulerFailpoint(point) | Fault::WorkerFailpoint(point) => {
+            let role = if matches!(fault, Fault::SchedulerFailpoint(_)) {
+                Role::Scheduler
+            } else {
+                Role::Worker
+            };
+            let i = pick(fleet, role, rng);
+            let name = fleet.members[i].name.clone();
+            fleet.stop(i, Duration::from_secs(30)).await;
+            fleet.restart_as(
+                i,
+                &name,
+                &[(belfry_runtime::failpoint::ENV, format!("{point}=abort"))],
+            );
+            let crashed = fleet.wait_crash(i, Duration::from_secs(60)).await;
+            assert!(
+                crashed,
+                "{name} armed with {point} never hit it within 60 s: are the binaries \
+                 built with the failpoints features?\n{}",
+                fleet.log_tails(20)
+            );
+            fleet.restart(i);
+            format!("SIGTERM {name}, restarted with {point}=abort, aborted there, restarted")
+        }
+        Fault::Bounce(service) => {
+            let down = 3;
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/service-bounce");
+            let out = tokio::task::spawn_blocking(move || {
+                std::process::Command::new(script)
+                    .args([service, &down.to_string()])
+                    .output()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{script}: {e}"));
+            assert!(
+                out.status.success(),
+                "restarting {service} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            format!("{service} restarted (down {down} s)")
+        }
+        Fault::SkewedClock => {
+            let i = pick(fleet, Role::Scheduler, rng);
+            let name = fleet.members[i].name.clone();
+            let skewed = format!("{name}-skewed");
+            fleet.stop(i, Duration::from_secs(30)).await;
+            fleet.restart_as(
+                i,
+                &skewed,
+                &[(belfry_runtime::clock::FAULT_SKEW_ENV, "5000".into())],
+            );
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            fleet.stop(i, Duration::from_secs(30)).await;
+            fleet.restart(i);
+            format!(
+                "{name} restarted with its clock 5 s ahead for 6 s (as {skewed}), then normally"
+            )
+        }
+    }
+}
+
+fn schedule_file_text(config: &FaultConfig, url: &str) -> String {
+    let mut out = String::new();
+    for i in 0..config.schedules {
+        out.push_str(&format!(
+            "[[schedule]]\nname = \"fault-{i:04}\"\nevery = \"1s\"\njob_type = \"http\"\n\
+             misfire = \"catch_up\"\ncatch_up_window = \"30m\"\ncatch_up_max = 5000\n\
+             payload = {{ url = \"{url}\", timeout_ms = 4000 }}\n\n"
+        ));
+    }
+    out
+}
+
+fn whole_second(t: DateTime<Utc>) -> DateTime<Utc> {
+    t.duration_trunc(chrono::Duration::seconds(1)).unwrap_or(t) + chrono::Duration::seconds(1)
+}
+
+fn secs(s: f64) -> chrono::Duration {
+    chrono::Duration::milliseconds((s * 1000.0) as i64)
+}
+
+async fn sleep_until(t: DateTime<Utc>) {
+    if let Ok(d) = (t - Utc::now()).to_std() {
+        tokio::time::sleep(d).await;
+    }
+}

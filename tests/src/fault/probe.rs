@@ -1,0 +1,152 @@
+//! The probe: the HTTP endpoint the fault suite's `http` jobs call. Every
+//! request is one execution of a job handler; the probe records which run
+//! (from the `x-belfry-run-id` header the built-in `http` job sends), which
+//! attempt and when it arrived, then answers `200` after a short random
+//! delay, standing in for real work.
+//!
+//! It is a deliberately tiny HTTP/1.1 server (keep-alive, no bodies): the
+//! suite needs to observe executions independently of belfry's own
+//! bookkeeping, with no dependency that could hide a request.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use uuid::Uuid;
+
+/// One handler execution as the probe saw it.
+#[derive(Debug, Clone)]
+pub struct Execution {
+    /// The run's id.
+    pub run_id: Uuid,
+    /// The attempt number the worker sent.
+    pub attempt: u32,
+    /// When the request arrived (system clock of this host, as the
+    /// database's `now()`).
+    pub arrived: DateTime<Utc>,
+}
+
+/// A running probe.
+pub struct Probe {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Execution>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Probe {
+    /// Listens on a free loopback port; each answer waits a random
+    /// 5–`max_delay_ms` ms (seeded by `seed`).
+    ///
+    /// # Panics
+    ///
+    /// When no port can be bound.
+    pub async fn start(seed: u64, max_delay_ms: u64) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("probe cannot bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("probe address: {e}"));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut connection = 0u64;
+            while let Ok((stream, _)) = listener.accept().await {
+                connection += 1;
+                let rng = rand::rngs::StdRng::seed_from_u64(seed ^ connection);
+                tokio::spawn(serve(stream, recorded.clone(), rng, max_delay_ms.max(6)));
+            }
+        });
+        Self { addr, seen, task }
+    }
+
+    /// The URL jobs call.
+    pub fn url(&self) -> String {
+        format!("http://{}/work", self.addr)
+    }
+
+    /// Every execution so far.
+    pub fn executions(&self) -> Vec<Execution> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(
+    stream: TcpStream,
+    seen: Arc<Mutex<Vec<Execution>>>,
+    mut rng: rand::rngs::StdRng,
+    max_delay_ms: u64,
+) {
+    let mut stream = BufReader::new(stream);
+    loop {
+        let mut headers: HashMap<String, String> = HashMap::new();
+        let mut line = String::new();
+        // Request line, then headers up to the empty line.
+        match stream.read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        loop {
+            line.clear();
+            match stream.read_line(&mut line).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let trimmed = line.trim_end();
+            if trimmed.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = trimmed.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+            }
+        }
+        let arrived = Utc::now();
+        if let Some(len) = headers
+            .get("content-length")
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            let mut body = vec![0u8; usize::try_from(len).unwrap_or(0)];
+            if stream.read_exact(&mut body).await.is_err() {
+                return;
+            }
+        }
+        let run_id = headers
+            .get("x-belfry-run-id")
+            .and_then(|v| Uuid::parse_str(v).ok());
+        let attempt = headers
+            .get("x-belfry-attempt")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let status = match run_id {
+            Some(run_id) => {
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Execution {
+                        run_id,
+                        attempt,
+                        arrived,
+                    });
+                tokio::time::sleep(Duration::from_millis(rng.random_range(5..max_delay_ms))).await;
+                "200 OK"
+            }
+            // Not from a belfry http job: refuse, so the mistake shows.
+            None => "400 Bad Request",
+        };
+        let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+        if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}

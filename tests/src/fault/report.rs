@@ -1,0 +1,368 @@
+//! The fault suite's verdict: what was expected to fire, what the ledger
+//! holds, and what the probe saw executed, side by side.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::probe::Execution;
+use super::{FaultConfig, Injected};
+use belfry_testkit::TestEnv;
+
+const TERMINAL: &str = "('succeeded', 'failed', 'dead')";
+
+/// The table printed at the end of a run.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Seed of the run.
+    pub seed: u64,
+    /// Length of the measured window in seconds.
+    pub window_secs: i64,
+    /// Schedules × seconds of the window.
+    pub fires_expected: usize,
+    /// Every `job_runs` row (the window and the fires around it).
+    pub rows: usize,
+    /// Rows whose fire instant is inside the window.
+    pub rows_in_window: usize,
+    /// Rows beyond the first for one (schedule, fire instant): must be 0.
+    pub duplicate_rows: usize,
+    /// Expected fires with no row and no policy skip: must be 0.
+    pub fires_lost: usize,
+    /// Expected fires skipped by the misfire policy (recorded in
+    /// `skipped_fires`).
+    pub fires_skipped_by_policy: usize,
+    /// Rows not `succeeded`, `failed` or `dead` at the end: must be 0.
+    pub not_terminal: usize,
+    /// Rows `succeeded`.
+    pub succeeded: usize,
+    /// Rows `failed` or `dead`, with their errors (first few).
+    pub failed_or_dead: Vec<String>,
+    /// Handler executions the probe saw.
+    pub executions: usize,
+    /// Runs executed more than once before they succeeded (a crash
+    /// between the handler and its recorded outcome: at-least-once).
+    pub runs_rerun_before_success: usize,
+    /// Executions that started after their run was recorded `succeeded`:
+    /// must be 0.
+    pub reexecutions_of_succeeded: usize,
+    /// Succeeded runs the probe never saw executed: must be 0.
+    pub succeeded_without_execution: usize,
+    /// Rows claimed by a replica while its clock was skewed: must be 0.
+    pub claims_while_skewed: usize,
+    /// Faults injected, in order.
+    pub injected: Vec<Injected>,
+    /// Processes that exited while nobody stopped them: must be empty.
+    pub unexpected_exits: Vec<String>,
+    /// Graceful stops that did not exit 0 in time: must be empty.
+    pub unclean_stops: Vec<String>,
+    /// Whether everything finished within the drain deadlines.
+    pub settled: bool,
+    /// Log tails, when the run failed.
+    pub log_tails: String,
+}
+
+/// Waits until every fire of the window has a row or a policy skip and
+/// every such row is terminal; returns whether that happened in `within`.
+pub async fn wait_settled(
+    env: &TestEnv,
+    config: &FaultConfig,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    within: Duration,
+) -> bool {
+    let expected = expected_count(config, from, to);
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let counts: Option<(i64, i64)> = sqlx::query_as(&format!(
+            "SELECT count(*), count(*) FILTER (WHERE status NOT IN {TERMINAL}) FROM job_runs \
+             WHERE scheduled_at >= $1 AND scheduled_at < $2"
+        ))
+        .bind(from)
+        .bind(to)
+        .fetch_one(env.ledger.pool())
+        .await
+        .ok();
+        let skipped: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM skipped_fires s WHERE scheduled_at >= $1 AND scheduled_at < $2 \
+             AND NOT EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = s.job_name AND r.run_key = s.run_key)",
+        )
+        .bind(from)
+        .bind(to)
+        .fetch_one(env.ledger.pool())
+        .await
+        .unwrap_or(0);
+        if let Some((rows, open)) = counts {
+            if usize::try_from(rows + skipped).unwrap_or(0) >= expected && open == 0 {
+                return true;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits until no row at all is non-terminal; returns whether that
+/// happened in `within`.
+pub async fn wait_all_terminal(env: &TestEnv, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let open: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM job_runs WHERE status NOT IN {TERMINAL}"
+        ))
+        .fetch_one(env.ledger.pool())
+        .await
+        .ok();
+        if open == Some(0) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn expected_count(config: &FaultConfig, from: DateTime<Utc>, to: DateTime<Utc>) -> usize {
+    config.schedules * usize::try_from((to - from).num_seconds()).unwrap_or(0)
+}
+
+impl Report {
+    /// Reads the ledger and compares it with the expected fires and the
+    /// probe's executions.
+    ///
+    /// # Panics
+    ///
+    /// When the ledger cannot be read.
+    pub async fn collect(
+        env: &TestEnv,
+        config: &FaultConfig,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        executions: &[Execution],
+        injected: Vec<Injected>,
+    ) -> Self {
+        type Row = (
+            Uuid,
+            String,
+            DateTime<Utc>,
+            String,
+            Option<DateTime<Utc>>,
+            Option<String>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT id, job_name, scheduled_at, status, finished_at, last_error, claimed_by FROM job_runs",
+        )
+        .fetch_all(env.ledger.pool())
+        .await
+        .unwrap_or_else(|e| panic!("reading job_runs: {e}"));
+        let skipped: Vec<(String, DateTime<Utc>)> =
+            sqlx::query_as("SELECT job_name, scheduled_at FROM skipped_fires")
+                .fetch_all(env.ledger.pool())
+                .await
+                .unwrap_or_else(|e| panic!("reading skipped_fires: {e}"));
+
+        let mut report = Report {
+            seed: config.seed,
+            window_secs: (to - from).num_seconds(),
+            fires_expected: expected_count(config, from, to),
+            rows: rows.len(),
+            injected,
+            ..Default::default()
+        };
+        let mut fires: HashSet<(String, DateTime<Utc>)> = HashSet::new();
+        for (_, name, at, status, _, error, claimed_by) in &rows {
+            if !fires.insert((name.clone(), *at)) {
+                report.duplicate_rows += 1;
+            }
+            if *at >= from && *at < to {
+                report.rows_in_window += 1;
+            }
+            match status.as_str() {
+                "succeeded" => report.succeeded += 1,
+                "failed" | "dead" => {
+                    if report.failed_or_dead.len() < 5 {
+                        report.failed_or_dead.push(format!(
+                            "{name}@{at}: {status}: {}",
+                            error.as_deref().unwrap_or("")
+                        ));
+                    } else {
+                        report.failed_or_dead.push(String::new());
+                    }
+                }
+                _ => report.not_terminal += 1,
+            }
+            if claimed_by
+                .as_deref()
+                .is_some_and(|c| c.ends_with("-skewed"))
+            {
+                report.claims_while_skewed += 1;
+            }
+        }
+        let skipped: HashSet<(String, DateTime<Utc>)> = skipped.into_iter().collect();
+        let seconds = (to - from).num_seconds();
+        for i in 0..config.schedules {
+            let name = format!("fault-{i:04}");
+            for s in 0..seconds {
+                let at = from + chrono::Duration::seconds(s);
+                let key = (name.clone(), at);
+                if fires.contains(&key) {
+                    continue;
+                }
+                if skipped.contains(&key) {
+                    report.fires_skipped_by_policy += 1;
+                } else {
+                    report.fires_lost += 1;
+                }
+            }
+        }
+
+        report.executions = executions.len();
+        let finished: HashMap<Uuid, Option<DateTime<Utc>>> = rows
+            .iter()
+            .filter(|r| r.3 == "succeeded")
+            .map(|r| (r.0, r.4))
+            .collect();
+        let mut per_run: HashMap<Uuid, usize> = HashMap::new();
+        for e in executions {
+            *per_run.entry(e.run_id).or_default() += 1;
+            if let Some(Some(done)) = finished.get(&e.run_id) {
+                if e.arrived > *done {
+                    report.reexecutions_of_succeeded += 1;
+                }
+            }
+        }
+        report.runs_rerun_before_success = finished
+            .keys()
+            .filter(|id| per_run.get(id).copied().unwrap_or(0) > 1)
+            .count();
+        report.succeeded_without_execution = finished
+            .keys()
+            .filter(|id| !per_run.contains_key(id))
+            .count();
+        report
+    }
+
+    /// Whether every "must be 0" line is 0 and everything settled.
+    pub fn passed(&self) -> bool {
+        self.duplicate_rows == 0
+            && self.fires_lost == 0
+            && self.not_terminal == 0
+            && self.reexecutions_of_succeeded == 0
+            && self.succeeded_without_execution == 0
+            && self.claims_while_skewed == 0
+            && self.unexpected_exits.is_empty()
+            && self.unclean_stops.is_empty()
+            && self.settled
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "| fault suite (seed {}) | value | must be |", self.seed)?;
+        writeln!(f, "| --- | ---: | --- |")?;
+        let rows: [(&str, String, &str); 16] = [
+            ("measured window (s)", self.window_secs.to_string(), ""),
+            ("faults injected", self.injected.len().to_string(), ""),
+            (
+                "fires expected in the window",
+                self.fires_expected.to_string(),
+                "",
+            ),
+            (
+                "`job_runs` rows in the window",
+                self.rows_in_window.to_string(),
+                "= expected − skipped",
+            ),
+            ("`job_runs` rows in all", self.rows.to_string(), ""),
+            (
+                "duplicate rows (same schedule and instant)",
+                self.duplicate_rows.to_string(),
+                "0",
+            ),
+            (
+                "fires lost (no row, no policy skip)",
+                self.fires_lost.to_string(),
+                "0",
+            ),
+            (
+                "fires skipped by the misfire policy",
+                self.fires_skipped_by_policy.to_string(),
+                "",
+            ),
+            (
+                "rows not terminal at the end",
+                self.not_terminal.to_string(),
+                "0",
+            ),
+            ("rows succeeded", self.succeeded.to_string(), ""),
+            (
+                "rows failed or dead",
+                self.failed_or_dead.len().to_string(),
+                "",
+            ),
+            (
+                "handler executions (probe)",
+                self.executions.to_string(),
+                "",
+            ),
+            (
+                "runs executed again before success (at-least-once)",
+                self.runs_rerun_before_success.to_string(),
+                "",
+            ),
+            (
+                "executions of already-succeeded runs",
+                self.reexecutions_of_succeeded.to_string(),
+                "0",
+            ),
+            (
+                "succeeded runs never executed",
+                self.succeeded_without_execution.to_string(),
+                "0",
+            ),
+            (
+                "claims by a replica with a skewed clock",
+                self.claims_while_skewed.to_string(),
+                "0",
+            ),
+        ];
+        for (what, value, must) in rows {
+            writeln!(f, "| {what} | {value} | {must} |")?;
+        }
+        writeln!(
+            f,
+            "| processes that exited on their own | {} | 0 |",
+            self.unexpected_exits.len()
+        )?;
+        writeln!(
+            f,
+            "| graceful stops not exiting 0 in time | {} | 0 |",
+            self.unclean_stops.len()
+        )?;
+        writeln!(
+            f,
+            "| settled within the drain deadline | {} | yes |",
+            if self.settled { "yes" } else { "no" }
+        )?;
+        writeln!(f)?;
+        for i in &self.injected {
+            writeln!(f, "- t+{:.1}s ({:.1}s): {}", i.at, i.took, i.what)?;
+        }
+        for e in self.failed_or_dead.iter().filter(|e| !e.is_empty()) {
+            writeln!(f, "- failed/dead: {e}")?;
+        }
+        for e in self.unexpected_exits.iter().chain(&self.unclean_stops) {
+            writeln!(f, "- {e}")?;
+        }
+        if !self.log_tails.is_empty() {
+            writeln!(f, "\n{}", self.log_tails)?;
+        }
+        Ok(())
+    }
+}
