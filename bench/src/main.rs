@@ -5,9 +5,11 @@
 //! ```text
 //! cargo run --release -p belfry-bench -- worker [--jobs 5000] [--rounds 3]
 //! cargo run --release -p belfry-bench -- timer [--seconds 10] [--big 1000000]
+//! cargo run --release -p belfry-bench -- traces [--fires 3000] [--rounds 5]
 //! ```
 
 mod timer_lateness;
+mod trace_export;
 mod worker_throughput;
 
 #[global_allocator]
@@ -44,8 +46,10 @@ async fn main() -> anyhow::Result<()> {
             )
             .await
         }
+        Some("traces") => trace_export::run(flag("--fires", 3000)?, flag("--rounds", 5)?).await,
+        Some("traces-child") => trace_export::child(flag("--fires", 3000)?).await,
         _ => {
-            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]");
+            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]");
             std::process::exit(2);
         }
     }

@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use belfry_broker::Broker;
 use belfry_ledger::{Ledger, NewRun, RunStatus};
-use belfry_protocol::{validate_name, JobOptions, Topology, TraceContext};
+use belfry_protocol::{validate_name, JobOptions, Topology};
 
 use crate::{DispatchError, DispatchOutcome, Dispatcher};
 
@@ -205,7 +205,8 @@ impl Client {
         let now = Utc::now();
         let scheduled_at = job.run_at.unwrap_or(now);
         let due_now = scheduled_at <= now;
-        let trace = TraceContext::new_root();
+        // Inside the caller's span (a request, say), the run joins its trace.
+        let trace = crate::run_trace::current_or_new();
         let grace =
             chrono::Duration::from_std(self.confirm_grace).unwrap_or(chrono::Duration::seconds(30));
         let run = NewRun {

@@ -6,6 +6,7 @@
 //! id, which is safe because workers drop deliveries of finished runs.
 
 use chrono::{DateTime, Utc};
+use tracing::Instrument as _;
 
 use belfry_broker::{Broker, PublishOutcome, PublisherSlot};
 use belfry_ledger::{Ledger, RunRecord};
@@ -90,6 +91,22 @@ impl Dispatcher {
         retry_at: DateTime<Utc>,
     ) -> Result<DispatchOutcome, DispatchError> {
         let message = run.to_message();
+        // A republished run stays in its original trace: the span is a child
+        // of the context stored at claim time.
+        let span = tracing::info_span!("republish", job.name = %run.job_name, job.type = %run.job_type,
+            belfry.run_key = %run.run_key, belfry.status = %run.status_text);
+        crate::run_trace::continue_in(&span, message.trace.as_ref());
+        self.republish_message(run, message, retry_at)
+            .instrument(span)
+            .await
+    }
+
+    async fn republish_message(
+        &self,
+        run: &RunRecord,
+        message: JobMessage,
+        retry_at: DateTime<Utc>,
+    ) -> Result<DispatchOutcome, DispatchError> {
         // The lease `take_due` set: later updates only apply while it holds.
         let lease = run.next_dispatch_at.unwrap_or(retry_at);
         match self.publish(&message).await {
@@ -120,10 +137,36 @@ impl Dispatcher {
     }
 
     async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, String> {
-        self.publishers
-            .publish(message)
-            .await
-            .map_err(|e| e.to_string())
+        let span = tracing::info_span!("publish", otel.kind = "producer",
+            messaging.system = "rabbitmq", messaging.operation.type = "send",
+            messaging.rabbitmq.destination.routing_key = %message.job_type,
+            messaging.message.id = %message.message_id, job.name = %message.job_name,
+            job.type = %message.job_type, belfry.run_key = %message.run_key,
+            belfry.publish = tracing::field::Empty);
+        async {
+            // With OpenTelemetry on, the message carries this span's
+            // context, so the worker's spans become its children; the row
+            // keeps the claim's context (republishes start from it).
+            let traced = crate::run_trace::current().map(|trace| JobMessage {
+                trace: Some(trace),
+                ..message.clone()
+            });
+            let result = self
+                .publishers
+                .publish(traced.as_ref().unwrap_or(message))
+                .await
+                .map_err(|e| e.to_string());
+            let outcome = match &result {
+                Ok(PublishOutcome::Confirmed) => "confirmed",
+                Ok(PublishOutcome::Unroutable) => "unroutable",
+                Ok(PublishOutcome::Nacked) => "nacked",
+                Err(_) => "failed",
+            };
+            tracing::Span::current().record("belfry.publish", outcome);
+            result
+        }
+        .instrument(span)
+        .await
     }
 
     async fn unroutable(&self, message: &JobMessage) -> Result<(), DispatchError> {

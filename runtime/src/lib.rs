@@ -1,6 +1,7 @@
 //! Process plumbing shared by the belfry binaries and their libraries:
 //! typed settings from environment variables, service URLs with credentials
-//! masked, logging set-up, the shutdown token and the clock.
+//! masked, logging and trace export, the metrics endpoint, the shutdown
+//! token and the clock.
 //!
 //! Nothing here knows about jobs or schedules; it exists so that the
 //! scheduler and the worker read configuration, log and stop the same way.
@@ -8,15 +9,17 @@
 pub mod clock;
 pub mod endpoint;
 pub mod failpoint;
+pub mod metrics_server;
 pub mod setting;
 pub mod shutdown;
 pub mod telemetry;
+pub mod trace_propagation;
 
 pub use clock::{process_clock, Clock, SharedClock, SkewedClock, SystemClock};
 pub use endpoint::masked;
 pub use setting::{SettingError, Settings};
 pub use shutdown::shutdown_token;
-pub use telemetry::{init_logging, LogFormat};
+pub use telemetry::{init_telemetry, LogFormat, Telemetry, TelemetryError};
 
 /// The default instance name: `{hostname}-{pid}`.
 ///

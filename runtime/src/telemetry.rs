@@ -1,12 +1,28 @@
-//! Logging set-up for the binaries.
+//! Logging and trace export for the binaries.
 //!
-//! `RUST_LOG` filters (default `info`); `BELFRY_LOG_FORMAT=json` switches to
-//! one JSON object per line for log shippers. Nothing here ever formats a
-//! configuration secret: URLs are logged through [`crate::masked`].
+//! Logs: `RUST_LOG` filters (default `info`); `BELFRY_LOG_FORMAT=json`
+//! switches to one JSON object per line for log shippers. Nothing here ever
+//! formats a configuration secret: URLs are logged through [`crate::masked`].
+//!
+//! Traces: spans are exported over OTLP/HTTP (protobuf) when the standard
+//! OpenTelemetry variables ask for it — `OTEL_EXPORTER_OTLP_ENDPOINT` or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` set, `OTEL_TRACES_EXPORTER` not
+//! `none`, `OTEL_SDK_DISABLED` not `true`; the exporter itself reads the
+//! rest (`OTEL_EXPORTER_OTLP_HEADERS`, `..._TIMEOUT`, `OTEL_SERVICE_NAME`,
+//! `OTEL_RESOURCE_ATTRIBUTES`, and the batch processor's `OTEL_BSP_*`).
+//! `RUST_LOG` does not filter what is exported: spans at INFO and above are,
+//! with the WARN and ERROR events inside them.
+//! Unset, no OpenTelemetry layer is installed
+//! at all: spans cost what a `tracing` span costs, and run trace ids are
+//! generated directly (see [`crate::trace_propagation`]).
 
 use std::str::FromStr;
 
-use tracing_subscriber::EnvFilter;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -32,13 +48,133 @@ impl FromStr for LogFormat {
     }
 }
 
-/// Installs the global subscriber. Calling it twice keeps the first one
-/// (tests may call it from every test).
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+/// Trace export could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// The OTLP exporter refused its configuration.
+    #[error("OpenTelemetry export is configured (OTEL_EXPORTER_OTLP_*) but cannot start: {0}; fix or unset the OTEL_* variables")]
+    Exporter(String),
+}
+
+/// Keeps trace export running; [`Telemetry::shutdown`] flushes it.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Whether spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Flushes buffered spans and stops the exporter. Call once, after the
+    /// binary's work has stopped; errors are logged, not returned, since
+    /// the process is exiting anyway.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider {
+            // The batch exporter blocks while it flushes; it runs on its own
+            // thread, so waiting here cannot stall an async task.
+            if let Err(e) = provider.shutdown() {
+                tracing::warn!(error = %e, "flushing spans at shutdown failed");
+            }
+        }
+    }
+}
+
+/// Whether the environment asks for OTLP trace export.
+pub fn export_configured() -> bool {
+    let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
+    let is = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x.trim().eq_ignore_ascii_case(v));
+    (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+        && !is("OTEL_TRACES_EXPORTER", "none")
+        && !is("OTEL_SDK_DISABLED", "true")
+}
+
+/// The `tracing` layer that turns spans into OpenTelemetry spans of
+/// `provider` (binaries get it from [`init_telemetry`]; tests use it with
+/// an in-memory exporter).
+pub fn otel_layer<S>(
+    provider: &SdkTracerProvider,
+) -> tracing_opentelemetry::OpenTelemetryLayer<S, SdkTracer>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    // Busy/idle timing (a clock read at every poll of an instrumented
+    // future), thread and source-location attributes cost time and bytes
+    // on every span without helping to follow a run: off.
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("belfry"))
+        .with_tracked_inactivity(false)
+        .with_threads(false)
+        .with_location(false)
+}
+
+/// Installs the global subscriber: logs as `format`, plus OTLP export of
+/// spans as `service` when [`export_configured`]. Calling it twice keeps
+/// the first subscriber (tests may call it from every test).
+///
+/// # Errors
+///
+/// [`TelemetryError::Exporter`] when export is configured but the exporter
+/// cannot be built.
+pub fn init_telemetry(service: &str, format: LogFormat) -> Result<Telemetry, TelemetryError> {
+    let provider = if export_configured() {
+        Some(otlp_provider(service)?)
+    } else {
+        None
     };
+    // Each layer has its own filter: RUST_LOG chooses what is logged, and
+    // does not silence spans for export (belfry's spans are at INFO).
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .boxed(),
+    }
+    .with_filter(filter);
+    let traces = provider
+        .as_ref()
+        .map(|p| otel_layer(p).with_filter(tracing_subscriber::filter::filter_fn(exported)));
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
+    Ok(Telemetry { provider })
+}
+
+/// What goes into exported traces: spans at INFO and above, and events
+/// (span events in the trace) at WARN and above — a run's errors and
+/// warnings show in its trace; its routine INFO lines stay in the logs.
+fn exported(meta: &tracing::Metadata<'_>) -> bool {
+    if meta.is_span() {
+        *meta.level() <= tracing::Level::INFO
+    } else {
+        *meta.level() <= tracing::Level::WARN
+    }
+}
+
+fn otlp_provider(service: &str) -> Result<SdkTracerProvider, TelemetryError> {
+    use opentelemetry_otlp::WithExportConfig as _;
+    // The blocking HTTP client must not be built on an async runtime's
+    // thread (it owns a runtime of its own): build it on a plain thread.
+    let exporter = std::thread::spawn(|| {
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .build()
+    })
+    .join()
+    .map_err(|_| TelemetryError::Exporter("exporter set-up panicked".into()))?
+    .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if std::env::var("OTEL_SERVICE_NAME").is_err() {
+        resource = resource.with_service_name(service.to_owned());
+    }
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build())
 }

@@ -11,7 +11,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use belfry_ledger::{ExclusiveClaim, Ledger, NewRun};
-use belfry_protocol::{run_key, TraceContext};
+use belfry_protocol::run_key;
+use tracing::Instrument as _;
 
 use crate::counters::FireCounters;
 use crate::lock::{ClaimLock, LockOutcome};
@@ -99,6 +100,31 @@ impl Claimer {
         at: DateTime<Utc>,
         use_lock: bool,
     ) -> Result<ClaimOutcome, SchedulerError> {
+        let span = tracing::info_span!("claim", job.name = %schedule.name, belfry.fire_at = %at,
+            belfry.lock = use_lock && self.lock.is_some(), belfry.claim = tracing::field::Empty);
+        let outcome = self
+            .claim_inner(schedule, at, use_lock)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "belfry.claim",
+            match &outcome {
+                Ok(ClaimOutcome::Won(_)) => "won",
+                Ok(ClaimOutcome::LostAtLock) => "lost_lock",
+                Ok(ClaimOutcome::LostAtLedger) => "lost_ledger",
+                Ok(ClaimOutcome::Overlapped) => "overlapped",
+                Err(_) => "error",
+            },
+        );
+        outcome
+    }
+
+    async fn claim_inner(
+        &self,
+        schedule: &Schedule,
+        at: DateTime<Utc>,
+        use_lock: bool,
+    ) -> Result<ClaimOutcome, SchedulerError> {
         let key = run_key(&schedule.name, at).map_err(|belfry_protocol::RunKeyError::Name(e)| e)?;
         let mut locked = false;
         if let Some(lock) = self.lock.as_ref().filter(|_| use_lock) {
@@ -116,7 +142,9 @@ impl Claimer {
                 }
             }
         }
-        let trace = TraceContext::new_root();
+        // Inside the `claim` span: with OpenTelemetry on, the run's trace is
+        // the fire's, and republishes become children of this span.
+        let trace = belfry_dispatch::run_trace::current_or_new();
         let run = NewRun {
             // v7 ids are time-ordered, which keeps the primary key index
             // append-mostly.

@@ -21,6 +21,7 @@
 //! | `BELFRY_CLOCK_CHECK_INTERVAL` | `10s` | how often the clock is compared with the database's |
 //! | `BELFRY_STUCK_AFTER` | `1h` | a run with no progress for this long is reported stuck |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
+//! | `BELFRY_METRICS_ADDR` | unset (off) | `host:port` of the Prometheus `/metrics` endpoint; port `0` picks a free one |
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -64,6 +65,8 @@ pub struct SchedulerConfig {
     pub timing: ReplicaTiming,
     /// Log format.
     pub log_format: LogFormat,
+    /// Where `/metrics` is served (`BELFRY_METRICS_ADDR`); `None`: off.
+    pub metrics_addr: Option<String>,
 }
 
 impl std::fmt::Debug for SchedulerConfig {
@@ -85,6 +88,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("db_pool", &self.db_pool)
             .field("timing", &self.timing)
             .field("log_format", &self.log_format)
+            .field("metrics_addr", &self.metrics_addr)
             .finish()
     }
 }
@@ -172,6 +176,11 @@ impl SchedulerConfig {
                 LogFormat::Text,
                 "\"text\" or \"json\"",
             )?,
+            metrics_addr: settings
+                .get("BELFRY_METRICS_ADDR")
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned),
         })
     }
 }

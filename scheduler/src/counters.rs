@@ -1,12 +1,22 @@
-//! Counters of what happened to fires on this replica.
+//! Counters of what happened to fires on this replica, and how they are
+//! exported as Prometheus metrics.
 //!
-//! Plain atomics: cheap on the hot path, readable by tests and (in a later
-//! issue) exported as Prometheus metrics.
+//! Plain atomics: cheap on the hot path and readable by tests; the
+//! [`Collector`] implementation reads them at scrape time, so nothing is
+//! counted twice. The two latency histograms are `prometheus-client`
+//! histograms.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use belfry_runtime::metrics_server::{
+    encode_counter, encode_labeled_counter, encode_metric, latency_buckets,
+};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::histogram::Histogram;
+
 /// Per-replica fire counters. All counts only grow.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FireCounters {
     /// Fires handed to claiming.
     pub fires: AtomicU64,
@@ -37,6 +47,120 @@ pub struct FireCounters {
     pub skipped_clock_skew: AtomicU64,
     /// Runs reported stuck (no progress past the deadline).
     pub stuck_runs: AtomicU64,
+    /// Runs the outbox reconciler published again (same message id).
+    pub republished: AtomicU64,
+    /// Seconds from claim to the broker's confirm of a fire's publish.
+    pub publish_seconds: Histogram,
+    /// Seconds from a fire's scheduled instant to its confirmed publish.
+    pub lateness_seconds: Histogram,
+}
+
+impl Default for FireCounters {
+    fn default() -> Self {
+        Self {
+            fires: AtomicU64::default(),
+            claims_won: AtomicU64::default(),
+            claims_lost_lock: AtomicU64::default(),
+            claims_lost_ledger: AtomicU64::default(),
+            lock_fallbacks: AtomicU64::default(),
+            claim_errors: AtomicU64::default(),
+            published: AtomicU64::default(),
+            unroutable: AtomicU64::default(),
+            publish_errors: AtomicU64::default(),
+            misfires_skipped: AtomicU64::default(),
+            misfires_recovered: AtomicU64::default(),
+            skipped_overlap: AtomicU64::default(),
+            skipped_clock_skew: AtomicU64::default(),
+            stuck_runs: AtomicU64::default(),
+            republished: AtomicU64::default(),
+            publish_seconds: Histogram::new(latency_buckets()),
+            lateness_seconds: Histogram::new(latency_buckets()),
+        }
+    }
+}
+
+/// The replica's metrics, as `belfry_*` Prometheus series.
+impl Collector for FireCounters {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let get = Self::get;
+        encode_counter(
+            &mut e,
+            "belfry_fires",
+            "Fires due on this replica (each is claimed, lost or skipped)",
+            get(&self.fires),
+        )?;
+        encode_labeled_counter(
+            &mut e,
+            "belfry_claims",
+            "Claim results: won (row inserted), lost at the Redis lock, lost at the ledger",
+            "result",
+            &[
+                ("won", get(&self.claims_won)),
+                ("lost_lock", get(&self.claims_lost_lock)),
+                ("lost_ledger", get(&self.claims_lost_ledger)),
+            ],
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_lock_errors",
+            "Redis lock errors; each such fire was claimed through the database alone (fallback)",
+            get(&self.lock_fallbacks),
+        )?;
+        encode_counter(&mut e, "belfry_claim_errors", "Fires that could not be claimed (ledger unreachable); the misfire policy decides later", get(&self.claim_errors))?;
+        encode_labeled_counter(
+            &mut e,
+            "belfry_publishes",
+            "Publishes of won fires by result",
+            "result",
+            &[
+                ("confirmed", get(&self.published)),
+                ("unroutable", get(&self.unroutable)),
+                ("failed", get(&self.publish_errors)),
+            ],
+        )?;
+        encode_labeled_counter(
+            &mut e,
+            "belfry_fires_skipped",
+            "Fires not made, by reason",
+            "reason",
+            &[
+                ("misfire", get(&self.misfires_skipped)),
+                ("overlap", get(&self.skipped_overlap)),
+                ("clock_skew", get(&self.skipped_clock_skew)),
+            ],
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_misfires_recovered",
+            "Missed fires made late by a misfire policy",
+            get(&self.misfires_recovered),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_reconciler_republished",
+            "Claimed runs the outbox reconciler published again",
+            get(&self.republished),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_stuck_runs",
+            "Runs reported stuck (no progress past BELFRY_STUCK_AFTER)",
+            get(&self.stuck_runs),
+        )?;
+        encode_metric(
+            &mut e,
+            "belfry_publish_latency_seconds",
+            "Claim to broker confirm of a fire's publish",
+            &self.publish_seconds,
+        )?;
+        encode_metric(
+            &mut e,
+            "belfry_fire_lateness_seconds",
+            "Scheduled instant to broker confirm of a fire's publish",
+            &self.lateness_seconds,
+        )?;
+        Ok(())
+    }
 }
 
 impl FireCounters {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use belfry_runtime::{init_logging, shutdown_token, Settings};
+use belfry_runtime::{init_telemetry, shutdown_token, Settings};
 use belfry_scheduler::{Replica, SchedulerConfig, Timer};
 
 #[tokio::main]
@@ -33,10 +33,25 @@ async fn main() {
 
 async fn run() -> anyhow::Result<()> {
     let config = SchedulerConfig::from_settings(&Settings::from_env())?;
-    init_logging(config.log_format);
-    tracing::info!(?config, "starting belfry-scheduler");
+    let telemetry = init_telemetry("belfry-scheduler", config.log_format)?;
+    tracing::info!(
+        ?config,
+        exporting_traces = telemetry.exporting(),
+        "starting belfry-scheduler"
+    );
+    let served = serve(&config).await;
+    // Spans still buffered are flushed whether or not the replica failed.
+    telemetry.shutdown();
+    served
+}
+
+async fn serve(config: &SchedulerConfig) -> anyhow::Result<()> {
     let cancel = shutdown_token();
-    let (replica, sync, schedules) = Replica::start(&config).await?;
+    let (replica, sync, schedules) = Replica::start(config).await?;
+    if let Some(addr) = &config.metrics_addr {
+        let registry = Arc::new(replica.metrics_registry());
+        belfry_runtime::metrics_server::serve(addr, registry, cancel.clone()).await?;
+    }
     let clock = belfry_runtime::process_clock();
     let timer =
         Timer::new(schedules, clock.now()).with_misfire_threshold(config.timing.misfire_threshold);

@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use belfry_broker::Broker;
@@ -65,6 +66,20 @@ pub enum FireOutcome {
         /// Why.
         reason: String,
     },
+}
+
+impl FireOutcome {
+    /// A short name for spans and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FireOutcome::Dispatched { .. } => "dispatched",
+            FireOutcome::Lost => "lost",
+            FireOutcome::Unroutable { .. } => "unroutable",
+            FireOutcome::NotConfirmed { .. } => "not_confirmed",
+            FireOutcome::Skipped { .. } => "skipped",
+            FireOutcome::ClaimFailed { .. } => "claim_failed",
+        }
+    }
 }
 
 /// A fire lost at the lock: the schedule, its instant, when it was lost.
@@ -312,6 +327,27 @@ impl Replica {
         at: DateTime<Utc>,
         use_lock: bool,
     ) -> FireOutcome {
+        // The root of the run's trace: claim and publish are its children,
+        // and the worker's spans continue under the publish span.
+        let span = tracing::info_span!("fire", job.name = %schedule.name, job.type = %schedule.job_type,
+            belfry.fire_at = %at, belfry.instance = %self.instance,
+            belfry.run_key = tracing::field::Empty, trace_id = tracing::field::Empty,
+            belfry.outcome = tracing::field::Empty);
+        let outcome = self
+            .fire_inner(schedule, at, use_lock, &span)
+            .instrument(span.clone())
+            .await;
+        span.record("belfry.outcome", outcome.label());
+        outcome
+    }
+
+    async fn fire_inner(
+        &self,
+        schedule: &Arc<Schedule>,
+        at: DateTime<Utc>,
+        use_lock: bool,
+        span: &tracing::Span,
+    ) -> FireOutcome {
         FireCounters::add(&self.counters.fires, 1);
         if !self.guard.allows_claims() {
             FireCounters::add(&self.counters.skipped_clock_skew, 1);
@@ -355,10 +391,20 @@ impl Replica {
                 };
             }
         };
+        span.record("belfry.run_key", run.run_key.as_str());
+        span.record("trace_id", run.trace_id.as_deref().unwrap_or(""));
         tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed");
+        let publishing = std::time::Instant::now();
         match self.dispatcher.dispatch(&run.to_message()).await {
             Ok(DispatchOutcome::Dispatched) => {
                 FireCounters::add(&self.counters.published, 1);
+                self.counters
+                    .publish_seconds
+                    .observe(publishing.elapsed().as_secs_f64());
+                let late = (Utc::now() - at).num_microseconds().unwrap_or(i64::MAX);
+                self.counters
+                    .lateness_seconds
+                    .observe(late.max(0) as f64 / 1e6);
                 FireOutcome::Dispatched { id: run.id }
             }
             Ok(DispatchOutcome::Unroutable) => {
@@ -438,6 +484,14 @@ impl Replica {
             FireCounters::add(&self.counters.misfires_skipped, 1);
         }
         missed.push_back((schedule.clone(), at));
+    }
+
+    /// This replica's Prometheus metrics (see [`FireCounters`]), for
+    /// [`belfry_runtime::metrics_server::serve`].
+    pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(self.counters.clone()));
+        registry
     }
 
     /// Reports runs that stopped moving (see
@@ -794,7 +848,13 @@ impl Replica {
                         Err(e) => tracing::warn!(error = %e, "late-claim pass failed; retrying"),
                     }
                     let full = match this.reconciler.reconcile_once().await {
-                        Ok(report) => report.more,
+                        Ok(report) => {
+                            FireCounters::add(
+                                &this.counters.republished,
+                                report.republished as u64,
+                            );
+                            report.more
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, "outbox pass failed; retrying");
                             false

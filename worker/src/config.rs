@@ -20,6 +20,7 @@
 //! | `BELFRY_DB_POOL` | `8` | Postgres connections |
 //! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight jobs may finish after SIGTERM |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
+//! | `BELFRY_METRICS_ADDR` | unset (off) | `host:port` of the Prometheus `/metrics` endpoint; port `0` picks a free one |
 
 use std::time::Duration;
 
@@ -60,6 +61,8 @@ pub struct WorkerConfig {
     pub shutdown_timeout: Duration,
     /// Log format.
     pub log_format: LogFormat,
+    /// Where `/metrics` is served (`BELFRY_METRICS_ADDR`); `None`: off.
+    pub metrics_addr: Option<String>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -79,6 +82,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("db_pool", &self.db_pool)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("log_format", &self.log_format)
+            .field("metrics_addr", &self.metrics_addr)
             .finish()
     }
 }
@@ -156,6 +160,11 @@ impl WorkerConfig {
                 Duration::ZERO,
             )?,
             log_format: s.parsed("BELFRY_LOG_FORMAT", LogFormat::Text, "\"text\" or \"json\"")?,
+            metrics_addr: s
+                .get("BELFRY_METRICS_ADDR")
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned),
         })
     }
 }

@@ -1,9 +1,33 @@
-//! Counters of what this worker did with deliveries.
+//! Counters of what this worker did with deliveries, and how they are
+//! exported as Prometheus metrics.
+//!
+//! The totals are plain atomics (cheap, readable by tests) that the
+//! [`Collector`] implementation reads at scrape time; per-job-type series
+//! (jobs by outcome, attempts, durations) and the in-flight gauge are
+//! `prometheus-client` families.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use belfry_runtime::metrics_server::{encode_counter, encode_metric, latency_buckets};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+
+/// Labels of a job series: its type, and for outcomes the outcome.
+pub type JobLabels = Vec<(&'static str, String)>;
+
+/// A histogram family keyed by job type.
+pub type DurationFamily = Family<JobLabels, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(latency_buckets())
+}
+
 /// Per-worker counters. All counts only grow.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WorkerCounters {
     /// Deliveries taken from the queue.
     pub deliveries: AtomicU64,
@@ -26,6 +50,93 @@ pub struct WorkerCounters {
     pub deferred: AtomicU64,
     /// Attempts that lost their lease before recording.
     pub superseded: AtomicU64,
+    /// Runs finished here, by job type and outcome (`succeeded`,
+    /// `failed`, `dead`, `deferred`, `handed_back`, `duplicate`,
+    /// `superseded`).
+    pub jobs: Family<JobLabels, Counter>,
+    /// Attempts started, by job type.
+    pub attempts_by_type: Family<JobLabels, Counter>,
+    /// Attempt durations in seconds, by job type.
+    pub durations: DurationFamily,
+    /// Deliveries being processed now.
+    pub in_flight: Gauge,
+}
+
+impl Default for WorkerCounters {
+    fn default() -> Self {
+        Self {
+            deliveries: AtomicU64::default(),
+            attempts: AtomicU64::default(),
+            succeeded: AtomicU64::default(),
+            failed: AtomicU64::default(),
+            dead: AtomicU64::default(),
+            dead_lettered: AtomicU64::default(),
+            duplicates: AtomicU64::default(),
+            handed_back: AtomicU64::default(),
+            deferred: AtomicU64::default(),
+            superseded: AtomicU64::default(),
+            jobs: Family::default(),
+            attempts_by_type: Family::default(),
+            durations: Family::new_with_constructor(duration_histogram),
+            in_flight: Gauge::default(),
+        }
+    }
+}
+
+/// The worker's metrics, as `belfry_*` Prometheus series.
+impl Collector for WorkerCounters {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let get = Self::get;
+        encode_counter(
+            &mut e,
+            "belfry_deliveries",
+            "Deliveries taken from the queue",
+            get(&self.deliveries),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_duplicate_deliveries_dropped",
+            "Deliveries of runs already finished, acked without running",
+            get(&self.duplicates),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_dead_lettered",
+            "Messages sent to the dead-letter queue",
+            get(&self.dead_lettered),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_handed_back",
+            "Deliveries returned to the queue (shutdown, database down, run held elsewhere)",
+            get(&self.handed_back),
+        )?;
+        encode_metric(
+            &mut e,
+            "belfry_jobs",
+            "Runs processed, by job type and outcome",
+            &self.jobs,
+        )?;
+        encode_metric(
+            &mut e,
+            "belfry_attempts",
+            "Handler attempts started, by job type",
+            &self.attempts_by_type,
+        )?;
+        encode_metric(
+            &mut e,
+            "belfry_attempt_duration_seconds",
+            "Handler attempt durations, by job type",
+            &self.durations,
+        )?;
+        encode_metric(
+            &mut e,
+            "belfry_jobs_in_flight",
+            "Deliveries being processed now",
+            &self.in_flight,
+        )?;
+        Ok(())
+    }
 }
 
 impl WorkerCounters {

@@ -20,6 +20,9 @@ pub enum WorkerError {
     /// A name (namespace, group) breaks the naming rule.
     #[error(transparent)]
     Name(#[from] belfry_protocol::NameError),
+    /// The metrics endpoint could not start.
+    #[error(transparent)]
+    Metrics(#[from] belfry_runtime::metrics_server::MetricsError),
     /// The broker closed the consumer.
     #[error("the broker closed the consumer of queue {0}")]
     ConsumerClosed(String),

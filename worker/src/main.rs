@@ -2,7 +2,7 @@
 //! `sleep`, `http`). Your own worker binary looks the same with your job
 //! types registered; see `examples/custom-worker`.
 
-use belfry_runtime::{init_logging, shutdown_token, Settings};
+use belfry_runtime::{init_telemetry, shutdown_token, Settings};
 use belfry_worker::{Registry, Worker, WorkerConfig};
 
 #[tokio::main]
@@ -18,11 +18,22 @@ async fn main() {
 
 async fn run() -> anyhow::Result<()> {
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
-    init_logging(config.log_format);
-    tracing::info!(?config, "starting belfry-worker");
+    let telemetry = init_telemetry("belfry-worker", config.log_format)?;
+    tracing::info!(
+        ?config,
+        exporting_traces = telemetry.exporting(),
+        "starting belfry-worker"
+    );
+    let served = serve(&config).await;
+    // Spans still buffered are flushed whether or not the worker failed.
+    telemetry.shutdown();
+    served
+}
+
+async fn serve(config: &WorkerConfig) -> anyhow::Result<()> {
     let cancel = shutdown_token();
     let registry = Registry::builder().builtins().build()?;
-    let worker = Worker::start(&config, registry).await?;
-    worker.run(cancel).await?;
+    let worker = Worker::start(config, registry).await?;
+    worker.serve(config.metrics_addr.as_deref(), cancel).await?;
     Ok(())
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use chrono::Utc;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use belfry_broker::{DeadLetter, Delivery, PublishOutcome};
@@ -60,6 +61,31 @@ pub enum ProcessOutcome {
     /// The attempt lost its lease to another attempt before recording; its
     /// outcome was not written.
     Superseded,
+}
+
+impl ProcessOutcome {
+    /// A short name for spans and the `outcome` label of `belfry_jobs`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ProcessOutcome::Succeeded => "succeeded",
+            ProcessOutcome::Failed => "failed",
+            ProcessOutcome::Dead => "dead",
+            ProcessOutcome::Duplicate => "duplicate",
+            ProcessOutcome::Undecodable => "undecodable",
+            ProcessOutcome::Deferred => "deferred",
+            ProcessOutcome::HandedBack => "handed_back",
+            ProcessOutcome::Superseded => "superseded",
+        }
+    }
+}
+
+/// Keeps the in-flight gauge up while a delivery is processed.
+struct InFlight<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 struct Finish<'a> {
@@ -140,7 +166,12 @@ impl Worker {
             last_error: last_error.map(str::to_owned),
             redispatch_at,
         };
-        self.attempts.end(request).await.map_err(|e| e.to_string())
+        let span = tracing::info_span!("record", belfry.status = %status, attempt = entry.attempt);
+        self.attempts
+            .end(request)
+            .instrument(span)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Processes one delivery completely: decode, look up the handler, run
@@ -179,6 +210,51 @@ impl Worker {
                 return ProcessOutcome::Undecodable;
             }
         };
+        let trace = message.trace.as_ref();
+        let span = tracing::info_span!("process", otel.kind = "consumer",
+            messaging.system = "rabbitmq", messaging.operation.type = "process",
+            messaging.rabbitmq.destination.routing_key = %delivery.routing_key,
+            messaging.message.id = %message.message_id, job.name = %message.job_name,
+            job.type = %message.job_type, belfry.run_key = %message.run_key,
+            belfry.instance = %self.instance,
+            trace_id = trace.and_then(|t| t.trace_id()).unwrap_or(""),
+            belfry.outcome = tracing::field::Empty);
+        // The worker's spans continue the publisher's trace (set before the
+        // span is first entered, as OpenTelemetry requires).
+        if let Some(t) = trace {
+            belfry_runtime::trace_propagation::set_parent(
+                &span,
+                &t.traceparent,
+                t.tracestate.as_deref(),
+            );
+        }
+        self.counters.in_flight.inc();
+        // Decremented even if this future is dropped mid-way.
+        let _in_flight = InFlight(&self.counters.in_flight);
+        let outcome = self
+            .process_message(delivery, &message, hard_stop, channel_lost)
+            .instrument(span.clone())
+            .await;
+        span.record("belfry.outcome", outcome.label());
+        if outcome != ProcessOutcome::Undecodable {
+            self.counters
+                .jobs
+                .get_or_create(&vec![
+                    ("job_type", message.job_type.clone()),
+                    ("outcome", outcome.label().to_owned()),
+                ])
+                .inc();
+        }
+        outcome
+    }
+
+    async fn process_message(
+        &self,
+        delivery: Delivery,
+        message: &JobMessage,
+        hard_stop: &CancellationToken,
+        channel_lost: &CancellationToken,
+    ) -> ProcessOutcome {
         let Some(registered) = self.registry.get(&message.job_type).cloned() else {
             let reason = format!(
                 "no handler for job type {:?} in worker group {:?} (it handles {:?}); register \
@@ -187,11 +263,11 @@ impl Worker {
                 self.group,
                 self.registry.types()
             );
-            return self.give_up(&delivery, &message, &reason).await;
+            return self.give_up(&delivery, message, &reason).await;
         };
-        let (policy, timeout) = effective(self, &registered, &message);
+        let (policy, timeout) = effective(self, &registered, message);
         loop {
-            let started = self.begin(&message, timeout + LEASE_GRACE).await;
+            let started = self.begin(message, timeout + LEASE_GRACE).await;
             let (id, attempt) = match started {
                 Ok(AttemptStart::Started { id, attempt }) => (id, attempt),
                 Ok(AttemptStart::AlreadyFinished { id, status }) => {
@@ -214,7 +290,7 @@ impl Worker {
                     return self.hand_back_after(&delivery, None, wait, hard_stop).await;
                 }
                 Err(Begin::Refused(e)) => {
-                    return self.give_up(&delivery, &message, &e.to_string()).await;
+                    return self.give_up(&delivery, message, &e.to_string()).await;
                 }
                 Err(Begin::Unavailable(e)) => {
                     tracing::error!(run_key = %message.run_key, error = %e, "cannot start attempt; handing the delivery back");
@@ -261,6 +337,8 @@ impl Worker {
                 span: span.clone(),
             };
             WorkerCounters::add(&self.counters.attempts);
+            let by_type = vec![("job_type", message.job_type.clone())];
+            self.counters.attempts_by_type.get_or_create(&by_type).inc();
             belfry_runtime::failpoint::hit("inside_handler");
             let result = run_attempt(
                 &registered.handler,
@@ -271,6 +349,13 @@ impl Worker {
             )
             .await;
             entry.finished_at = Utc::now();
+            let took = (entry.finished_at - started_at)
+                .num_microseconds()
+                .unwrap_or(0);
+            self.counters
+                .durations
+                .get_or_create(&by_type)
+                .observe(took.max(0) as f64 / 1e6);
             let (outcome, error, requested_delay) = match result {
                 AttemptResult::Succeeded => {
                     entry.outcome = "succeeded".into();

@@ -103,6 +103,33 @@ impl Worker {
         &self.instance
     }
 
+    /// This worker's Prometheus metrics (see [`WorkerCounters`]), for
+    /// [`belfry_runtime::metrics_server::serve`].
+    pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(self.counters.clone()));
+        registry
+    }
+
+    /// Serves `/metrics` on `metrics_addr` when set, then [`Worker::run`]s
+    /// until `cancel`: what a worker binary's `main` calls.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError::Metrics`] when the metrics address cannot be bound;
+    /// otherwise as [`Worker::run`].
+    pub async fn serve(
+        self,
+        metrics_addr: Option<&str>,
+        cancel: CancellationToken,
+    ) -> Result<(), WorkerError> {
+        if let Some(addr) = metrics_addr {
+            let registry = Arc::new(self.metrics_registry());
+            belfry_runtime::metrics_server::serve(addr, registry, cancel.clone()).await?;
+        }
+        self.run(cancel).await
+    }
+
     /// The queue this worker consumes.
     pub fn queue(&self) -> &str {
         &self.queue

@@ -2,7 +2,7 @@
 //! belfry user writes. Run it like `belfry-worker` (same environment
 //! variables); schedules with `job_type = "invoice"` are routed to it.
 
-use belfry_runtime::{init_logging, shutdown_token, Settings};
+use belfry_runtime::{init_telemetry, shutdown_token, Settings};
 use belfry_worker::{Job, JobContext, JobError, Registry, Worker, WorkerConfig};
 use serde::Deserialize;
 
@@ -35,9 +35,12 @@ impl Job for SendInvoice {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
-    init_logging(config.log_format);
+    let telemetry = init_telemetry("custom-worker", config.log_format)?;
     let registry = Registry::builder().builtins().job(SendInvoice).build()?;
     let worker = Worker::start(&config, registry).await?;
-    worker.run(shutdown_token()).await?;
-    Ok(())
+    let served = worker
+        .serve(config.metrics_addr.as_deref(), shutdown_token())
+        .await;
+    telemetry.shutdown();
+    Ok(served?)
 }

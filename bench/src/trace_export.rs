@@ -1,0 +1,176 @@
+//! Claim-and-publish throughput with OpenTelemetry export off and on.
+//!
+//! Each measurement is a child process (`belfry-bench traces-child`), since
+//! the tracing subscriber is process-wide: it sets telemetry up exactly as
+//! the binaries do ([`belfry_runtime::init_telemetry`]), then a replica
+//! fires `fires` distinct fires of one schedule (Redis lock, ledger insert,
+//! confirmed publish, `dispatched`), 64 in flight, against the real
+//! services. "Off" has no `OTEL_*` variables (no OpenTelemetry layer);
+//! "on" exports every span over OTLP/HTTP to a sink in this process that
+//! accepts `POST /v1/traces` and counts what it receives. Rounds alternate
+//! the two modes; the median of each is reported with their ratio.
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+
+use belfry_broker::Broker;
+use belfry_ledger::Ledger;
+use belfry_protocol::ScheduleSpec;
+use belfry_scheduler::{ClaimLock, Replica, ReplicaTiming, Schedule};
+use belfry_testkit::{amqp_url, redis_url, TestEnv};
+
+const IN_FLIGHT: usize = 64;
+
+/// Runs `rounds` rounds of off/on children with `fires` fires each.
+pub async fn run(fires: usize, rounds: usize) -> anyhow::Result<()> {
+    let requests = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let sink = {
+        let (requests, bytes) = (requests.clone(), bytes.clone());
+        axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let (requests, bytes) = (requests.clone(), bytes.clone());
+                async move {
+                    requests.fetch_add(1, Ordering::Relaxed);
+                    bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                    axum::http::StatusCode::OK
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, sink).await });
+
+    let exe = std::env::current_exe()?;
+    let mut off = Vec::new();
+    let mut on = Vec::new();
+    for round in 0..rounds {
+        // Alternate which mode goes first, so drift favours neither.
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for exporting in order {
+            let mut cmd = tokio::process::Command::new(&exe);
+            cmd.args(["traces-child", "--fires", &fires.to_string()])
+                .env("RUST_LOG", "error")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OTEL_")) {
+                cmd.env_remove(k);
+            }
+            if exporting {
+                // A queue large enough that no span is dropped: the cost of
+                // exporting all of them is what is measured.
+                cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+                    .env("OTEL_BSP_MAX_QUEUE_SIZE", "262144")
+                    .env("OTEL_BSP_SCHEDULE_DELAY", "200");
+            }
+            let out = cmd.output().await?;
+            anyhow::ensure!(out.status.success(), "child failed: {}", out.status);
+            // The rate is the one line that is a number (logs may surround
+            // it).
+            let rate: f64 = String::from_utf8(out.stdout)?
+                .lines()
+                .find_map(|l| l.trim().parse().ok())
+                .context("child printed no rate")?;
+            println!(
+                "round {round}: export {}: {rate:.0} fires/s",
+                if exporting { "on " } else { "off" }
+            );
+            if exporting {
+                on.push(rate)
+            } else {
+                off.push(rate)
+            }
+        }
+    }
+    let (off, on) = (median(&mut off), median(&mut on));
+    println!();
+    println!("| trace export | claim + publish, fires/s (median of {rounds}) | ratio to off |");
+    println!("| --- | ---: | ---: |");
+    println!("| off (no OTEL_* set) | {off:.0} | 1.00 |");
+    println!(
+        "| on (OTLP/HTTP to a local sink, every span) | {on:.0} | {:.2} |",
+        on / off
+    );
+    println!(
+        "\nsink received {} export requests, {} KiB of spans ({} fires per child)",
+        requests.load(Ordering::Relaxed),
+        bytes.load(Ordering::Relaxed) / 1024,
+        fires
+    );
+    anyhow::ensure!(
+        requests.load(Ordering::Relaxed) > 0,
+        "export on sent nothing: the measurement would be meaningless"
+    );
+    Ok(())
+}
+
+/// One measurement: prints fires per second on stdout.
+pub async fn child(fires: usize) -> anyhow::Result<()> {
+    let telemetry = belfry_runtime::init_telemetry("belfry-bench", Default::default())?;
+    let env = TestEnv::new().await;
+    env.broker.declare_group("default", &["noop"]).await?;
+    let lock = ClaimLock::new(
+        &redis_url(),
+        env.topology.clone(),
+        "bench",
+        Duration::from_secs(60),
+    )?;
+    let ledger = Ledger::connect(&env.database_url, 16).await?;
+    let broker = Broker::connect(&amqp_url(), env.topology.clone(), "bench").await?;
+    let replica = Replica::new(
+        "bench",
+        Some(lock),
+        ledger,
+        broker,
+        ReplicaTiming::default(),
+    );
+    let schedule = Arc::new(Schedule::from_spec(&ScheduleSpec {
+        name: "traced-bench".into(),
+        every: Some("1s".into()),
+        job_type: "noop".into(),
+        ..Default::default()
+    })?);
+    let base = chrono::Utc::now() - chrono::Duration::seconds(i64::try_from(fires)?);
+    let base = chrono::DurationRound::duration_trunc(base, chrono::Duration::seconds(1))?;
+    let started = Instant::now();
+    let outcomes: Vec<_> = futures::stream::iter(0..fires)
+        .map(|i| {
+            let (replica, schedule) = (&replica, &schedule);
+            async move {
+                let at = base + chrono::Duration::seconds(i64::try_from(i).unwrap_or(0));
+                replica.fire(schedule, at).await
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    let dispatched = outcomes
+        .iter()
+        .filter(|o| o.label() == "dispatched")
+        .count();
+    anyhow::ensure!(
+        dispatched == fires,
+        "only {dispatched} of {fires} fires dispatched"
+    );
+    println!("{:.1}", fires as f64 / took.as_secs_f64());
+    telemetry.shutdown();
+    env.teardown(&["default"]).await;
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}

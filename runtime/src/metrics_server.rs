@@ -1,0 +1,139 @@
+//! The Prometheus endpoint: `GET /metrics` on `BELFRY_METRICS_ADDR`.
+//!
+//! Each binary builds a [`Registry`] of its own metrics (the scheduler's
+//! fires and claims, the worker's jobs and attempts) and serves it here.
+//! The text is OpenMetrics (what `prometheus-client` writes; Prometheus
+//! scrapes it natively). Port `0` picks a free port; the bound address is
+//! logged and returned, so several processes can share a host.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::http::header::CONTENT_TYPE;
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+/// The endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The address could not be bound.
+    #[error("BELFRY_METRICS_ADDR={addr}: cannot listen: {source}; use host:port (port 0 picks a free one) or unset it")]
+    Bind {
+        /// The configured address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// The OpenMetrics content type.
+pub const CONTENT_TYPE_OPENMETRICS: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves `registry` at `/metrics` on `addr` until `cancel`; returns the
+/// bound address once listening.
+///
+/// # Errors
+///
+/// [`MetricsError::Bind`] when `addr` cannot be listened on.
+pub async fn serve(
+    addr: &str,
+    registry: Arc<Registry>,
+    cancel: CancellationToken,
+) -> Result<SocketAddr, MetricsError> {
+    let bind = |source| MetricsError::Bind {
+        addr: addr.to_owned(),
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+    let bound = listener.local_addr().map_err(bind)?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let registry = registry.clone();
+            async move {
+                let mut body = String::new();
+                // Encoding into a String cannot fail (fmt::Write on String).
+                let _ = prometheus_client::encoding::text::encode(&mut body, &registry);
+                ([(CONTENT_TYPE, CONTENT_TYPE_OPENMETRICS)], body)
+            }
+        }),
+    );
+    tracing::info!(addr = %bound, "metrics endpoint listening on /metrics");
+    tokio::spawn(async move {
+        // Graceful: stops accepting at cancel and lets a scrape in flight
+        // finish.
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "metrics endpoint stopped");
+        }
+    });
+    Ok(bound)
+}
+
+/// Writes a counter read from an atomic at scrape time (collectors of
+/// plain-atomic counter structs use it).
+///
+/// # Errors
+///
+/// Only when the encoder's writer fails.
+pub fn encode_counter(
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric as _;
+    let counter = prometheus_client::metrics::counter::ConstCounter::new(value);
+    counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)
+}
+
+/// Writes one counter family with a single label, e.g.
+/// `belfry_claims_total{result="won"}`.
+///
+/// # Errors
+///
+/// Only when the encoder's writer fails.
+pub fn encode_labeled_counter(
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: &[(&'static str, u64)],
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric as _;
+    let mut family = encoder.encode_descriptor(
+        name,
+        help,
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (value, n) in values {
+        let labels = [(label, *value)];
+        let counter = prometheus_client::metrics::counter::ConstCounter::new(*n);
+        counter.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// Writes a metric object (a histogram, a gauge, a family) under `name`.
+///
+/// # Errors
+///
+/// Only when the encoder's writer fails.
+pub fn encode_metric(
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &impl prometheus_client::encoding::EncodeMetric,
+) -> std::fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+/// Buckets for latencies in seconds: 1 ms to about 65 s, doubling.
+pub fn latency_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
+}
