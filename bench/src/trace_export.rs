@@ -49,64 +49,50 @@ pub async fn run(fires: usize, rounds: usize) -> anyhow::Result<()> {
     tokio::spawn(async move { axum::serve(listener, sink).await });
 
     let exe = std::env::current_exe()?;
-    let mut off = Vec::new();
-    let mut on = Vec::new();
-    for round in 0..rounds {
-        // Alternate which mode goes first, so drift favours neither.
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for exporting in order {
-            let mut cmd = tokio::process::Command::new(&exe);
-            cmd.args(["traces-child", "--fires", &fires.to_string()])
-                .env("RUST_LOG", "error")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
-            for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OTEL_")) {
-                cmd.env_remove(k);
-            }
-            if exporting {
-                // A queue large enough that no span is dropped: the cost of
-                // exporting all of them is what is measured.
-                cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
-                    .env("OTEL_BSP_MAX_QUEUE_SIZE", "262144")
-                    .env("OTEL_BSP_SCHEDULE_DELAY", "200");
-            }
-            let out = cmd.output().await?;
-            anyhow::ensure!(out.status.success(), "child failed: {}", out.status);
-            // The rate is the one line that is a number (logs may surround
-            // it).
-            let rate: f64 = String::from_utf8(out.stdout)?
-                .lines()
-                .find_map(|l| l.trim().parse().ok())
-                .context("child printed no rate")?;
-            println!(
-                "round {round}: export {}: {rate:.0} fires/s",
-                if exporting { "on " } else { "off" }
-            );
-            if exporting {
-                on.push(rate)
+    // Two logging set-ups: the binaries' default (`RUST_LOG` unset: INFO,
+    // so spans exist for the log lines whether or not they are exported),
+    // and `RUST_LOG=error` (no span is built unless it is exported: the
+    // whole cost of the layer shows).
+    let mut table = Vec::new();
+    for log in [None, Some("error")] {
+        let label = log.map_or("RUST_LOG unset (info, the default)".to_owned(), |l| {
+            format!("RUST_LOG={l}")
+        });
+        let mut off = Vec::new();
+        let mut on = Vec::new();
+        for round in 0..rounds {
+            // Alternate which mode goes first, so drift favours neither.
+            let order = if round % 2 == 0 {
+                [false, true]
             } else {
-                off.push(rate)
+                [true, false]
+            };
+            for exporting in order {
+                let rate =
+                    measure(&exe, fires, log, exporting.then_some(endpoint.as_str())).await?;
+                println!(
+                    "{label}, round {round}: export {}: {rate:.0} fires/s",
+                    if exporting { "on " } else { "off" }
+                );
+                if exporting {
+                    on.push(rate)
+                } else {
+                    off.push(rate)
+                }
             }
         }
+        table.push((label, median(&mut off), median(&mut on)));
     }
-    let (off, on) = (median(&mut off), median(&mut on));
     println!();
-    println!("| trace export | claim + publish, fires/s (median of {rounds}) | ratio to off |");
-    println!("| --- | ---: | ---: |");
-    println!("| off (no OTEL_* set) | {off:.0} | 1.00 |");
+    println!("| logging | export off, fires/s | export on, fires/s | ratio on/off |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (label, off, on) in &table {
+        println!("| {label} | {off:.0} | {on:.0} | {:.2} |", on / off);
+    }
     println!(
-        "| on (OTLP/HTTP to a local sink, every span) | {on:.0} | {:.2} |",
-        on / off
-    );
-    println!(
-        "\nsink received {} export requests, {} KiB of spans ({} fires per child)",
+        "\nmedians of {rounds} rounds of {fires} fires; the sink received {} export requests, {} KiB of spans",
         requests.load(Ordering::Relaxed),
         bytes.load(Ordering::Relaxed) / 1024,
-        fires
     );
     anyhow::ensure!(
         requests.load(Ordering::Relaxed) > 0,
@@ -115,9 +101,48 @@ pub async fn run(fires: usize, rounds: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One measurement: prints fires per second on stdout.
+/// Runs one child; returns its fires per second.
+async fn measure(
+    exe: &std::path::Path,
+    fires: usize,
+    log: Option<&str>,
+    endpoint: Option<&str>,
+) -> anyhow::Result<f64> {
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["traces-child", "--fires", &fires.to_string()])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(log) = log {
+        cmd.env("RUST_LOG", log);
+    }
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OTEL_")) {
+        cmd.env_remove(k);
+    }
+    if let Some(endpoint) = endpoint {
+        // A queue large enough that no span is dropped: the cost of
+        // exporting all of them is what is measured.
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+            .env("OTEL_BSP_MAX_QUEUE_SIZE", "262144")
+            .env("OTEL_BSP_SCHEDULE_DELAY", "200");
+    }
+    let out = cmd.output().await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.success(),
+        "child failed: {}: {stderr}",
+        out.status
+    );
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("rate: ")?.trim().parse().ok())
+        .context("child printed no rate")
+}
+
+/// One measurement: prints `rate: {fires per second}` on stderr (stdout
+/// carries the logs, as in the binaries).
 pub async fn child(fires: usize) -> anyhow::Result<()> {
-    let telemetry = belfry_runtime::init_telemetry("belfry-bench", Default::default())?;
+    let telemetry = belfry_runtime::init_telemetry("belfry-bench", "bench", Default::default())?;
     let env = TestEnv::new().await;
     env.broker.declare_group("default", &["noop"]).await?;
     let lock = ClaimLock::new(
@@ -164,7 +189,7 @@ pub async fn child(fires: usize) -> anyhow::Result<()> {
         dispatched == fires,
         "only {dispatched} of {fires} fires dispatched"
     );
-    println!("{:.1}", fires as f64 / took.as_secs_f64());
+    eprintln!("rate: {:.1}", fires as f64 / took.as_secs_f64());
     telemetry.shutdown();
     env.teardown(&["default"]).await;
     Ok(())

@@ -140,9 +140,7 @@ impl Dispatcher {
         let span = tracing::info_span!("publish", otel.kind = "producer",
             messaging.system = "rabbitmq", messaging.operation.type = "send",
             messaging.rabbitmq.destination.routing_key = %message.job_type,
-            messaging.message.id = %message.message_id, job.name = %message.job_name,
-            job.type = %message.job_type, belfry.run_key = %message.run_key,
-            belfry.publish = tracing::field::Empty);
+            messaging.message.id = %message.message_id, belfry.publish = tracing::field::Empty);
         async {
             // With OpenTelemetry on, the message carries this span's
             // context, so the worker's spans become its children; the row

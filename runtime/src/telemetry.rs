@@ -111,16 +111,22 @@ where
 }
 
 /// Installs the global subscriber: logs as `format`, plus OTLP export of
-/// spans as `service` when [`export_configured`]. Calling it twice keeps
+/// spans as `service` (resource `service.name`, unless `OTEL_SERVICE_NAME`
+/// says otherwise) from `instance` (`service.instance.id`, so spans need not
+/// repeat it) when [`export_configured`]. Calling it twice keeps
 /// the first subscriber (tests may call it from every test).
 ///
 /// # Errors
 ///
 /// [`TelemetryError::Exporter`] when export is configured but the exporter
 /// cannot be built.
-pub fn init_telemetry(service: &str, format: LogFormat) -> Result<Telemetry, TelemetryError> {
+pub fn init_telemetry(
+    service: &str,
+    instance: &str,
+    format: LogFormat,
+) -> Result<Telemetry, TelemetryError> {
     let provider = if export_configured() {
-        Some(otlp_provider(service)?)
+        Some(otlp_provider(service, instance)?)
     } else {
         None
     };
@@ -156,7 +162,7 @@ fn exported(meta: &tracing::Metadata<'_>) -> bool {
     }
 }
 
-fn otlp_provider(service: &str) -> Result<SdkTracerProvider, TelemetryError> {
+fn otlp_provider(service: &str, instance: &str) -> Result<SdkTracerProvider, TelemetryError> {
     use opentelemetry_otlp::WithExportConfig as _;
     // The blocking HTTP client must not be built on an async runtime's
     // thread (it owns a runtime of its own): build it on a plain thread.
@@ -169,7 +175,9 @@ fn otlp_provider(service: &str) -> Result<SdkTracerProvider, TelemetryError> {
     .join()
     .map_err(|_| TelemetryError::Exporter("exporter set-up panicked".into()))?
     .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-    let mut resource = opentelemetry_sdk::Resource::builder();
+    let mut resource = opentelemetry_sdk::Resource::builder().with_attribute(
+        opentelemetry::KeyValue::new("service.instance.id", instance.to_owned()),
+    );
     if std::env::var("OTEL_SERVICE_NAME").is_err() {
         resource = resource.with_service_name(service.to_owned());
     }

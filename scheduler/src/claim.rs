@@ -100,8 +100,11 @@ impl Claimer {
         at: DateTime<Utc>,
         use_lock: bool,
     ) -> Result<ClaimOutcome, SchedulerError> {
-        let span = tracing::info_span!("claim", job.name = %schedule.name, belfry.fire_at = %at,
-            belfry.lock = use_lock && self.lock.is_some(), belfry.claim = tracing::field::Empty);
+        let span = tracing::info_span!(
+            "claim",
+            belfry.lock = use_lock && self.lock.is_some(),
+            belfry.claim = tracing::field::Empty
+        );
         let outcome = self
             .claim_inner(schedule, at, use_lock)
             .instrument(span.clone())

@@ -33,7 +33,7 @@ async fn main() {
 
 async fn run() -> anyhow::Result<()> {
     let config = SchedulerConfig::from_settings(&Settings::from_env())?;
-    let telemetry = init_telemetry("belfry-scheduler", config.log_format)?;
+    let telemetry = init_telemetry("belfry-scheduler", &config.instance, config.log_format)?;
     tracing::info!(
         ?config,
         exporting_traces = telemetry.exporting(),

@@ -329,10 +329,11 @@ impl Replica {
     ) -> FireOutcome {
         // The root of the run's trace: claim and publish are its children,
         // and the worker's spans continue under the publish span.
+        // Its children carry only what they add (the instance is the
+        // exporter's `service.instance.id`).
         let span = tracing::info_span!("fire", job.name = %schedule.name, job.type = %schedule.job_type,
-            belfry.fire_at = %at, belfry.instance = %self.instance,
-            belfry.run_key = tracing::field::Empty, trace_id = tracing::field::Empty,
-            belfry.outcome = tracing::field::Empty);
+            belfry.fire_at = %at, belfry.run_key = tracing::field::Empty,
+            trace_id = tracing::field::Empty, belfry.outcome = tracing::field::Empty);
         let outcome = self
             .fire_inner(schedule, at, use_lock, &span)
             .instrument(span.clone())

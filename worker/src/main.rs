@@ -18,7 +18,7 @@ async fn main() {
 
 async fn run() -> anyhow::Result<()> {
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
-    let telemetry = init_telemetry("belfry-worker", config.log_format)?;
+    let telemetry = init_telemetry("belfry-worker", &config.instance, config.log_format)?;
     tracing::info!(
         ?config,
         exporting_traces = telemetry.exporting(),

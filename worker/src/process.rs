@@ -216,7 +216,6 @@ impl Worker {
             messaging.rabbitmq.destination.routing_key = %delivery.routing_key,
             messaging.message.id = %message.message_id, job.name = %message.job_name,
             job.type = %message.job_type, belfry.run_key = %message.run_key,
-            belfry.instance = %self.instance,
             trace_id = trace.and_then(|t| t.trace_id()).unwrap_or(""),
             belfry.outcome = tracing::field::Empty);
         // The worker's spans continue the publisher's trace (set before the

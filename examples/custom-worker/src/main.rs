@@ -35,7 +35,7 @@ impl Job for SendInvoice {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
-    let telemetry = init_telemetry("custom-worker", config.log_format)?;
+    let telemetry = init_telemetry("custom-worker", &config.instance, config.log_format)?;
     let registry = Registry::builder().builtins().job(SendInvoice).build()?;
     let worker = Worker::start(&config, registry).await?;
     let served = worker
