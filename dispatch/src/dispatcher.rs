@@ -141,6 +141,20 @@ impl Dispatcher {
             messaging.system = "rabbitmq", messaging.operation.type = "send",
             messaging.rabbitmq.destination.routing_key = %message.job_type,
             messaging.message.id = %message.message_id, belfry.publish = tracing::field::Empty);
+        // The publish span belongs to the run's trace. Under a `fire` or a
+        // caller's span that already is the case; otherwise (an ad-hoc job
+        // enqueued outside any span) it is parented on the run's stored
+        // context, so the row's trace id and the worker's spans agree.
+        if belfry_runtime::trace_propagation::enabled() {
+            let caller = crate::run_trace::current();
+            let same = match (&caller, &message.trace) {
+                (Some(c), Some(m)) => c.trace_id() == m.trace_id(),
+                _ => false,
+            };
+            if !same {
+                crate::run_trace::continue_in(&span, message.trace.as_ref());
+            }
+        }
         async {
             // With OpenTelemetry on, the message carries this span's
             // context, so the worker's spans become its children; the row

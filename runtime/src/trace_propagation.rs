@@ -9,14 +9,34 @@
 //! then start a fresh random trace id, which is still stored on the run and
 //! logged) and [`set_parent`] does nothing: no cost when export is off.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+/// Whether an OpenTelemetry layer was installed in this process.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Marks the OpenTelemetry layer as installed (done by
+/// [`crate::telemetry::otel_layer`]); until then [`current`] and
+/// [`set_parent`] return at once.
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Whether spans carry OpenTelemetry context in this process.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
 /// The W3C `traceparent` (and `tracestate`, when there is one) of the
 /// current span, or `None` when spans carry no OpenTelemetry context.
 pub fn current() -> Option<(String, Option<String>)> {
+    if !enabled() {
+        return None;
+    }
     let cx = tracing::Span::current().context();
     let span = cx.span();
     let sc = span.span_context();
@@ -37,6 +57,9 @@ pub fn current() -> Option<(String, Option<String>)> {
 /// `tracestate`), so it joins that trace. Malformed values are ignored: the
 /// span then starts a trace of its own. Call it before `span` is entered.
 pub fn set_parent(span: &tracing::Span, traceparent: &str, tracestate: Option<&str>) {
+    if !enabled() {
+        return;
+    }
     let mut parts = traceparent.split('-');
     let (Some("00"), Some(trace), Some(parent), Some(flags), None) = (
         parts.next(),
@@ -61,5 +84,7 @@ pub fn set_parent(span: &tracing::Span, traceparent: &str, tracestate: Option<&s
     if !sc.is_valid() {
         return;
     }
+    // Fails only when the span was disabled or already started; the span
+    // then keeps the parent it has.
     let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(sc));
 }

@@ -41,7 +41,7 @@ async fn run() -> anyhow::Result<()> {
     );
     let served = serve(&config).await;
     // Spans still buffered are flushed whether or not the replica failed.
-    telemetry.shutdown();
+    telemetry.shutdown().await;
     served
 }
 

@@ -3,6 +3,7 @@
 //! connections, as separate processes would have.
 
 pub mod fault;
+pub mod otlp_sink;
 
 use std::sync::Arc;
 use std::time::Duration;

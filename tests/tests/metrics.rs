@@ -15,14 +15,17 @@ use belfry_testkit::{redis_url, TestEnv};
 use belfry_tests::{every, replica, worker, RunningWorker};
 use belfry_worker::Registry;
 
-/// The value of the series `series` (name with labels, as printed), or 0
-/// when absent.
-fn value(text: &str, series: &str) -> f64 {
+/// The value of the series `series` (name with labels, as printed).
+fn find(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+}
+
+/// The value of the series `series`, which must be present.
+fn value(text: &str, series: &str) -> f64 {
+    find(text, series).unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
 }
 
 async fn scrape(addr: std::net::SocketAddr) -> String {
@@ -62,6 +65,7 @@ async fn both_endpoints_count_a_fire_and_a_failure() {
     let before_s = scrape(replica_addr).await;
     let before_w = scrape(worker_addr).await;
     assert_eq!(value(&before_s, "belfry_fires_total"), 0.0);
+    assert_eq!(value(&before_w, "belfry_jobs_in_flight"), 0.0);
     assert!(before_s.contains("# TYPE belfry_fire_lateness_seconds histogram"));
 
     let at = Utc::now()
@@ -97,14 +101,19 @@ async fn both_endpoints_count_a_fire_and_a_failure() {
         .await;
     assert_eq!(succeeded.status_text, "succeeded");
     assert_ne!(failed.status_text, "succeeded");
-    // The worker counts a run once its delivery is settled, just after the
-    // outcome is recorded.
+    // The worker counts a run once its delivery is settled (acked or
+    // dead-lettered), just after the outcome is recorded.
     let after_w = belfry_testkit::eventually(
-        "the worker to count both runs",
-        Duration::from_secs(5),
+        "the worker to settle both runs",
+        Duration::from_secs(10),
         || async {
             let text = scrape(worker_addr).await;
-            (value(&text, "belfry_deliveries_total") >= 2.0).then_some(text)
+            let settled: f64 = text
+                .lines()
+                .filter(|l| l.starts_with("belfry_jobs_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            (settled >= 2.0 && find(&text, "belfry_jobs_in_flight") == Some(0.0)).then_some(text)
         },
     )
     .await;
@@ -124,7 +133,7 @@ async fn both_endpoints_count_a_fire_and_a_failure() {
         "belfry_jobs_total{{job_type=\"http\",outcome=\"{}\"}}",
         failed.status_text
     );
-    assert_eq!(value(&before_w, &outcome), 0.0);
+    assert_eq!(find(&before_w, &outcome), None, "no series before a run");
     assert_eq!(value(&after_w, &outcome), 1.0, "{after_w}");
     assert_eq!(
         value(

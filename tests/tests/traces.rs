@@ -216,6 +216,18 @@ async fn an_ad_hoc_job_joins_the_callers_trace_and_a_republished_run_keeps_its_t
         root[0].span_context.span_id()
     ));
 
+    // Enqueued outside any span: the run's own new trace holds the publish
+    // and the worker's spans.
+    let outside = client
+        .enqueue(AdHocJob::new("noop", json!({})).named("no-span"))
+        .await
+        .unwrap();
+    let run = env
+        .wait_terminal("no-span", outside.run_key(), Duration::from_secs(10))
+        .await;
+    let spans = trace_with_process(run.trace_id.as_deref().unwrap()).await;
+    assert_eq!(named(&spans, "publish").len(), 1);
+
     // A run claimed by a replica that died before publishing: the
     // reconciler's republish stays in the run's trace.
     let r = replica(&env, "traced-r3", None).await;

@@ -26,7 +26,7 @@ async fn run() -> anyhow::Result<()> {
     );
     let served = serve(&config).await;
     // Spans still buffered are flushed whether or not the worker failed.
-    telemetry.shutdown();
+    telemetry.shutdown().await;
     served
 }
 

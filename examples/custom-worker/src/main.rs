@@ -36,11 +36,17 @@ impl Job for SendInvoice {
 async fn main() -> anyhow::Result<()> {
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
     let telemetry = init_telemetry("custom-worker", &config.instance, config.log_format)?;
+    let served = serve(&config).await;
+    // Flushed whether or not the worker failed.
+    telemetry.shutdown().await;
+    served
+}
+
+async fn serve(config: &WorkerConfig) -> anyhow::Result<()> {
     let registry = Registry::builder().builtins().job(SendInvoice).build()?;
-    let worker = Worker::start(&config, registry).await?;
-    let served = worker
+    let worker = Worker::start(config, registry).await?;
+    worker
         .serve(config.metrics_addr.as_deref(), shutdown_token())
-        .await;
-    telemetry.shutdown();
-    Ok(served?)
+        .await?;
+    Ok(())
 }

@@ -1,0 +1,112 @@
+//! A minimal OTLP/HTTP receiver for process-level tests: accepts `POST`
+//! requests (HTTP/1.1, `content-length` bodies, keep-alive), keeps every
+//! body and answers `200`. Tests look for byte strings in what arrived (a
+//! service name, a run's 16 raw trace-id bytes) rather than decoding the
+//! protobuf, which is enough to tell which process exported which trace.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+/// Request bodies received, with their paths.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// A running sink.
+pub struct OtlpSink {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    bodies: Received,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OtlpSink {
+    /// Listens on a free loopback port.
+    ///
+    /// # Panics
+    ///
+    /// When no port can be bound.
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("sink cannot bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("sink address: {e}"));
+        let bodies: Received = Arc::new(Mutex::new(Vec::new()));
+        let kept = bodies.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let mut stream = BufReader::new(stream);
+                    loop {
+                        let mut line = String::new();
+                        match stream.read_line(&mut line).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                        let mut length = 0usize;
+                        loop {
+                            let mut header = String::new();
+                            match stream.read_line(&mut header).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) => {}
+                            }
+                            let header = header.trim_end();
+                            if header.is_empty() {
+                                break;
+                            }
+                            if let Some((k, v)) = header.split_once(':') {
+                                if k.trim().eq_ignore_ascii_case("content-length") {
+                                    length = v.trim().parse().unwrap_or(0);
+                                }
+                            }
+                        }
+                        let mut body = vec![0u8; length];
+                        if stream.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        kept.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((path, body));
+                        let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                        if stream.get_mut().write_all(ok.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, bodies, task }
+    }
+
+    /// The base URL for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Bodies received on `path`, in arrival order.
+    pub fn bodies(&self, path: &str) -> Vec<Vec<u8>> {
+        self.bodies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+}
+
+impl Drop for OtlpSink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Whether `needle` occurs in `haystack`.
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
