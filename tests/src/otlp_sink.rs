@@ -7,8 +7,10 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
+
+use crate::http_request::read_request;
 
 /// Request bodies received, with their paths.
 type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
@@ -41,37 +43,10 @@ impl OtlpSink {
                 let kept = kept.clone();
                 tokio::spawn(async move {
                     let mut stream = BufReader::new(stream);
-                    loop {
-                        let mut line = String::new();
-                        match stream.read_line(&mut line).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => {}
-                        }
-                        let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
-                        let mut length = 0usize;
-                        loop {
-                            let mut header = String::new();
-                            match stream.read_line(&mut header).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(_) => {}
-                            }
-                            let header = header.trim_end();
-                            if header.is_empty() {
-                                break;
-                            }
-                            if let Some((k, v)) = header.split_once(':') {
-                                if k.trim().eq_ignore_ascii_case("content-length") {
-                                    length = v.trim().parse().unwrap_or(0);
-                                }
-                            }
-                        }
-                        let mut body = vec![0u8; length];
-                        if stream.read_exact(&mut body).await.is_err() {
-                            return;
-                        }
+                    while let Some(request) = read_request(&mut stream).await {
                         kept.lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push((path, body));
+                            .push((request.path, request.body));
                         let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
                         if stream.get_mut().write_all(ok.as_bytes()).await.is_err() {
                             return;

@@ -8,16 +8,17 @@
 //! suite needs to observe executions independently of belfry's own
 //! bookkeeping, with no dependency that could hide a request.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::{Rng, SeedableRng};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use uuid::Uuid;
+
+use crate::http_request::read_request;
 
 /// One handler execution as the probe saw it.
 #[derive(Debug, Clone)]
@@ -90,38 +91,9 @@ async fn serve(
     max_delay_ms: u64,
 ) {
     let mut stream = BufReader::new(stream);
-    loop {
-        let mut headers: HashMap<String, String> = HashMap::new();
-        let mut line = String::new();
-        // Request line, then headers up to the empty line.
-        match stream.read_line(&mut line).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        loop {
-            line.clear();
-            match stream.read_line(&mut line).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            let trimmed = line.trim_end();
-            if trimmed.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = trimmed.split_once(':') {
-                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
-            }
-        }
+    while let Some(request) = read_request(&mut stream).await {
         let arrived = Utc::now();
-        if let Some(len) = headers
-            .get("content-length")
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            let mut body = vec![0u8; usize::try_from(len).unwrap_or(0)];
-            if stream.read_exact(&mut body).await.is_err() {
-                return;
-            }
-        }
+        let headers = request.headers;
         let run_id = headers
             .get("x-belfry-run-id")
             .and_then(|v| Uuid::parse_str(v).ok());
