@@ -12,6 +12,7 @@ pub mod failpoint;
 pub mod metrics_server;
 pub mod setting;
 pub mod shutdown;
+pub mod start_retry;
 pub mod telemetry;
 pub mod trace_propagation;
 

@@ -7,14 +7,18 @@ use tokio_util::sync::CancellationToken;
 
 /// Returns a token cancelled on the first SIGINT or SIGTERM.
 ///
-/// Must be called inside a tokio runtime. When a signal handler cannot be
-/// installed (no such signal on the platform) the error is logged and the
-/// other signal still works.
+/// Must be called inside a tokio runtime, as early as possible: the signal
+/// handlers are installed before it returns, so a SIGTERM arriving any time
+/// later (even while the binary is still starting) is a graceful stop, not
+/// the default kill. When a handler cannot be installed the error is logged
+/// and the other signal still works.
 pub fn shutdown_token() -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
+    // Installed here, synchronously; only the waiting is spawned.
+    let signals = Signals::install();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        signals.wait().await;
         tracing::info!("shutdown signal received; stopping new work");
         cancel.cancel();
     });
@@ -22,31 +26,53 @@ pub fn shutdown_token() -> CancellationToken {
 }
 
 #[cfg(unix)]
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            // Either signal ends the wait; neither stream is used afterwards,
-            // so dropping the other is safe.
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+struct Signals {
+    term: std::io::Result<tokio::signal::unix::Signal>,
+    int: std::io::Result<tokio::signal::unix::Signal>,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn install() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        Self {
+            term: signal(SignalKind::terminate()),
+            int: signal(SignalKind::interrupt()),
+        }
+    }
+
+    async fn wait(self) {
+        match (self.term, self.int) {
+            (Ok(mut term), Ok(mut int)) => {
+                // Either signal ends the wait; neither stream is used
+                // afterwards, so dropping the other is safe.
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        (Ok(mut only), Err(e)) | (Err(e), Ok(mut only)) => {
-            tracing::error!(error = %e, "could not install one signal handler");
-            only.recv().await;
-        }
-        (Err(e1), Err(e2)) => {
-            tracing::error!(%e1, %e2, "could not install signal handlers; falling back to ctrl-c");
-            let _ = tokio::signal::ctrl_c().await;
+            (Ok(mut only), Err(e)) | (Err(e), Ok(mut only)) => {
+                tracing::error!(error = %e, "could not install one signal handler");
+                only.recv().await;
+            }
+            (Err(e1), Err(e2)) => {
+                tracing::error!(%e1, %e2, "could not install signal handlers; falling back to ctrl-c");
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signal() {
-    let _ = tokio::signal::ctrl_c().await;
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn install() -> Self {
+        Signals
+    }
+
+    async fn wait(self) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -21,6 +21,7 @@
 //! | `BELFRY_CLOCK_CHECK_INTERVAL` | `10s` | how often the clock is compared with the database's |
 //! | `BELFRY_STUCK_AFTER` | `1h` | a run with no progress for this long is reported stuck |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
+//! | `BELFRY_START_TIMEOUT` | `30s` | how long start-up retries while Postgres or RabbitMQ is unreachable (then exit 1); `0s` fails at once |
 //! | `BELFRY_METRICS_ADDR` | unset (off) | `host:port` of the Prometheus `/metrics` endpoint; port `0` picks a free one |
 
 use std::path::PathBuf;
@@ -67,6 +68,9 @@ pub struct SchedulerConfig {
     pub log_format: LogFormat,
     /// Where `/metrics` is served (`BELFRY_METRICS_ADDR`); `None`: off.
     pub metrics_addr: Option<String>,
+    /// How long start-up retries while a service is unreachable
+    /// (`BELFRY_START_TIMEOUT`).
+    pub start_timeout: Duration,
 }
 
 impl std::fmt::Debug for SchedulerConfig {
@@ -89,6 +93,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("timing", &self.timing)
             .field("log_format", &self.log_format)
             .field("metrics_addr", &self.metrics_addr)
+            .field("start_timeout", &self.start_timeout)
             .finish()
     }
 }
@@ -181,6 +186,11 @@ impl SchedulerConfig {
                 .map(str::trim)
                 .filter(|a| !a.is_empty())
                 .map(str::to_owned),
+            start_timeout: settings.duration(
+                "BELFRY_START_TIMEOUT",
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )?,
         })
     }
 }

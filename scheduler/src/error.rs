@@ -31,3 +31,14 @@ pub enum SchedulerError {
     #[error(transparent)]
     Name(#[from] belfry_protocol::NameError),
 }
+
+impl SchedulerError {
+    /// Whether the error comes from a service (Postgres, RabbitMQ) that may
+    /// come back, rather than from configuration or schedules.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            SchedulerError::Ledger(_) | SchedulerError::Broker(_) | SchedulerError::Dispatch(_)
+        )
+    }
+}

@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
+use belfry_runtime::start_retry::retry_start;
 use belfry_runtime::{init_telemetry, shutdown_token, Settings};
-use belfry_scheduler::{Replica, SchedulerConfig, Timer};
+use belfry_scheduler::{Replica, SchedulerConfig, SchedulerError, Timer};
+use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() {
@@ -32,6 +34,8 @@ async fn main() {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // First: from here on SIGTERM is a graceful stop, even during start-up.
+    let cancel = shutdown_token();
     let config = SchedulerConfig::from_settings(&Settings::from_env())?;
     let telemetry = init_telemetry("belfry-scheduler", &config.instance, config.log_format)?;
     tracing::info!(
@@ -39,15 +43,22 @@ async fn run() -> anyhow::Result<()> {
         exporting_traces = telemetry.exporting(),
         "starting belfry-scheduler"
     );
-    let served = serve(&config).await;
+    let served = serve(&config, cancel).await;
     // Spans still buffered are flushed whether or not the replica failed.
     telemetry.shutdown().await;
     served
 }
 
-async fn serve(config: &SchedulerConfig) -> anyhow::Result<()> {
-    let cancel = shutdown_token();
-    let (replica, sync, schedules) = Replica::start(config).await?;
+async fn serve(config: &SchedulerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    // A service restarting while this replica starts is waited out.
+    let (replica, sync, schedules) = retry_start(
+        "scheduler start",
+        config.start_timeout,
+        &cancel,
+        SchedulerError::is_transient,
+        || Replica::start(config),
+    )
+    .await?;
     if let Some(addr) = &config.metrics_addr {
         let registry = Arc::new(replica.metrics_registry());
         belfry_runtime::metrics_server::serve(addr, registry, cancel.clone()).await?;

@@ -63,6 +63,7 @@ async fn fires_and_stops_cleanly_on_sigterm() {
 fn run_expecting_failure(envs: &[(&str, &str)]) -> String {
     let out = Command::new(BIN)
         .envs(envs.iter().copied())
+        .env("BELFRY_START_TIMEOUT", "0s")
         .env("RUST_LOG", "off")
         .output()
         .unwrap();

@@ -355,6 +355,21 @@ pub async fn queue_exists(env: &TestEnv, queue: &str) -> bool {
     queue_len(env, queue).await.is_some()
 }
 
+/// Whether a worker consumes `queue`: it has a consumer, which a worker only
+/// starts after binding the queue to its job types, so a publish from now
+/// on is routed (a queue that merely exists may not be bound yet).
+pub async fn queue_consumed(env: &TestEnv, queue: &str) -> bool {
+    let channel = env.broker_channel().await;
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(queue, passive, FieldTable::default())
+        .await
+        .is_ok_and(|q| q.consumer_count() > 0)
+}
+
 /// Counts messages currently in `queue`, or `None` when it does not exist.
 pub async fn queue_len(env: &TestEnv, queue: &str) -> Option<u32> {
     // A passive declare fails, and closes its channel, when the queue is

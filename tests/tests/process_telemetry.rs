@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use belfry_testkit::{eventually, queue_exists, terminate, TestEnv};
+use belfry_testkit::{eventually, queue_consumed, terminate, TestEnv};
 use belfry_tests::fault::fleet::bin_dir;
 use belfry_tests::otlp_sink::{contains, OtlpSink};
 
@@ -72,7 +72,7 @@ async fn both_binaries_serve_metrics_and_export_one_trace_per_run() {
     let (worker, worker_log) = spawn("belfry-worker", "otel-w", &[]);
     let queue = env.topology.group_queue("default");
     eventually("the worker's queue", Duration::from_secs(30), || async {
-        queue_exists(&env, &queue).await.then_some(())
+        queue_consumed(&env, &queue).await.then_some(())
     })
     .await;
     let schedule_path = schedules.display().to_string();

@@ -20,6 +20,7 @@
 //! | `BELFRY_DB_POOL` | `8` | Postgres connections |
 //! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight jobs may finish after SIGTERM |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
+//! | `BELFRY_START_TIMEOUT` | `30s` | how long start-up retries while Postgres or RabbitMQ is unreachable (then exit 1); `0s` fails at once |
 //! | `BELFRY_METRICS_ADDR` | unset (off) | `host:port` of the Prometheus `/metrics` endpoint; port `0` picks a free one |
 
 use std::time::Duration;
@@ -63,6 +64,9 @@ pub struct WorkerConfig {
     pub log_format: LogFormat,
     /// Where `/metrics` is served (`BELFRY_METRICS_ADDR`); `None`: off.
     pub metrics_addr: Option<String>,
+    /// How long start-up retries while a service is unreachable
+    /// (`BELFRY_START_TIMEOUT`).
+    pub start_timeout: Duration,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -83,6 +87,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("log_format", &self.log_format)
             .field("metrics_addr", &self.metrics_addr)
+            .field("start_timeout", &self.start_timeout)
             .finish()
     }
 }
@@ -165,6 +170,11 @@ impl WorkerConfig {
                 .map(str::trim)
                 .filter(|a| !a.is_empty())
                 .map(str::to_owned),
+            start_timeout: s.duration(
+                "BELFRY_START_TIMEOUT",
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )?,
         })
     }
 }

@@ -27,3 +27,11 @@ pub enum WorkerError {
     #[error("the broker closed the consumer of queue {0}")]
     ConsumerClosed(String),
 }
+
+impl WorkerError {
+    /// Whether the error comes from a service (Postgres, RabbitMQ) that may
+    /// come back, rather than from configuration or the registry.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, WorkerError::Ledger(_) | WorkerError::Broker(_))
+    }
+}

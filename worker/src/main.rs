@@ -2,8 +2,10 @@
 //! `sleep`, `http`). Your own worker binary looks the same with your job
 //! types registered; see `examples/custom-worker`.
 
+use belfry_runtime::start_retry::retry_start;
 use belfry_runtime::{init_telemetry, shutdown_token, Settings};
-use belfry_worker::{Registry, Worker, WorkerConfig};
+use belfry_worker::{Registry, Worker, WorkerConfig, WorkerError};
+use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() {
@@ -17,6 +19,8 @@ async fn main() {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // First: from here on SIGTERM is a graceful stop, even during start-up.
+    let cancel = shutdown_token();
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
     let telemetry = init_telemetry("belfry-worker", &config.instance, config.log_format)?;
     tracing::info!(
@@ -24,16 +28,23 @@ async fn run() -> anyhow::Result<()> {
         exporting_traces = telemetry.exporting(),
         "starting belfry-worker"
     );
-    let served = serve(&config).await;
+    let served = serve(&config, cancel).await;
     // Spans still buffered are flushed whether or not the worker failed.
     telemetry.shutdown().await;
     served
 }
 
-async fn serve(config: &WorkerConfig) -> anyhow::Result<()> {
-    let cancel = shutdown_token();
+async fn serve(config: &WorkerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
     let registry = Registry::builder().builtins().build()?;
-    let worker = Worker::start(config, registry).await?;
+    // A service restarting while this worker starts is waited out.
+    let worker = retry_start(
+        "worker start",
+        config.start_timeout,
+        &cancel,
+        WorkerError::is_transient,
+        || Worker::start(config, registry.clone()),
+    )
+    .await?;
     worker.serve(config.metrics_addr.as_deref(), cancel).await?;
     Ok(())
 }

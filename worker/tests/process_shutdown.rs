@@ -26,7 +26,7 @@ async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
     // Wait until the worker has bound its queue (it declares it at start).
     let queue = env.topology.group_queue("default");
     belfry_testkit::eventually("the worker's queue", Duration::from_secs(20), || async {
-        belfry_testkit::queue_exists(&env, &queue)
+        belfry_testkit::queue_consumed(&env, &queue)
             .await
             .then_some(())
     })
@@ -64,6 +64,7 @@ async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
 fn an_unreachable_database_is_one_clear_line_with_the_password_masked() {
     let out = Command::new(BIN)
         .env("DATABASE_URL", "postgres://app:hunter2@127.0.0.1:1/belfry")
+        .env("BELFRY_START_TIMEOUT", "0s")
         .env("RUST_LOG", "off")
         .output()
         .expect("run belfry-worker");
@@ -91,4 +92,29 @@ fn a_bad_setting_names_the_variable() {
         stderr.contains("BELFRY_PREFETCH=\"lots\" is invalid"),
         "{stderr}"
     );
+}
+
+#[test]
+fn start_up_retries_an_unreachable_database_until_the_start_timeout() {
+    let started = std::time::Instant::now();
+    let out = Command::new(BIN)
+        .env("DATABASE_URL", "postgres://app:hunter2@127.0.0.1:1/belfry")
+        // Each connection attempt waits up to the pool's 5 s acquire timeout.
+        .env("BELFRY_START_TIMEOUT", "6s")
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run belfry-worker");
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1));
+    let logs = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        logs.matches("worker start failed; retrying").count() >= 1,
+        "retries are logged: {logs}"
+    );
+    assert!(
+        took >= std::time::Duration::from_secs(6),
+        "gave up after {took:?}, before BELFRY_START_TIMEOUT"
+    );
+    assert!(!logs.contains("hunter2"), "the password is masked: {logs}");
 }

@@ -3,7 +3,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use belfry_testkit::{eventually, queue_exists, TestEnv};
+use belfry_testkit::{eventually, queue_consumed, TestEnv};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_custom_worker_runs_invoices() {
@@ -17,7 +17,7 @@ async fn the_custom_worker_runs_invoices() {
         .unwrap();
     let queue = env.topology.group_queue("default");
     eventually("the worker's queue", Duration::from_secs(20), || async {
-        queue_exists(&env, &queue).await.then_some(())
+        queue_consumed(&env, &queue).await.then_some(())
     })
     .await;
     let at = chrono::Utc::now();

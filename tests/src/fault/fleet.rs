@@ -33,7 +33,13 @@ pub struct Member {
     pub name: String,
     child: Option<Child>,
     log: PathBuf,
+    spawned: std::time::Instant,
 }
+
+/// How long a process gets after exec before the suite SIGTERMs it: a
+/// signal arriving before `main` installed its handlers kills any process
+/// (the default action), which says nothing about belfry.
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// Every process of the suite.
 pub struct Fleet {
@@ -103,6 +109,7 @@ impl Fleet {
             name: name.to_owned(),
             child: None,
             log,
+            spawned: std::time::Instant::now(),
         };
         member.child = Some(self.spawn(&member, name, &[]));
         self.members.push(member);
@@ -174,6 +181,8 @@ impl Fleet {
     /// SIGTERM member `i` and wait up to `deadline` for it to exit; a
     /// non-zero exit or a missed deadline is recorded as unclean.
     pub async fn stop(&mut self, i: usize, deadline: Duration) {
+        let young = SETTLE.saturating_sub(self.members[i].spawned.elapsed());
+        tokio::time::sleep(young).await;
         let Some(child) = self.members[i].child.take() else {
             return;
         };
@@ -205,6 +214,7 @@ impl Fleet {
         assert!(self.members[i].child.is_none(), "member {i} still running");
         let child = self.spawn(&self.members[i], instance, extra);
         self.members[i].child = Some(child);
+        self.members[i].spawned = std::time::Instant::now();
     }
 
     /// Waits up to `within` for member `i` to die on its own (an armed

@@ -197,7 +197,7 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
         "the workers to declare their queue",
         Duration::from_secs(30),
         || async {
-            belfry_testkit::queue_exists(&env, &queue)
+            belfry_testkit::queue_consumed(&env, &queue)
                 .await
                 .then_some(())
         },
