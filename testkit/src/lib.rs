@@ -359,19 +359,18 @@ pub async fn queue_exists(env: &TestEnv, queue: &str) -> bool {
 /// starts after binding the queue to its job types, so a publish from now
 /// on is routed (a queue that merely exists may not be bound yet).
 pub async fn queue_consumed(env: &TestEnv, queue: &str) -> bool {
-    let channel = env.broker_channel().await;
-    let passive = lapin::options::QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    channel
-        .queue_declare(queue, passive, FieldTable::default())
+    passive_declare(env, queue)
         .await
-        .is_ok_and(|q| q.consumer_count() > 0)
+        .is_some_and(|q| q.consumer_count() > 0)
 }
 
 /// Counts messages currently in `queue`, or `None` when it does not exist.
 pub async fn queue_len(env: &TestEnv, queue: &str) -> Option<u32> {
+    passive_declare(env, queue).await.map(|q| q.message_count())
+}
+
+/// The broker's view of `queue`, or `None` when it does not exist.
+async fn passive_declare(env: &TestEnv, queue: &str) -> Option<lapin::Queue> {
     // A passive declare fails, and closes its channel, when the queue is
     // missing: every call opens a fresh channel.
     let channel = env.broker_channel().await;
@@ -383,7 +382,6 @@ pub async fn queue_len(env: &TestEnv, queue: &str) -> Option<u32> {
         .queue_declare(queue, passive, FieldTable::default())
         .await
         .ok()
-        .map(|q| q.message_count())
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, up to `within`.
