@@ -181,11 +181,10 @@ impl SchedulerConfig {
                 LogFormat::Text,
                 "\"text\" or \"json\"",
             )?,
+            // `get` already treats a blank value as unset.
             metrics_addr: settings
                 .get("BELFRY_METRICS_ADDR")
-                .map(str::trim)
-                .filter(|a| !a.is_empty())
-                .map(str::to_owned),
+                .map(|a| a.trim().to_owned()),
             start_timeout: settings.duration(
                 "BELFRY_START_TIMEOUT",
                 Duration::from_secs(30),

@@ -165,11 +165,8 @@ impl WorkerConfig {
                 Duration::ZERO,
             )?,
             log_format: s.parsed("BELFRY_LOG_FORMAT", LogFormat::Text, "\"text\" or \"json\"")?,
-            metrics_addr: s
-                .get("BELFRY_METRICS_ADDR")
-                .map(str::trim)
-                .filter(|a| !a.is_empty())
-                .map(str::to_owned),
+            // `get` already treats a blank value as unset.
+            metrics_addr: s.get("BELFRY_METRICS_ADDR").map(|a| a.trim().to_owned()),
             start_timeout: s.duration(
                 "BELFRY_START_TIMEOUT",
                 Duration::from_secs(30),
