@@ -39,7 +39,8 @@ pub enum ExclusiveClaim {
 
 impl Ledger {
     /// The latest `scheduled_at` of each of `job_names` that has scheduled
-    /// runs (ad-hoc runs of the same name are not fires of the schedule).
+    /// runs (ad-hoc runs of the same name, `claimed_by` `client:...`, and
+    /// manual triggers, `manual:...`, are not fires of the schedule).
     ///
     /// # Errors
     ///
@@ -51,7 +52,8 @@ impl Ledger {
         // One index probe per name (job_runs_job_name_scheduled_idx).
         let rows = sqlx::query(
             "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r \
-                  WHERE r.job_name = n.name AND r.claimed_by NOT LIKE 'client:%') AS last \
+                  WHERE r.job_name = n.name AND r.claimed_by NOT LIKE 'client:%' \
+                    AND r.claimed_by NOT LIKE 'manual:%') AS last \
              FROM unnest($1::text[]) AS n(name)",
         )
         .bind(job_names)
@@ -148,9 +150,11 @@ impl Ledger {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
                  EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
-                         AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed') AS superseded \
+                         AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
+                         AND COALESCE(n.claimed_by, '') NOT LIKE 'manual:%') AS superseded \
              FROM job_runs r JOIN schedules s ON s.name = r.job_name \
              WHERE r.status = 'claimed' AND r.claimed_by NOT LIKE 'client:%' \
+               AND r.claimed_by NOT LIKE 'manual:%' \
                AND r.claimed_at < now() - make_interval(secs => $2) \
                AND r.scheduled_at < now() - make_interval(secs => $1) \
              ORDER BY r.job_name, r.scheduled_at LIMIT $3",

@@ -44,10 +44,11 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached or the row
     /// breaks a table constraint.
     pub async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
-        sqlx::query(
-            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused, options, spec) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-             ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
+        // Rows that did not change are left alone, so replicas starting
+        // together do not wake each other with notifications.
+        self.write_schedule(
+            row,
+            "DO UPDATE SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
                  timezone = EXCLUDED.timezone, job_type = EXCLUDED.job_type, \
                  payload = EXCLUDED.payload, options = EXCLUDED.options, spec = EXCLUDED.spec \
              WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
@@ -55,6 +56,33 @@ impl Ledger {
                    IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_ms, EXCLUDED.timezone, \
                     EXCLUDED.job_type, EXCLUDED.payload, EXCLUDED.options, EXCLUDED.spec)",
         )
+        .await?;
+        Ok(())
+    }
+
+    /// Stores a new schedule (with `row.paused`). Returns `false`, and
+    /// changes nothing, when a schedule of that name exists.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached or the row
+    /// breaks a table constraint.
+    pub async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError> {
+        Ok(self.write_schedule(row, "DO NOTHING").await? == 1)
+    }
+
+    /// Inserts `row`, with `on_conflict` (an `ON CONFLICT (name)` action)
+    /// deciding what happens to an existing schedule; rows written.
+    async fn write_schedule(
+        &self,
+        row: &ScheduleRow,
+        on_conflict: &str,
+    ) -> Result<u64, LedgerError> {
+        let done = sqlx::query(&format!(
+            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused, options, spec) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (name) {on_conflict}"
+        ))
         .bind(&row.name)
         .bind(&row.cron)
         .bind(row.every_ms)
@@ -66,7 +94,53 @@ impl Ledger {
         .bind(&row.spec)
         .execute(&self.pool)
         .await?;
-        Ok(())
+        Ok(done.rows_affected())
+    }
+
+    /// Replaces the definition of the existing schedule `row.name`; its
+    /// paused state becomes `paused` when given and is kept otherwise.
+    /// Returns `false`, and changes nothing, when there is no such schedule.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached or the row
+    /// breaks a table constraint.
+    pub async fn replace_schedule(
+        &self,
+        row: &ScheduleRow,
+        paused: Option<bool>,
+    ) -> Result<bool, LedgerError> {
+        let done = sqlx::query(
+            "UPDATE schedules SET cron = $2, every_ms = $3, timezone = $4, job_type = $5, \
+                 payload = $6, options = $7, spec = $8, paused = COALESCE($9, paused) \
+             WHERE name = $1",
+        )
+        .bind(&row.name)
+        .bind(&row.cron)
+        .bind(row.every_ms)
+        .bind(&row.timezone)
+        .bind(&row.job_type)
+        .bind(&row.payload)
+        .bind(&row.options)
+        .bind(&row.spec)
+        .bind(paused)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Deletes one schedule; its runs stay in `job_runs`. Returns whether
+    /// it existed.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError> {
+        let done = sqlx::query("DELETE FROM schedules WHERE name = $1")
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// All stored schedules, by name.
@@ -79,6 +153,27 @@ impl Ledger {
             "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
              FROM schedules ORDER BY name",
         )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Up to `limit` stored schedules by name, after `after` (keyset
+    /// pagination on the primary key).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn schedules_page(
+        &self,
+        after: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ScheduleRow>, LedgerError> {
+        Ok(sqlx::query_as(
+            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
+             FROM schedules WHERE ($1::text IS NULL OR name > $1) ORDER BY name LIMIT $2",
+        )
+        .bind(after)
+        .bind(limit)
         .fetch_all(&self.pool)
         .await?)
     }

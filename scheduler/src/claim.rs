@@ -64,6 +64,11 @@ impl Claimer {
         }
     }
 
+    /// The Redis lock in front of the ledger, when one is configured.
+    pub fn lock(&self) -> Option<&ClaimLock> {
+        self.lock.as_ref()
+    }
+
     /// Tries to own the fire of `schedule` at `at`.
     ///
     /// # Errors
@@ -145,39 +150,10 @@ impl Claimer {
                 }
             }
         }
-        // Inside the `claim` span: with OpenTelemetry on, the run's trace is
-        // the fire's, and republishes become children of this span.
-        let trace = belfry_dispatch::run_trace::current_or_new();
-        let run = NewRun {
-            // v7 ids are time-ordered, which keeps the primary key index
-            // append-mostly.
-            id: Uuid::now_v7(),
-            job_name: schedule.name.clone(),
-            run_key: key,
-            job_type: schedule.job_type.clone(),
-            payload: schedule.payload.clone(),
-            scheduled_at: at,
-            claimed_by: self.instance.clone(),
-            trace_id: trace.trace_id().map(str::to_owned),
-            traceparent: Some(trace.traceparent),
-            options: schedule.options.clone(),
-            next_dispatch_at: Utc::now() + self.confirm_grace,
-        };
-        let claimed = match schedule.overlap {
-            OverlapPolicy::Allow => self.ledger.claim(&run).await,
-            OverlapPolicy::Forbid => match self.ledger.claim_exclusive(&run).await {
-                Ok(ExclusiveClaim::Won) => Ok(true),
-                Ok(ExclusiveClaim::Taken) => Ok(false),
-                Ok(ExclusiveClaim::Overlapped) => {
-                    FireCounters::add(&self.counters.skipped_overlap, 1);
-                    tracing::info!(run_key = %run.run_key, "fire skipped: the previous run is not finished (overlap = forbid)");
-                    return Ok(ClaimOutcome::Overlapped);
-                }
-                Err(e) => Err(e),
-            },
-        };
-        let claimed = match claimed {
-            Ok(claimed) => claimed,
+        let run = self.new_run(schedule, key, at, self.instance.clone());
+        let claimed = match self.insert(&run, schedule.overlap).await {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => return Ok(ClaimOutcome::Overlapped),
             Err(e) => {
                 // The fire is not recorded: give the lock back so another
                 // replica is not turned away from a fire nobody owns.
@@ -194,6 +170,109 @@ impl Claimer {
             FireCounters::add(&self.counters.claims_lost_ledger, 1);
             tracing::debug!(run_key = %run.run_key, "fire taken by another replica (ledger)");
             Ok(ClaimOutcome::LostAtLedger)
+        }
+    }
+
+    /// Claims a manual run of `schedule` (an operator's "run it now"): its
+    /// own run key `{name}@manual-{uuid}`, scheduled now, `claimed_by`
+    /// `manual:{instance}` so misfire recovery never mistakes it for a
+    /// scheduled fire. The schedule's overlap policy applies unless `force`.
+    /// Never contended, so no lock is taken.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
+    pub async fn claim_manual(
+        &self,
+        schedule: &Schedule,
+        force: bool,
+    ) -> Result<ClaimOutcome, SchedulerError> {
+        let span = tracing::info_span!(
+            "claim",
+            belfry.lock = false,
+            belfry.claim = tracing::field::Empty
+        );
+        let id = Uuid::now_v7();
+        let key = format!("{}@manual-{}", schedule.name, id.simple());
+        let mut run = self.new_run(
+            schedule,
+            key,
+            Utc::now(),
+            format!("manual:{}", self.instance),
+        );
+        run.id = id;
+        let policy = if force {
+            OverlapPolicy::Allow
+        } else {
+            schedule.overlap
+        };
+        let outcome = match self.insert(&run, policy).instrument(span.clone()).await? {
+            Some(true) => {
+                FireCounters::add(&self.counters.claims_won, 1);
+                ClaimOutcome::Won(Box::new(run))
+            }
+            // A fresh uuid key cannot be taken; report it as a lost race all
+            // the same rather than assume.
+            Some(false) => ClaimOutcome::LostAtLedger,
+            None => ClaimOutcome::Overlapped,
+        };
+        span.record(
+            "belfry.claim",
+            if matches!(outcome, ClaimOutcome::Won(_)) {
+                "won"
+            } else {
+                "overlapped"
+            },
+        );
+        Ok(outcome)
+    }
+
+    fn new_run(
+        &self,
+        schedule: &Schedule,
+        run_key: String,
+        at: DateTime<Utc>,
+        claimed_by: String,
+    ) -> NewRun {
+        // Inside the `claim` span: with OpenTelemetry on, the run's trace is
+        // the fire's, and republishes become children of this span.
+        let trace = belfry_dispatch::run_trace::current_or_new();
+        NewRun {
+            // v7 ids are time-ordered, which keeps the primary key index
+            // append-mostly.
+            id: Uuid::now_v7(),
+            job_name: schedule.name.clone(),
+            run_key,
+            job_type: schedule.job_type.clone(),
+            payload: schedule.payload.clone(),
+            scheduled_at: at,
+            claimed_by,
+            trace_id: trace.trace_id().map(str::to_owned),
+            traceparent: Some(trace.traceparent),
+            options: schedule.options.clone(),
+            next_dispatch_at: Utc::now() + self.confirm_grace,
+        }
+    }
+
+    /// Inserts `run` under `overlap`: `Some(true)` won, `Some(false)` the
+    /// key was taken, `None` skipped (and recorded) because the previous
+    /// run is unfinished.
+    async fn insert(
+        &self,
+        run: &NewRun,
+        overlap: OverlapPolicy,
+    ) -> Result<Option<bool>, belfry_ledger::LedgerError> {
+        match overlap {
+            OverlapPolicy::Allow => self.ledger.claim(run).await.map(Some),
+            OverlapPolicy::Forbid => match self.ledger.claim_exclusive(run).await? {
+                ExclusiveClaim::Won => Ok(Some(true)),
+                ExclusiveClaim::Taken => Ok(Some(false)),
+                ExclusiveClaim::Overlapped => {
+                    FireCounters::add(&self.counters.skipped_overlap, 1);
+                    tracing::info!(run_key = %run.run_key, "fire skipped: the previous run is not finished (overlap = forbid)");
+                    Ok(None)
+                }
+            },
         }
     }
 }

@@ -14,6 +14,7 @@
 //! [`replica`] wires these into the loop a `belfry-scheduler` process runs;
 //! [`config`] reads its settings from the environment.
 
+pub mod api;
 pub mod claim;
 pub mod clock_guard;
 pub mod config;
@@ -23,9 +24,11 @@ pub mod lock;
 pub mod misfire;
 pub mod preview;
 pub mod replica;
+pub mod retention;
 pub mod schedule;
 pub mod schedule_file;
 pub mod schedule_sync;
+pub mod service;
 pub mod timer;
 pub mod zoned_cron;
 

@@ -169,6 +169,17 @@ impl ClaimLock {
         }
     }
 
+    /// Whether Redis answers a `PING` now (for readiness probes).
+    pub async fn ping(&self) -> bool {
+        let Ok(mut conn) = self.connection().await else {
+            return false;
+        };
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .is_ok()
+    }
+
     async fn connection(&self) -> Result<ConnectionManager, LockError> {
         {
             let state = self.lock_state();

@@ -2,11 +2,8 @@
 //! [`belfry_scheduler::Replica`]; `belfry-scheduler preview ...` prints the
 //! next fire instants of an expression ([`belfry_scheduler::preview`]).
 
-use std::sync::Arc;
-
-use belfry_runtime::start_retry::retry_start;
 use belfry_runtime::{init_telemetry, shutdown_token, Settings};
-use belfry_scheduler::{Replica, SchedulerConfig, SchedulerError, Timer};
+use belfry_scheduler::SchedulerConfig;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -50,29 +47,9 @@ async fn run() -> anyhow::Result<()> {
 }
 
 async fn serve(config: &SchedulerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
-    // A service restarting while this replica starts is waited out.
-    let (replica, sync, schedules) = retry_start(
-        "scheduler start",
-        config.start_timeout,
-        &cancel,
-        SchedulerError::is_transient,
-        || Replica::start(config),
-    )
-    .await?;
-    if let Some(addr) = &config.metrics_addr {
-        let registry = Arc::new(replica.metrics_registry());
-        belfry_runtime::metrics_server::serve(addr, registry, cancel.clone()).await?;
-    }
-    let clock = belfry_runtime::process_clock();
-    let timer =
-        Timer::new(schedules, clock.now()).with_misfire_threshold(config.timing.misfire_threshold);
-    // Schedule changes (API, another replica's file, SQL by hand) flow from
-    // the table to the timer while the replica runs.
-    let (changes_tx, changes) = tokio::sync::mpsc::unbounded_channel();
-    let following = tokio::spawn(sync.run(changes_tx, config.schedule_resync, cancel.clone()));
-    Arc::new(replica)
-        .run_with_changes(timer, clock, cancel, changes)
+    belfry_scheduler::service::start(config, cancel)
+        .await?
+        .wait()
         .await;
-    let _ = following.await;
     Ok(())
 }

@@ -194,22 +194,8 @@ impl Replica {
                 // storing it again would move the run.
                 continue;
             }
-            let schedule = Schedule::from_spec(spec)?;
-            if !known {
-                // New: a one-shot instant must still be ahead.
-                schedule.check_new(now)?;
-            }
-            let row = match (&spec.after, schedule.first_instant()) {
-                // Store the instant, not the delay, so every replica and
-                // restart fires it at the same moment.
-                (Some(_), Some(at)) => schedule.to_stored_row(&ScheduleSpec {
-                    after: None,
-                    at: Some(at.to_rfc3339()),
-                    ..spec.clone()
-                }),
-                _ => schedule.to_stored_row(spec),
-            };
-            rows.push(row);
+            // New: a one-shot instant must still be ahead.
+            rows.push(Schedule::storable_row(spec, now, !known)?);
         }
         for row in &rows {
             ledger.upsert_schedule(row).await?;
@@ -306,6 +292,28 @@ impl Replica {
         &self.instance
     }
 
+    /// The ledger this replica claims in.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The broker connection this replica publishes on.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Whether each service answers now, for readiness: Postgres, RabbitMQ,
+    /// and Redis (`None` when no lock is configured).
+    pub async fn service_health(&self) -> (bool, bool, Option<bool>) {
+        let redis = async {
+            match self.claimer.lock() {
+                Some(lock) => Some(lock.ping().await),
+                None => None,
+            }
+        };
+        tokio::join!(self.ledger.ping(), self.broker.is_connected(), redis)
+    }
+
     /// This replica's counters.
     pub fn counters(&self) -> &Arc<FireCounters> {
         &self.counters
@@ -392,6 +400,16 @@ impl Replica {
                 };
             }
         };
+        self.dispatch_won(&run, at, span).await
+    }
+
+    /// Publishes a run this replica just claimed and records the outcome.
+    async fn dispatch_won(
+        &self,
+        run: &belfry_ledger::NewRun,
+        at: DateTime<Utc>,
+        span: &tracing::Span,
+    ) -> FireOutcome {
         span.record("belfry.run_key", run.run_key.as_str());
         span.record("trace_id", run.trace_id.as_deref().unwrap_or(""));
         tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed");
@@ -425,6 +443,63 @@ impl Replica {
                 }
             }
         }
+    }
+
+    /// Runs `schedule` now, outside its timetable (an operator's manual
+    /// trigger): a run with its own run key, subject to the schedule's
+    /// overlap policy unless `force`, published like any fire. Works on a
+    /// paused schedule too: the operator asked for this run.
+    pub async fn trigger(&self, schedule: &Schedule, force: bool) -> FireOutcome {
+        let span = tracing::info_span!("trigger", job.name = %schedule.name, job.type = %schedule.job_type,
+            belfry.force = force, belfry.run_key = tracing::field::Empty,
+            trace_id = tracing::field::Empty, belfry.outcome = tracing::field::Empty);
+        let outcome = async {
+            if !self.guard.allows_claims() {
+                return FireOutcome::Skipped {
+                    reason: format!(
+                        "clock skew {} ms beyond the threshold; this replica does not claim",
+                        self.guard.last_skew_ms()
+                    ),
+                };
+            }
+            match self.claimer.claim_manual(schedule, force).await {
+                Ok(ClaimOutcome::Won(run)) => {
+                    self.dispatch_won(&run, run.scheduled_at, &span).await
+                }
+                Ok(ClaimOutcome::Overlapped) => FireOutcome::Skipped {
+                    reason: "overlap: the previous run is not finished (force to run anyway)"
+                        .into(),
+                },
+                Ok(ClaimOutcome::LostAtLock | ClaimOutcome::LostAtLedger) => FireOutcome::Lost,
+                Err(e) => {
+                    FireCounters::add(&self.counters.claim_errors, 1);
+                    FireOutcome::ClaimFailed {
+                        reason: e.to_string(),
+                    }
+                }
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        span.record("belfry.outcome", outcome.label());
+        outcome
+    }
+
+    /// Fires every instant of `schedule` in `instants` through the normal
+    /// claim path (the ledger decides; no lock, which a timer may hold for
+    /// the same instant), at most `max_inflight` at a time: instants that
+    /// already ran are found taken and not repeated.
+    pub async fn backfill(
+        &self,
+        schedule: &Arc<Schedule>,
+        instants: &[DateTime<Utc>],
+    ) -> Vec<(DateTime<Utc>, FireOutcome)> {
+        use futures::StreamExt as _;
+        futures::stream::iter(instants.iter().copied())
+            .map(|at| async move { (at, self.fire_with(schedule, at, false).await) })
+            .buffered(self.timing.max_inflight)
+            .collect()
+            .await
     }
 
     /// Applies one schedule change to `timer`.

@@ -334,6 +334,33 @@ impl Schedule {
         }
     }
 
+    /// Validates `spec` and returns the row it is stored as, with an
+    /// `after` delay turned into the instant `now + after` (stored as `at`,
+    /// so every replica and every restart fires it at the same moment).
+    /// With `is_new`, a one-shot instant must still be ahead of `now`.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError`] naming the field that is invalid.
+    pub fn storable_row(
+        spec: &ScheduleSpec,
+        now: DateTime<Utc>,
+        is_new: bool,
+    ) -> Result<ScheduleRow, ScheduleError> {
+        let schedule = Self::from_spec(spec)?;
+        if is_new {
+            schedule.check_new(now)?;
+        }
+        Ok(match (&spec.after, schedule.first_instant()) {
+            (Some(_), Some(at)) => schedule.to_stored_row(&ScheduleSpec {
+                after: None,
+                at: Some(at.to_rfc3339()),
+                ..spec.clone()
+            }),
+            _ => schedule.to_stored_row(spec),
+        })
+    }
+
     /// The row `spec` is stored as in `schedules` (validated).
     ///
     /// # Errors
@@ -456,12 +483,24 @@ fn misfire_policy(spec: &ScheduleSpec) -> Result<MisfirePolicy, (&'static str, S
 }
 
 fn job_options(spec: &ScheduleSpec) -> Result<JobOptions, (&'static str, String)> {
-    let timeout_ms = spec
-        .timeout
-        .as_deref()
+    job_options_of(spec.retry.as_ref(), spec.timeout.as_deref())
+}
+
+/// Validates a retry override and a per-attempt timeout as written in a
+/// schedule (or an ad-hoc job request) and returns the run options.
+///
+/// # Errors
+///
+/// `(field, message)`: the offending field (`timeout`, `retry.max_attempts`,
+/// ...) and what is allowed.
+pub fn job_options_of(
+    retry: Option<&belfry_protocol::RetrySpec>,
+    timeout: Option<&str>,
+) -> Result<JobOptions, (&'static str, String)> {
+    let timeout_ms = timeout
         .map(|t| option_ms("timeout", t, std::time::Duration::from_millis(1)))
         .transpose()?;
-    let retry = match &spec.retry {
+    let retry = match retry {
         None => None,
         Some(r) => {
             if let Some(n) = r.max_attempts.filter(|n| !(1..=1000).contains(n)) {

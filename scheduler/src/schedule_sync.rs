@@ -184,17 +184,36 @@ impl ScheduleSync {
     }
 }
 
+/// The definition a stored row holds: its `spec` column, or (rows written
+/// before specs were stored) one rebuilt from the summary columns.
+///
+/// # Errors
+///
+/// A message when the stored `spec` is not a schedule definition.
+pub fn spec_of_row(row: &ScheduleRow) -> Result<ScheduleSpec, String> {
+    match row.spec.clone() {
+        Some(json) => serde_json::from_value::<ScheduleSpec>(json)
+            .map_err(|e| format!("stored definition of {:?} is unreadable: {e}", row.name)),
+        None => Ok(spec_from_columns(row)),
+    }
+}
+
+/// The schedule a stored row defines, paused or not.
+///
+/// # Errors
+///
+/// A message when the stored definition is unreadable or no longer valid
+/// (edited by hand).
+pub fn schedule_of_row(row: &ScheduleRow, cache: &mut CronCache) -> Result<Schedule, String> {
+    spec_of_row(row)
+        .and_then(|spec| Schedule::from_spec_cached(&spec, cache).map_err(|e| e.to_string()))
+}
+
 fn compile(row: ScheduleRow, cache: &mut CronCache) -> ScheduleChange {
     if row.paused {
         return ScheduleChange::Remove(row.name);
     }
-    let spec = match row.spec.clone() {
-        Some(json) => serde_json::from_value::<ScheduleSpec>(json).map_err(|e| e.to_string()),
-        None => Ok(spec_from_columns(&row)),
-    };
-    let compiled =
-        spec.and_then(|spec| Schedule::from_spec_cached(&spec, cache).map_err(|e| e.to_string()));
-    match compiled {
+    match schedule_of_row(&row, cache) {
         Ok(s) => ScheduleChange::Upsert(Arc::new(s)),
         Err(e) => {
             tracing::error!(schedule = %row.name, error = %e, "stored schedule is invalid; not firing it until it is fixed");

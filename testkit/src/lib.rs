@@ -114,6 +114,8 @@ impl TestEnv {
             ("AMQP_URL".into(), amqp_url()),
             ("REDIS_URL".into(), redis_url()),
             ("BELFRY_NAMESPACE".into(), self.namespace.clone()),
+            // Several schedulers share the host: each API on a free port.
+            ("BELFRY_API_ADDR".into(), "127.0.0.1:0".into()),
         ]
     }
 

@@ -119,3 +119,39 @@ impl RunningWorker {
         }
     }
 }
+
+/// A REST API served in-process for tests.
+pub struct TestApi {
+    /// `http://127.0.0.1:{port}`.
+    pub base: String,
+    stop: CancellationToken,
+}
+
+impl TestApi {
+    /// Serves the API of `replica` on a free loopback port with `tokens`.
+    pub async fn serve(replica: Arc<Replica>, tokens: belfry_scheduler::api::Tokens) -> Self {
+        let stop = CancellationToken::new();
+        let addr = belfry_scheduler::api::serve(
+            "127.0.0.1:0",
+            belfry_scheduler::api::ApiState::new(replica, tokens),
+            stop.clone(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            base: format!("http://{addr}"),
+            stop,
+        }
+    }
+
+    /// `base` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl Drop for TestApi {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

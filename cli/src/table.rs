@@ -1,0 +1,72 @@
+//! Human output: aligned columns, one row per item.
+
+/// Formats `rows` under `headers`, each column as wide as its widest cell.
+pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                s.push_str(cell);
+                s.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        s.trim_end().to_owned()
+    };
+    let mut out = line(headers.to_vec());
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+        out.push('\n');
+    }
+    out
+}
+
+/// A JSON value as a table cell: strings bare, `null` as `-`, control
+/// characters escaped so a cell cannot break the layout.
+pub fn cell(value: &serde_json::Value) -> String {
+    let text = match value {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligns_columns() {
+        let out = render(
+            &["NAME", "KIND"],
+            &[
+                vec!["a".into(), "cron".into()],
+                vec!["long-name".into(), "every".into()],
+            ],
+        );
+        assert_eq!(out, "NAME       KIND\na          cron\nlong-name  every\n");
+        assert_eq!(cell(&serde_json::json!(null)), "-");
+        assert_eq!(cell(&serde_json::json!("two\nlines")), "two\\nlines");
+    }
+}

@@ -1,0 +1,71 @@
+//! Retention: finished runs older than a configured age are deleted, in
+//! small batches, so `job_runs` does not grow forever.
+//!
+//! Each batch is one short statement (`LIMIT` rows, `FOR UPDATE SKIP
+//! LOCKED`): no long table lock, and two replicas pruning at once take
+//! different rows instead of waiting on each other. Unfinished runs are
+//! never touched, and the newest scheduled fire of every schedule is kept
+//! whatever its age: misfire recovery after downtime counts from it.
+
+use chrono::{DateTime, Utc};
+
+use crate::{Ledger, LedgerError};
+
+impl Ledger {
+    /// Deletes up to `batch` finished runs that finished before `cutoff`
+    /// (keeping each schedule's newest scheduled fire); returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn prune_finished_runs(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        let done = sqlx::query(
+            "WITH doomed AS ( \
+                 SELECT r.id FROM job_runs r \
+                 WHERE r.finished_at < $1 \
+                   AND (COALESCE(r.claimed_by, 'client:') LIKE 'client:%' \
+                        OR r.claimed_by LIKE 'manual:%' \
+                        OR EXISTS (SELECT 1 FROM job_runs n \
+                                   WHERE n.job_name = r.job_name AND n.scheduled_at > r.scheduled_at \
+                                     AND n.claimed_by NOT LIKE 'client:%' \
+                                     AND n.claimed_by NOT LIKE 'manual:%')) \
+                 ORDER BY r.finished_at LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM job_runs WHERE id IN (SELECT id FROM doomed)",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Deletes up to `batch` records of skipped fires made before `cutoff`;
+    /// returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn prune_skipped_fires(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        let done = sqlx::query(
+            "WITH doomed AS ( \
+                 SELECT job_name, run_key FROM skipped_fires WHERE recorded_at < $1 \
+                 ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM skipped_fires f USING doomed d \
+             WHERE f.job_name = d.job_name AND f.run_key = d.run_key",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,149 @@
+//! The API's one error shape.
+//!
+//! Every failure is `{"error": code, "message": text, "field": name?}` with
+//! a status used the same way everywhere:
+//!
+//! | status | code | when |
+//! | --- | --- | --- |
+//! | 400 | `bad_request` | the request itself is malformed: JSON syntax, a query parameter or cursor that does not parse |
+//! | 401 | `unauthorized` | no token, or a token that is not configured |
+//! | 403 | `forbidden` | a read-only token asked for a change |
+//! | 404 | `not_found` | no such schedule, run or route |
+//! | 405 | `method_not_allowed` | the route exists, the method does not |
+//! | 409 | `conflict` | the change collides with the current state (a name taken, the previous run unfinished) |
+//! | 413 | `payload_too_large` | a body over the limit |
+//! | 422 | `invalid` | well-formed, but a field breaks the rules (`field` names it) |
+//! | 503 | `unavailable` | a service (Postgres, RabbitMQ) cannot be reached; retry later |
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// An error answer of the API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine-readable code (see the module table).
+    pub code: &'static str,
+    /// What was wrong and how to fix it.
+    pub message: String,
+    /// The offending field or parameter, when there is one.
+    pub field: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: &'a str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+        }
+    }
+
+    /// Names the offending field.
+    pub fn field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    /// 401: no valid token.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// 403: the token may not do this.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    /// 404: nothing there.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 405: wrong method for the route.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this path does not support that method; see /openapi.json",
+        )
+    }
+
+    /// 409: collides with the current state.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    /// 413: body too large.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("request body is larger than {limit} bytes"),
+        )
+    }
+
+    /// 422: a field breaks the rules.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message).field(field)
+    }
+
+    /// 503: a service is unreachable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+}
+
+impl From<belfry_ledger::LedgerError> for ApiError {
+    fn from(e: belfry_ledger::LedgerError) -> Self {
+        // A data exception (class 22: a value Postgres cannot store or
+        // compare) is the request's fault, not the service's.
+        if let belfry_ledger::LedgerError::Query(sqlx::Error::Database(db)) = &e {
+            if db.code().is_some_and(|c| c.starts_with("22")) {
+                return Self::invalid(
+                    "body",
+                    format!("a value cannot be stored: {}", db.message()),
+                );
+            }
+        }
+        // The ledger's text names the failure without credentials; details
+        // go to the log, the caller learns to retry.
+        tracing::warn!(error = %e, "API request failed at the ledger");
+        Self::unavailable(format!("the ledger could not answer: {e}; retry later"))
+    }
+}
+
+impl From<crate::schedule::ScheduleError> for ApiError {
+    fn from(e: crate::schedule::ScheduleError) -> Self {
+        let field = e.field;
+        Self::invalid(field, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Body {
+            error: self.code,
+            message: &self.message,
+            field: self.field.as_deref(),
+        };
+        (self.status, axum::Json(body)).into_response()
+    }
+}

@@ -1,0 +1,52 @@
+//! Liveness, readiness and the API description.
+//!
+//! `/healthz` answers while the process serves requests. `/readyz` checks
+//! the services: Postgres and RabbitMQ are required (503 when either is
+//! down: this replica can neither claim nor publish), Redis is reported
+//! but optional (claims stay exact through the ledger without it, so a
+//! Redis outage leaves the replica ready, `"degraded"`).
+
+use axum::extract::State;
+use axum::http::{header::CONTENT_TYPE, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::json;
+
+use super::ApiState;
+
+/// `GET /healthz`.
+pub async fn healthz() -> impl IntoResponse {
+    Json(json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`.
+pub async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
+    let (postgres, rabbitmq, redis) = state.replica().service_health().await;
+    let up = |ok: bool| if ok { "up" } else { "down" };
+    let ready = postgres && rabbitmq;
+    let status = match (ready, redis) {
+        (false, _) => "not_ready",
+        (true, Some(false)) => "degraded",
+        (true, _) => "ready",
+    };
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        Json(json!({
+            "status": status,
+            "instance": state.replica().instance(),
+            "postgres": up(postgres),
+            "rabbitmq": up(rabbitmq),
+            "redis": redis.map_or("disabled", up),
+        })),
+    )
+}
+
+/// `GET /openapi.json`.
+pub async fn openapi() -> impl IntoResponse {
+    ([(CONTENT_TYPE, "application/json")], super::OPENAPI_JSON)
+}

@@ -1,0 +1,184 @@
+//! The REST API every scheduler replica serves on `BELFRY_API_ADDR`:
+//! schedules, runs, manual triggers, backfills and ad-hoc jobs, without SQL.
+//!
+//! Resources live under `/v1/`; `/healthz`, `/readyz` and `/openapi.json`
+//! sit beside them (the OpenAPI document is `scheduler/openapi.json`,
+//! compiled in). Every replica can answer every request: all state is in
+//! the ledger, and a change reaches every replica's timer through the
+//! `schedules` table's notifications. Errors share one shape
+//! ([`error::ApiError`]); tokens and roles are in [`auth`].
+
+pub mod auth;
+pub mod error;
+pub mod health;
+pub mod input;
+pub mod jobs;
+pub mod runs;
+pub mod schedules;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+
+use belfry_dispatch::Client;
+
+use crate::replica::Replica;
+pub use auth::{Caller, Role, Tokens};
+pub use error::ApiError;
+
+/// The OpenAPI 3 document describing this API.
+pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    replica: Arc<Replica>,
+    client: Client,
+    tokens: Tokens,
+}
+
+impl ApiState {
+    /// The API of `replica`, guarded by `tokens` (none: open).
+    pub fn new(replica: Arc<Replica>, tokens: Tokens) -> Self {
+        let client = Client::new(
+            replica.ledger().clone(),
+            replica.broker().clone(),
+            replica.instance(),
+        );
+        Self {
+            inner: Arc::new(Inner {
+                replica,
+                client,
+                tokens,
+            }),
+        }
+    }
+
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
+        &self.inner.replica
+    }
+
+    pub(crate) fn ledger(&self) -> &belfry_ledger::Ledger {
+        self.inner.replica.ledger()
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    pub(crate) fn tokens(&self) -> &Tokens {
+        &self.inner.tokens
+    }
+}
+
+/// The API's routes.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/openapi.json", get(health::openapi))
+        .route(
+            "/v1/schedules",
+            get(schedules::list).post(schedules::create),
+        )
+        .route(
+            "/v1/schedules/{name}",
+            get(schedules::get_one)
+                .put(schedules::replace)
+                .delete(schedules::delete),
+        )
+        .route("/v1/schedules/{name}/pause", post(schedules::pause))
+        .route("/v1/schedules/{name}/resume", post(schedules::resume))
+        .route("/v1/schedules/{name}/trigger", post(schedules::trigger))
+        .route("/v1/schedules/{name}/backfill", post(schedules::backfill))
+        .route("/v1/schedules/{name}/preview", get(schedules::preview))
+        .route("/v1/runs", get(runs::list))
+        .route("/v1/runs/{id}", get(runs::get_one))
+        .route("/v1/jobs", post(jobs::enqueue))
+        .fallback(|| async { ApiError::not_found("no such path; see /openapi.json") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        // Checked before a handler reads the body, so an oversized body is
+        // refused without being buffered.
+        .layer(DefaultBodyLimit::max(input::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authorize,
+        ))
+        .with_state(state)
+}
+
+/// The API could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be resolved or bound.
+    #[error(
+        "BELFRY_API_ADDR={addr}: cannot listen: {source}; use host:port (port 0 picks a free one)"
+    )]
+    Bind {
+        /// The configured address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// An open API on a non-loopback address.
+    #[error(
+        "BELFRY_API_ADDR={addr} is reachable from other hosts but no token is configured; \
+         set BELFRY_API_ADMIN_TOKENS (and BELFRY_API_READ_TOKENS), or listen on 127.0.0.1"
+    )]
+    OpenOnNetwork {
+        /// The configured address.
+        addr: String,
+    },
+}
+
+/// Serves the API of `state` on `addr` until `cancel`; returns the bound
+/// address once listening (port `0` picks a free port, logged).
+///
+/// # Errors
+///
+/// [`ServeError::OpenOnNetwork`] when no token is configured and `addr` is
+/// not a loopback address; [`ServeError::Bind`] when it cannot be bound.
+pub async fn serve(
+    addr: &str,
+    state: ApiState,
+    cancel: CancellationToken,
+) -> Result<SocketAddr, ServeError> {
+    let bind = |source| ServeError::Bind {
+        addr: addr.to_owned(),
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+    let bound = listener.local_addr().map_err(bind)?;
+    // Checked on the bound address, so a host name resolving to a public
+    // interface is caught too.
+    if state.tokens().is_empty() && !bound.ip().is_loopback() {
+        return Err(ServeError::OpenOnNetwork {
+            addr: addr.to_owned(),
+        });
+    }
+    tracing::info!(addr = %bound, auth = !state.tokens().is_empty(), "API listening on http://{bound}/v1/");
+    let app = router(state);
+    tokio::spawn(async move {
+        // Graceful: stops accepting at cancel; requests in flight finish.
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "API stopped");
+        }
+    });
+    Ok(bound)
+}
+
+/// One audit log line for a change: who, what, which schedule.
+pub(crate) fn audit(caller: &Caller, action: &str, target: &str, detail: &str) {
+    tracing::info!(target: "belfry::audit", who = %caller.name, action, target, detail, "audit");
+}

@@ -1,0 +1,95 @@
+//! Retention: prunes finished runs (and records of skipped fires) older than
+//! `BELFRY_RETENTION`, so `job_runs` stays the size of its useful history.
+//!
+//! Every replica runs the pruner; batches use `SKIP LOCKED`, so replicas
+//! pruning at the same moment split the work instead of queueing on row
+//! locks. A short pause between batches leaves the database to the claim
+//! path when there is a large backlog (the first run after enabling
+//! retention on an old table).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use belfry_ledger::{Ledger, LedgerError};
+
+/// Rows deleted per statement.
+pub const PRUNE_BATCH: i64 = 1_000;
+/// Pause between two full batches.
+const BATCH_PAUSE: Duration = Duration::from_millis(50);
+
+/// What one pruning pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Finished runs deleted.
+    pub runs: u64,
+    /// Skipped-fire records deleted.
+    pub skipped_fires: u64,
+}
+
+/// Prunes one ledger's old history.
+#[derive(Debug, Clone)]
+pub struct Retention {
+    ledger: Ledger,
+    keep: Duration,
+}
+
+impl Retention {
+    /// Keeps finished runs for `keep` after they finished.
+    pub fn new(ledger: Ledger, keep: Duration) -> Self {
+        Self { ledger, keep }
+    }
+
+    /// Deletes everything older than `keep` before `now`, batch by batch,
+    /// until nothing is left or `cancel` fires.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when the database cannot be reached (what was deleted
+    /// so far stays deleted; the next pass continues).
+    pub async fn prune_once(
+        &self,
+        now: DateTime<Utc>,
+        cancel: &CancellationToken,
+    ) -> Result<Pruned, LedgerError> {
+        let cutoff =
+            now - chrono::Duration::from_std(self.keep).unwrap_or(chrono::Duration::MAX / 2);
+        let mut pruned = Pruned::default();
+        loop {
+            let runs = self.ledger.prune_finished_runs(cutoff, PRUNE_BATCH).await?;
+            let skipped = self.ledger.prune_skipped_fires(cutoff, PRUNE_BATCH).await?;
+            pruned.runs += runs;
+            pruned.skipped_fires += skipped;
+            let full = runs >= PRUNE_BATCH as u64 || skipped >= PRUNE_BATCH as u64;
+            if !full || cancel.is_cancelled() {
+                return Ok(pruned);
+            }
+            tokio::time::sleep(BATCH_PAUSE).await;
+        }
+    }
+
+    /// Prunes every `every` until `cancel`.
+    pub async fn run(self, every: Duration, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Shutdown wins over a due pass; a pass in progress finishes its
+            // current batch (one short statement) and stops at the next check.
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match self.prune_once(Utc::now(), &cancel).await {
+                Ok(p) if p.runs + p.skipped_fires > 0 => tracing::info!(
+                    runs = p.runs,
+                    skipped_fires = p.skipped_fires,
+                    keep = %humantime::format_duration(self.keep),
+                    "pruned history past retention"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "pruning old runs failed; retrying next pass"),
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! A whole scheduler replica as a service: connect (waiting out services
+//! that restart), serve `/metrics` and the REST API, follow schedule
+//! changes, prune old runs, and run the timer loop until cancelled.
+//!
+//! `belfry-scheduler`'s `main` calls [`start`] and [`Service::wait`]; tests
+//! and embedding programs do the same to run real replicas in-process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use belfry_runtime::start_retry::retry_start;
+
+use crate::api::{self, ApiState};
+use crate::retention::Retention;
+use crate::{Replica, SchedulerConfig, SchedulerError, Timer};
+
+/// A running replica.
+pub struct Service {
+    /// Where the REST API listens, when on.
+    pub api_addr: Option<SocketAddr>,
+    /// Where `/metrics` is served, when on.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The replica itself.
+    pub replica: Arc<Replica>,
+    running: JoinHandle<()>,
+}
+
+/// Starts a replica of `config`; it stops when `cancel` fires.
+///
+/// # Errors
+///
+/// [`SchedulerError`] when a service stays unreachable past
+/// `BELFRY_START_TIMEOUT`, the schedule file is invalid, or an address
+/// cannot be listened on.
+pub async fn start(
+    config: &SchedulerConfig,
+    cancel: CancellationToken,
+) -> Result<Service, SchedulerError> {
+    // A service restarting while this replica starts is waited out.
+    let (replica, sync, schedules) = retry_start(
+        "scheduler start",
+        config.start_timeout,
+        &cancel,
+        SchedulerError::is_transient,
+        || Replica::start(config),
+    )
+    .await?;
+    let replica = Arc::new(replica);
+    let metrics_addr = match &config.metrics_addr {
+        Some(addr) => Some(
+            belfry_runtime::metrics_server::serve(
+                addr,
+                Arc::new(replica.metrics_registry()),
+                cancel.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let api_addr = match &config.api_addr {
+        Some(addr) => Some(
+            api::serve(
+                addr,
+                ApiState::new(replica.clone(), config.api_tokens.clone()),
+                cancel.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let clock = belfry_runtime::process_clock();
+    let timer =
+        Timer::new(schedules, clock.now()).with_misfire_threshold(config.timing.misfire_threshold);
+    // Schedule changes (API, another replica's file, SQL by hand) flow from
+    // the table to the timer while the replica runs.
+    let (changes_tx, changes) = tokio::sync::mpsc::unbounded_channel();
+    let following = tokio::spawn(sync.run(changes_tx, config.schedule_resync, cancel.clone()));
+    let pruning = config.retention.map(|keep| {
+        tokio::spawn(
+            Retention::new(replica.ledger().clone(), keep)
+                .run(config.retention_interval, cancel.clone()),
+        )
+    });
+    let looping = replica.clone();
+    let running = tokio::spawn(async move {
+        looping
+            .run_with_changes(timer, clock, cancel, changes)
+            .await;
+        // Both end at the same cancel; waited for so nothing outlives the
+        // service.
+        let _ = following.await;
+        if let Some(p) = pruning {
+            let _ = p.await;
+        }
+    });
+    Ok(Service {
+        api_addr,
+        metrics_addr,
+        replica,
+        running,
+    })
+}
+
+impl Service {
+    /// Waits until the replica has stopped (after its cancel token fired
+    /// and in-flight fires finished or the shutdown deadline passed).
+    pub async fn wait(self) {
+        let _ = self.running.await;
+    }
+}
