@@ -509,6 +509,18 @@ async fn runs_list_filters_paginates_and_shows_detail() {
         Some("limit"),
     );
     assert_error(
+        &runs("?to=").await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        Some("to"),
+    );
+    assert_error(
+        &runs("?job_type=a%00b").await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        Some("job_type"),
+    );
+    assert_error(
         &runs("?sort=asc").await,
         StatusCode::BAD_REQUEST,
         "bad_request",

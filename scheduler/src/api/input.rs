@@ -102,6 +102,18 @@ impl QueryParams {
                 ))
                 .field(k));
             }
+            if v.is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter {k:?} is empty; give a value or leave it out"
+                ))
+                .field(k));
+            }
+            if v.contains('\0') {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter {k:?} contains a NUL character"
+                ))
+                .field(k));
+            }
             if map.insert(k.clone(), v).is_some() {
                 return Err(
                     ApiError::bad_request(format!("query parameter {k:?} is given twice")).field(k),

@@ -107,11 +107,12 @@ pub async fn enqueue(
         Enqueued::Existing { .. } => (StatusCode::OK, false),
     };
     if created {
+        let name = request.name.as_deref().unwrap_or(&request.job_type);
         audit(
             &caller,
             "job.enqueue",
-            enqueued.run_key(),
-            &request.job_type,
+            name,
+            &format!("run {} ({})", enqueued.id(), enqueued.run_key()),
         );
     }
     let run = state.ledger().run(enqueued.id()).await?;

@@ -178,7 +178,8 @@ pub async fn serve(
     Ok(bound)
 }
 
-/// One audit log line for a change: who, what, which schedule.
-pub(crate) fn audit(caller: &Caller, action: &str, target: &str, detail: &str) {
-    tracing::info!(target: "belfry::audit", who = %caller.name, action, target, detail, "audit");
+/// One audit log line for a change: who (the token's name), what (the
+/// action), which schedule (or ad-hoc job name), and details.
+pub(crate) fn audit(caller: &Caller, action: &str, schedule: &str, detail: &str) {
+    tracing::info!(target: "belfry::audit", who = %caller.name, action, schedule, detail, "audit");
 }

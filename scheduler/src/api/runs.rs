@@ -127,6 +127,11 @@ fn decode_cursor(raw: &str) -> Result<RunCursor, ApiError> {
     };
     let (micros, id) = raw.split_once('.').ok_or_else(bad)?;
     let micros: i64 = micros.parse().map_err(|_| bad())?;
+    // Years 1 to 9999: what a run's scheduled_at can be, and safely inside
+    // what Postgres compares.
+    if !(-62_135_596_800_000_000..=253_402_300_799_999_999).contains(&micros) {
+        return Err(bad());
+    }
     let scheduled_at = Utc.timestamp_micros(micros).single().ok_or_else(bad)?;
     let id = Uuid::parse_str(id).map_err(|_| bad())?;
     Ok(RunCursor { scheduled_at, id })

@@ -113,6 +113,12 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     let q = QueryParams::parse(query.as_deref(), &["limit", "cursor"])?;
     let limit = q.number("limit", 100, 1, MAX_PAGE)?;
+    if let Some(cursor) = q.text("cursor") {
+        // The cursor is the last name of the previous page.
+        validate_name("cursor", cursor).map_err(|e| {
+            ApiError::bad_request(format!("{e}; pass next_cursor unchanged")).field("cursor")
+        })?;
+    }
     let rows = state
         .ledger()
         .schedules_page(q.text("cursor"), i64::from(limit) + 1)
