@@ -6,8 +6,10 @@
 //! cargo run --release -p belfry-bench -- worker [--jobs 5000] [--rounds 3]
 //! cargo run --release -p belfry-bench -- timer [--seconds 10] [--big 1000000]
 //! cargo run --release -p belfry-bench -- traces [--fires 3000] [--rounds 5]
+//! cargo run --release -p belfry-bench -- dispatch [--raw-fires 8000] [--steady-seconds 10]
 //! ```
 
+mod dispatch_burst;
 mod timer_lateness;
 mod trace_export;
 mod worker_throughput;
@@ -47,9 +49,16 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
         Some("traces") => trace_export::run(flag("--fires", 3000)?, flag("--rounds", 5)?).await,
+        Some("dispatch") => {
+            dispatch_burst::run(
+                flag("--raw-fires", 8000)?,
+                u64::try_from(flag("--steady-seconds", 10)?)?,
+            )
+            .await
+        }
         Some("traces-child") => trace_export::child(flag("--fires", 3000)?).await,
         _ => {
-            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]");
+            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]");
             std::process::exit(2);
         }
     }

@@ -32,6 +32,10 @@ pub enum BrokerError {
     /// The broker did not confirm a publish in time.
     #[error("RabbitMQ did not confirm the publish within {0:?}")]
     ConfirmTimeout(std::time::Duration),
+    /// A publish of a pipelined batch was not sent because an earlier one
+    /// failed (its channel broke).
+    #[error("publish not sent: an earlier publish of its batch failed ({0})")]
+    NotSent(String),
 }
 
 impl BrokerError {

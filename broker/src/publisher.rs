@@ -99,24 +99,110 @@ impl Publisher {
     /// keeps the run `claimed` so it can be published again with the same
     /// message id.
     pub async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, BrokerError> {
-        let mut headers = FieldTable::default();
-        headers.insert(HEADER_VERSION.into(), AMQPValue::LongUInt(MESSAGE_VERSION));
-        if let Some(trace) = &message.trace {
-            insert_str(&mut headers, HEADER_TRACEPARENT, &trace.traceparent);
-            if let Some(state) = &trace.tracestate {
-                insert_str(&mut headers, HEADER_TRACESTATE, state);
-            }
-        }
-        let properties = persistent_json()
-            .with_message_id(ShortString::from(message.message_id.to_string()))
-            .with_headers(headers);
         self.send(
             &self.topology.jobs_exchange(),
             &message.job_type,
             &message.to_vec(),
-            properties,
+            job_properties(message),
         )
         .await
+    }
+
+    /// Publishes `messages` pipelined on this channel (every publish sent,
+    /// then every confirm awaited, at most [`CONFIRM_TIMEOUT`] in all) and
+    /// returns one answer per message, in order.
+    ///
+    /// Answers are exact per message although lapin attaches a returned
+    /// (unroutable) message to whichever confirm completes next: the channel
+    /// is held for the whole batch, the broker sends a message's return
+    /// before its ack, and every ack takes one waiting return, so every
+    /// return of the batch is handed out among the batch's own confirms.
+    /// Returns are matched to messages by message id, never by position.
+    ///
+    /// A publish that could not be sent (the channel broke) and every
+    /// message after it answer with the error; the caller keeps those runs
+    /// `claimed` for the outbox, as for a single failed publish.
+    pub async fn publish_many(
+        &self,
+        messages: &[JobMessage],
+    ) -> Vec<Result<PublishOutcome, BrokerError>> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let exchange = self.topology.jobs_exchange();
+        // Held until every confirm of the batch is in; see above.
+        let _serial = self.serial.lock().await;
+        let mut pending = Vec::with_capacity(messages.len());
+        let mut broken: Option<String> = None;
+        for message in messages {
+            let sent = self
+                .channel
+                .basic_publish(
+                    &exchange,
+                    &message.job_type,
+                    options,
+                    &message.to_vec(),
+                    job_properties(message),
+                )
+                .await;
+            match sent {
+                Ok(confirm) => pending.push(confirm),
+                Err(e) => {
+                    broken = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let sent = pending.len();
+        let confirmations =
+            tokio::time::timeout(CONFIRM_TIMEOUT, futures::future::join_all(pending)).await;
+        let mut answers: Vec<Result<PublishOutcome, BrokerError>> = match confirmations {
+            Err(_) => (0..sent)
+                .map(|_| Err(BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT)))
+                .collect(),
+            Ok(confirmations) => {
+                let mut returned = std::collections::HashSet::new();
+                let mut kinds = Vec::with_capacity(sent);
+                for c in confirmations {
+                    match c {
+                        Ok(Confirmation::Ack(r)) => {
+                            if let Some(r) = r {
+                                returned.insert(r.properties.message_id().clone());
+                            }
+                            kinds.push(Ok(true));
+                        }
+                        Ok(Confirmation::Nack(r)) => {
+                            if let Some(r) = r {
+                                returned.insert(r.properties.message_id().clone());
+                            }
+                            kinds.push(Ok(false));
+                        }
+                        Ok(Confirmation::NotRequested) => kinds.push(Ok(false)),
+                        Err(e) => kinds.push(Err(e)),
+                    }
+                }
+                kinds
+                    .into_iter()
+                    .zip(messages)
+                    .map(|(kind, message)| match kind {
+                        Ok(true) => {
+                            let id = Some(ShortString::from(message.message_id.to_string()));
+                            Ok(if returned.contains(&id) {
+                                PublishOutcome::Unroutable
+                            } else {
+                                PublishOutcome::Confirmed
+                            })
+                        }
+                        Ok(false) => Ok(PublishOutcome::Nacked),
+                        Err(e) => Err(BrokerError::amqp("publish confirm")(e)),
+                    })
+                    .collect()
+            }
+        };
+        let reason = broken.unwrap_or_else(|| "channel closed".into());
+        answers.extend((sent..messages.len()).map(|_| Err(BrokerError::NotSent(reason.clone()))));
+        answers
     }
 
     /// Publishes a dead letter to the dead-letter exchange, keeping its body
@@ -195,6 +281,22 @@ impl Publisher {
     pub async fn close(&self) {
         let _ = self.channel.close(200, "publisher closed").await;
     }
+}
+
+/// The properties of a job message: persistent JSON, its message id, the
+/// protocol version and the trace context as headers.
+fn job_properties(message: &JobMessage) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(HEADER_VERSION.into(), AMQPValue::LongUInt(MESSAGE_VERSION));
+    if let Some(trace) = &message.trace {
+        insert_str(&mut headers, HEADER_TRACEPARENT, &trace.traceparent);
+        if let Some(state) = &trace.tracestate {
+            insert_str(&mut headers, HEADER_TRACESTATE, state);
+        }
+    }
+    persistent_json()
+        .with_message_id(ShortString::from(message.message_id.to_string()))
+        .with_headers(headers)
 }
 
 fn persistent_json() -> BasicProperties {

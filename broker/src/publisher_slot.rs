@@ -16,6 +16,11 @@ use crate::{Broker, BrokerError, Publisher};
 /// local broker without holding many channels open.
 const CHANNELS: usize = 8;
 
+/// Most publishes awaiting their confirm on one channel: large enough to
+/// keep a local broker busy, small enough that a broken channel fails a
+/// bounded number of publishes.
+pub const CONFIRM_WINDOW: usize = 128;
+
 /// A lazily (re)opened pool of [`Publisher`]s.
 #[derive(Debug)]
 pub struct PublisherSlot {
@@ -91,6 +96,38 @@ impl PublisherSlot {
             self.reset(&lease).await;
         }
         result
+    }
+
+    /// Publishes `messages` pipelined, at most [`CONFIRM_WINDOW`] unconfirmed
+    /// per channel, the chunks spread over the pool's channels
+    /// concurrently; one answer per message, in order. A channel whose
+    /// chunk failed is replaced.
+    pub async fn publish_many(
+        &self,
+        messages: &[belfry_protocol::JobMessage],
+    ) -> Vec<Result<crate::PublishOutcome, BrokerError>> {
+        let chunks = messages.chunks(CONFIRM_WINDOW).map(|chunk| async move {
+            let lease = match self.get().await {
+                Ok(lease) => lease,
+                Err(e) => {
+                    let reason = e.to_string();
+                    return chunk
+                        .iter()
+                        .map(|_| Err(BrokerError::NotSent(reason.clone())))
+                        .collect::<Vec<_>>();
+                }
+            };
+            let answers = lease.publisher.publish_many(chunk).await;
+            if answers.iter().any(Result::is_err) {
+                self.reset(&lease).await;
+            }
+            answers
+        });
+        futures::future::join_all(chunks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Dead-letters through any open publisher; see [`PublisherSlot::publish`].

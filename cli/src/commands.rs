@@ -235,11 +235,28 @@ async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result
                 }
             };
             let mut created = Vec::new();
-            for mut body in bodies {
+            for body in bodies {
+                let Value::Object(mut body) = body else {
+                    return Err(CliError::Usage(
+                        "each schedule must be a JSON object (a [[schedule]] table)".into(),
+                    ));
+                };
                 if *paused {
-                    body["paused"] = json!(true);
+                    body.insert("paused".into(), json!(true));
                 }
-                created.push(api.call(Method::POST, "/v1/schedules", Some(&body)).await?);
+                let made = api
+                    .call(Method::POST, "/v1/schedules", Some(&Value::Object(body)))
+                    .await;
+                match made {
+                    Ok(v) => created.push(v),
+                    Err(e) if created.is_empty() => return Err(e),
+                    Err(e) => {
+                        // Say what is already stored, so a rerun can skip it.
+                        let names: Vec<String> = created.iter().map(|c| cell(&c["name"])).collect();
+                        eprintln!("belfry: created before the error: {}", names.join(", "));
+                        return Err(e);
+                    }
+                }
             }
             let v = if created.len() == 1 {
                 created[0].clone()
@@ -258,6 +275,10 @@ async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result
                 url: path(name, ""),
                 message: "not an object".into(),
             })?;
+            // The state fields are not sent back: a pause made meanwhile
+            // must not be undone by an edit.
+            body.remove("paused");
+            body.remove("updated_at");
             if let Some(t) = job_type {
                 body.insert("job_type".into(), json!(t));
             }

@@ -188,7 +188,8 @@ impl Client {
     /// [`DispatchError::Name`] for an invalid job type or name,
     /// [`DispatchError::BadKey`] for an unusable idempotency key, and
     /// [`DispatchError::Ledger`] when the ledger cannot be reached (nothing
-    /// was enqueued).
+    /// was enqueued). Once the run is stored the call succeeds: a publish
+    /// that fails afterwards is finished by the outbox reconciler.
     pub async fn enqueue(&self, job: AdHocJob) -> Result<Enqueued, DispatchError> {
         validate_name("job type", &job.job_type)?;
         let name = job.name.clone().unwrap_or_else(|| job.job_type.clone());
@@ -238,8 +239,19 @@ impl Client {
                 status: existing.status()?,
             });
         }
+        // The run is stored: from here on the job is enqueued whatever the
+        // broker says. A publish that failed, or could not be recorded, is
+        // the outbox's to finish; an error now would invite a caller
+        // without an idempotency key to enqueue it twice.
         let published = due_now
-            && self.dispatcher.dispatch(&run.to_message()).await? == DispatchOutcome::Dispatched;
+            && match self.dispatcher.dispatch(&run.to_message()).await {
+                Ok(outcome) => outcome == DispatchOutcome::Dispatched,
+                Err(e) => {
+                    tracing::warn!(run_key = %run_key, error = %e,
+                        "enqueued job's publish could not be recorded; the outbox publishes it");
+                    false
+                }
+            };
         Ok(Enqueued::Created {
             id,
             run_key,

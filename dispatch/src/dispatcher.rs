@@ -77,6 +77,95 @@ impl Dispatcher {
         }
     }
 
+    /// Publishes freshly claimed runs pipelined and records the answers:
+    /// one statement marks every confirmed run `dispatched`; returned runs
+    /// become `dead` one by one (rare); unconfirmed ones stay in the outbox.
+    /// Each message gets its own `publish` span under its fire's span
+    /// (`parents`, one per message), so every run keeps its own trace.
+    /// One outcome per message, in order; a failure to record is reported
+    /// as [`DispatchOutcome::NotConfirmed`] (the run stays `claimed`, and a
+    /// republish is safe).
+    pub async fn dispatch_many(
+        &self,
+        messages: &[JobMessage],
+        parents: &[tracing::Span],
+    ) -> Vec<DispatchOutcome> {
+        let spans: Vec<tracing::Span> = messages
+            .iter()
+            .zip(parents)
+            .map(|(message, parent)| {
+                tracing::info_span!(parent: parent, "publish", otel.kind = "producer",
+                    messaging.system = "rabbitmq", messaging.operation.type = "send",
+                    messaging.rabbitmq.destination.routing_key = %message.job_type,
+                    messaging.message.id = %message.message_id, belfry.publish = tracing::field::Empty)
+            })
+            .collect();
+        // With OpenTelemetry on, each message carries its publish span's
+        // context, as a single publish does.
+        let traced: Vec<JobMessage> = messages
+            .iter()
+            .zip(&spans)
+            .map(
+                |(message, span)| match span.in_scope(crate::run_trace::current) {
+                    Some(trace) => JobMessage {
+                        trace: Some(trace),
+                        ..message.clone()
+                    },
+                    None => message.clone(),
+                },
+            )
+            .collect();
+        let answers = self.publishers.publish_many(&traced).await;
+        let mut confirmed = Vec::new();
+        for ((answer, span), message) in answers.iter().zip(&spans).zip(messages) {
+            span.record(
+                "belfry.publish",
+                match answer {
+                    Ok(PublishOutcome::Confirmed) => "confirmed",
+                    Ok(PublishOutcome::Unroutable) => "unroutable",
+                    Ok(PublishOutcome::Nacked) => "nacked",
+                    Err(_) => "failed",
+                },
+            );
+            if matches!(answer, Ok(PublishOutcome::Confirmed)) {
+                confirmed.push(message.message_id);
+            }
+        }
+        drop(spans);
+        let recorded = if confirmed.is_empty() {
+            Ok(0)
+        } else {
+            belfry_runtime::failpoint::hit("after_publish_before_dispatched");
+            self.ledger.mark_dispatched_many(&confirmed).await
+        };
+        if let Err(e) = &recorded {
+            tracing::error!(runs = confirmed.len(), error = %e,
+                "confirmed publishes could not be recorded; the runs stay claimed and are republished");
+        }
+        let mut outcomes = Vec::with_capacity(messages.len());
+        for (answer, message) in answers.into_iter().zip(messages) {
+            outcomes.push(match answer {
+                Ok(PublishOutcome::Confirmed) => match &recorded {
+                    Ok(_) => DispatchOutcome::Dispatched,
+                    Err(e) => DispatchOutcome::NotConfirmed(format!(
+                        "dispatch could not be recorded: {e}"
+                    )),
+                },
+                Ok(PublishOutcome::Unroutable) => match self.unroutable(message).await {
+                    Ok(()) => DispatchOutcome::Unroutable,
+                    Err(e) => DispatchOutcome::NotConfirmed(format!(
+                        "dead run could not be recorded: {e}"
+                    )),
+                },
+                Ok(PublishOutcome::Nacked) => {
+                    not_confirmed(message, "the broker nacked the publish".into())
+                }
+                Err(e) => not_confirmed(message, e.to_string()),
+            });
+        }
+        outcomes
+    }
+
     /// Publishes a run taken from the outbox again (same message id, same
     /// trace) and records the answer; an unconfirmed run is retried after
     /// `retry_at`.

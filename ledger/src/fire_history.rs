@@ -37,10 +37,23 @@ pub enum ExclusiveClaim {
     Overlapped,
 }
 
+/// SQL that is true when the run aliased `alias` is a fire of its schedule's
+/// timetable (claimed by a replica's timer or misfire recovery), and false
+/// for ad-hoc jobs (`claimed_by` `client:...`), manual triggers
+/// (`manual:...`), backfills (`backfill:...`) and hand-published messages
+/// (no `claimed_by`). Misfire policies, late-claim decisions and retention's
+/// "newest fire" only look at these.
+pub(crate) fn live_fire(alias: &str) -> String {
+    format!(
+        "({alias}.claimed_by NOT LIKE 'client:%' AND {alias}.claimed_by NOT LIKE 'manual:%' \
+          AND {alias}.claimed_by NOT LIKE 'backfill:%')"
+    )
+}
+
 impl Ledger {
-    /// The latest `scheduled_at` of each of `job_names` that has scheduled
-    /// runs (ad-hoc runs of the same name, `claimed_by` `client:...`, and
-    /// manual triggers, `manual:...`, are not fires of the schedule).
+    /// The latest `scheduled_at` of each of `job_names` that has live fires
+    /// (see [`live_fire`]: ad-hoc runs, manual triggers and backfills are not
+    /// fires of the timetable).
     ///
     /// # Errors
     ///
@@ -50,12 +63,12 @@ impl Ledger {
         job_names: &[String],
     ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
         // One index probe per name (job_runs_job_name_scheduled_idx).
-        let rows = sqlx::query(
+        let rows = sqlx::query(&format!(
             "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r \
-                  WHERE r.job_name = n.name AND r.claimed_by NOT LIKE 'client:%' \
-                    AND r.claimed_by NOT LIKE 'manual:%') AS last \
+                  WHERE r.job_name = n.name AND {}) AS last \
              FROM unnest($1::text[]) AS n(name)",
-        )
+            live_fire("r")
+        ))
         .bind(job_names)
         .fetch_all(&self.pool)
         .await?;
@@ -79,6 +92,21 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn claim_exclusive(&self, run: &NewRun) -> Result<ExclusiveClaim, LedgerError> {
+        self.claim_exclusive_with(run, true).await
+    }
+
+    /// [`Ledger::claim_exclusive`], recording an overlapped fire in
+    /// `skipped_fires` only with `record_skip` (a refused manual trigger is
+    /// not a fire of the schedule and leaves nothing behind).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::claim_exclusive`].
+    pub async fn claim_exclusive_with(
+        &self,
+        run: &NewRun,
+        record_skip: bool,
+    ) -> Result<ExclusiveClaim, LedgerError> {
         let mut tx = self.pool.begin().await?;
         // Serialises decisions for this schedule only; released at commit.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
@@ -108,17 +136,19 @@ impl Ledger {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(previous) = running {
-            sqlx::query(
-                "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-            )
-            .bind(&run.job_name)
-            .bind(&run.run_key)
-            .bind(run.scheduled_at)
-            .bind(format!("overlap: previous run {previous} is not finished"))
-            .bind(&run.claimed_by)
-            .execute(&mut *tx)
-            .await?;
+            if record_skip {
+                sqlx::query(
+                    "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                )
+                .bind(&run.job_name)
+                .bind(&run.run_key)
+                .bind(run.scheduled_at)
+                .bind(format!("overlap: previous run {previous} is not finished"))
+                .bind(&run.claimed_by)
+                .execute(&mut *tx)
+                .await?;
+            }
             tx.commit().await?;
             return Ok(ExclusiveClaim::Overlapped);
         }
@@ -147,18 +177,19 @@ impl Ledger {
         grace: std::time::Duration,
         limit: i64,
     ) -> Result<Vec<LateClaim>, LedgerError> {
-        let rows = sqlx::query(
+        let rows = sqlx::query(&format!(
             "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
                  EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
                          AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
-                         AND COALESCE(n.claimed_by, '') NOT LIKE 'manual:%') AS superseded \
+                         AND {}) AS superseded \
              FROM job_runs r JOIN schedules s ON s.name = r.job_name \
-             WHERE r.status = 'claimed' AND r.claimed_by NOT LIKE 'client:%' \
-               AND r.claimed_by NOT LIKE 'manual:%' \
+             WHERE r.status = 'claimed' AND {} \
                AND r.claimed_at < now() - make_interval(secs => $2) \
                AND r.scheduled_at < now() - make_interval(secs => $1) \
              ORDER BY r.job_name, r.scheduled_at LIMIT $3",
-        )
+            live_fire("n"),
+            live_fire("r")
+        ))
         .bind(older_than.as_secs_f64())
         .bind(grace.as_secs_f64())
         .bind(limit)

@@ -10,6 +10,7 @@
 //! worker's outcome recording only talk to Postgres through it.
 
 mod attempt_batch;
+mod claim_batch;
 mod error;
 mod fire_history;
 mod outbox;

@@ -23,20 +23,20 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        let done = sqlx::query(
+        let done = sqlx::query(&format!(
             "WITH doomed AS ( \
                  SELECT r.id FROM job_runs r \
                  WHERE r.finished_at < $1 \
-                   AND (COALESCE(r.claimed_by, 'client:') LIKE 'client:%' \
-                        OR r.claimed_by LIKE 'manual:%' \
+                   AND (NOT COALESCE({}, false) \
                         OR EXISTS (SELECT 1 FROM job_runs n \
                                    WHERE n.job_name = r.job_name AND n.scheduled_at > r.scheduled_at \
-                                     AND n.claimed_by NOT LIKE 'client:%' \
-                                     AND n.claimed_by NOT LIKE 'manual:%')) \
+                                     AND {})) \
                  ORDER BY r.finished_at LIMIT $2 \
                  FOR UPDATE SKIP LOCKED) \
              DELETE FROM job_runs WHERE id IN (SELECT id FROM doomed)",
-        )
+            crate::fire_history::live_fire("r"),
+            crate::fire_history::live_fire("n")
+        ))
         .bind(cutoff)
         .bind(batch)
         .execute(&self.pool)

@@ -8,6 +8,7 @@
 
 pub mod clock;
 pub mod endpoint;
+pub mod exported_events;
 pub mod failpoint;
 pub mod metrics_server;
 pub mod setting;

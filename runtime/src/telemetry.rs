@@ -96,7 +96,8 @@ pub fn export_configured() -> bool {
 }
 
 /// The `tracing` layer that turns spans into OpenTelemetry spans of
-/// `provider`, with what it exports filtered (see [`exported`]); binaries
+/// `provider`, exporting every span and WARN+ events (see
+/// [`crate::exported_events`]); binaries
 /// get it from [`init_telemetry`], tests use it with an in-memory exporter.
 /// Installing it turns on [`crate::trace_propagation`].
 pub fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S>
@@ -107,12 +108,13 @@ where
     // Busy/idle timing (a clock read at every poll of an instrumented
     // future), thread and source-location attributes cost time and bytes
     // on every span without helping to follow a run: off.
-    tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("belfry"))
-        .with_tracked_inactivity(false)
-        .with_threads(false)
-        .with_location(false)
-        .with_filter(tracing_subscriber::filter::filter_fn(exported))
+    crate::exported_events::ExportedEvents::new(
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("belfry"))
+            .with_tracked_inactivity(false)
+            .with_threads(false)
+            .with_location(false),
+    )
 }
 
 /// Installs the global subscriber: logs as `format`, plus OTLP export of
@@ -155,17 +157,6 @@ pub fn init_telemetry(
         .with(traces)
         .try_init();
     Ok(Telemetry { provider })
-}
-
-/// What goes into exported traces: spans at INFO and above, and events
-/// (span events in the trace) at WARN and above — a run's errors and
-/// warnings show in its trace; its routine INFO lines stay in the logs.
-fn exported(meta: &tracing::Metadata<'_>) -> bool {
-    if meta.is_span() {
-        *meta.level() <= tracing::Level::INFO
-    } else {
-        *meta.level() <= tracing::Level::WARN
-    }
 }
 
 fn otlp_provider(service: &str, instance: &str) -> Result<SdkTracerProvider, TelemetryError> {

@@ -33,6 +33,41 @@ pub enum ClaimOutcome {
     Overlapped,
 }
 
+/// Why a fire is being claimed: decides the lock, the run's `claimed_by`,
+/// and how misfire handling treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FireSource {
+    /// The timer: the Redis lock filters the other replicas first.
+    Timer,
+    /// Misfire recovery: the ledger alone decides (the lock may still be
+    /// held by a replica that died before recording the fire).
+    Recovery,
+    /// An operator's backfill: the ledger alone decides; the run is
+    /// `claimed_by = backfill:{instance}`, so misfire policies never drop it
+    /// and recovery never counts from it, and a failed claim is reported to
+    /// the operator instead of being remembered as missed.
+    Backfill,
+    /// An operator's "run it now": its own run key, `claimed_by =
+    /// manual:{instance}`, never mistaken for a fire of the timetable.
+    Manual,
+}
+
+impl FireSource {
+    /// Whether the Redis lock is taken first.
+    pub fn uses_lock(self) -> bool {
+        self == FireSource::Timer
+    }
+
+    /// The `claimed_by` of runs this source claims on replica `instance`.
+    pub fn claimed_by(self, instance: &str) -> String {
+        match self {
+            FireSource::Timer | FireSource::Recovery => instance.to_owned(),
+            FireSource::Backfill => format!("backfill:{instance}"),
+            FireSource::Manual => format!("manual:{instance}"),
+        }
+    }
+}
+
 /// Claims fires for one replica.
 #[derive(Debug)]
 pub struct Claimer {
@@ -81,7 +116,7 @@ impl Claimer {
         schedule: &Schedule,
         at: DateTime<Utc>,
     ) -> Result<ClaimOutcome, SchedulerError> {
-        self.claim_with(schedule, at, true).await
+        self.claim_from(schedule, at, FireSource::Timer).await
     }
 
     /// [`Claimer::claim`] through the ledger alone, skipping the lock: for
@@ -96,34 +131,30 @@ impl Claimer {
         schedule: &Schedule,
         at: DateTime<Utc>,
     ) -> Result<ClaimOutcome, SchedulerError> {
-        self.claim_with(schedule, at, false).await
+        self.claim_from(schedule, at, FireSource::Recovery).await
     }
 
-    async fn claim_with(
+    /// [`Claimer::claim`] for a fire from `source` (see [`FireSource`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Claimer::claim`].
+    pub async fn claim_from(
         &self,
         schedule: &Schedule,
         at: DateTime<Utc>,
-        use_lock: bool,
+        source: FireSource,
     ) -> Result<ClaimOutcome, SchedulerError> {
         let span = tracing::info_span!(
             "claim",
-            belfry.lock = use_lock && self.lock.is_some(),
+            belfry.lock = source.uses_lock() && self.lock.is_some(),
             belfry.claim = tracing::field::Empty
         );
         let outcome = self
-            .claim_inner(schedule, at, use_lock)
+            .claim_inner(schedule, at, source)
             .instrument(span.clone())
             .await;
-        span.record(
-            "belfry.claim",
-            match &outcome {
-                Ok(ClaimOutcome::Won(_)) => "won",
-                Ok(ClaimOutcome::LostAtLock) => "lost_lock",
-                Ok(ClaimOutcome::LostAtLedger) => "lost_ledger",
-                Ok(ClaimOutcome::Overlapped) => "overlapped",
-                Err(_) => "error",
-            },
-        );
+        span.record("belfry.claim", claim_label(outcome.as_ref().ok()));
         outcome
     }
 
@@ -131,8 +162,9 @@ impl Claimer {
         &self,
         schedule: &Schedule,
         at: DateTime<Utc>,
-        use_lock: bool,
+        source: FireSource,
     ) -> Result<ClaimOutcome, SchedulerError> {
+        let use_lock = source.uses_lock();
         let key = run_key(&schedule.name, at).map_err(|belfry_protocol::RunKeyError::Name(e)| e)?;
         let mut locked = false;
         if let Some(lock) = self.lock.as_ref().filter(|_| use_lock) {
@@ -150,8 +182,8 @@ impl Claimer {
                 }
             }
         }
-        let run = self.new_run(schedule, key, at, self.instance.clone());
-        let claimed = match self.insert(&run, schedule.overlap).await {
+        let run = self.new_run(schedule, key, at, source.claimed_by(&self.instance));
+        let claimed = match self.insert(&run, schedule.overlap, true).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => return Ok(ClaimOutcome::Overlapped),
             Err(e) => {
@@ -206,7 +238,12 @@ impl Claimer {
         } else {
             schedule.overlap
         };
-        let outcome = match self.insert(&run, policy).instrument(span.clone()).await? {
+        // A refused manual run is not a fire: nothing is recorded.
+        let outcome = match self
+            .insert(&run, policy, false)
+            .instrument(span.clone())
+            .await?
+        {
             Some(true) => {
                 FireCounters::add(&self.counters.claims_won, 1);
                 ClaimOutcome::Won(Box::new(run))
@@ -227,7 +264,7 @@ impl Claimer {
         Ok(outcome)
     }
 
-    fn new_run(
+    pub(crate) fn new_run(
         &self,
         schedule: &Schedule,
         run_key: String,
@@ -255,24 +292,149 @@ impl Claimer {
     }
 
     /// Inserts `run` under `overlap`: `Some(true)` won, `Some(false)` the
-    /// key was taken, `None` skipped (and recorded) because the previous
-    /// run is unfinished.
+    /// key was taken, `None` skipped because the previous run is unfinished
+    /// (recorded in `skipped_fires` with `record_skip`).
     async fn insert(
         &self,
         run: &NewRun,
         overlap: OverlapPolicy,
+        record_skip: bool,
     ) -> Result<Option<bool>, belfry_ledger::LedgerError> {
         match overlap {
             OverlapPolicy::Allow => self.ledger.claim(run).await.map(Some),
-            OverlapPolicy::Forbid => match self.ledger.claim_exclusive(run).await? {
-                ExclusiveClaim::Won => Ok(Some(true)),
-                ExclusiveClaim::Taken => Ok(Some(false)),
-                ExclusiveClaim::Overlapped => {
-                    FireCounters::add(&self.counters.skipped_overlap, 1);
-                    tracing::info!(run_key = %run.run_key, "fire skipped: the previous run is not finished (overlap = forbid)");
-                    Ok(None)
+            OverlapPolicy::Forbid => {
+                match self.ledger.claim_exclusive_with(run, record_skip).await? {
+                    ExclusiveClaim::Won => Ok(Some(true)),
+                    ExclusiveClaim::Taken => Ok(Some(false)),
+                    ExclusiveClaim::Overlapped => {
+                        FireCounters::add(&self.counters.skipped_overlap, 1);
+                        tracing::info!(run_key = %run.run_key, "fire skipped: the previous run is not finished (overlap = forbid)");
+                        Ok(None)
+                    }
                 }
-            },
+            }
         }
+    }
+
+    /// Claims many fires at once, one outcome per fire in order: one
+    /// pipelined Redis round trip takes every lock (fires whose lock is held
+    /// elsewhere are lost there and cost nothing more), then one multi-row
+    /// insert claims the rest, each row decided by the unique constraint as
+    /// in [`Claimer::claim`]. `claim_spans` (one per fire) receive each
+    /// fire's `belfry.claim`, and each run's trace starts in its span.
+    ///
+    /// Only for schedules that allow overlap: a forbidding schedule's claim
+    /// needs its per-schedule decision ([`Claimer::claim`]).
+    ///
+    /// An unreachable ledger fails every fire of the batch (`Err`), after
+    /// giving back the locks it took.
+    pub async fn claim_batch(
+        &self,
+        fires: &[(&Schedule, DateTime<Utc>)],
+        claim_spans: &[tracing::Span],
+        source: FireSource,
+    ) -> Vec<Result<ClaimOutcome, String>> {
+        let use_lock = source.uses_lock();
+        let mut outcomes: Vec<Option<Result<ClaimOutcome, String>>> = vec![None; fires.len()];
+        let mut keys = Vec::with_capacity(fires.len());
+        for (i, (schedule, at)) in fires.iter().enumerate() {
+            match run_key(&schedule.name, *at) {
+                Ok(key) => keys.push(key),
+                Err(e) => {
+                    outcomes[i] = Some(Err(e.to_string()));
+                    keys.push(String::new());
+                }
+            }
+        }
+        let mut locked = vec![false; fires.len()];
+        if let Some(lock) = self.lock.as_ref().filter(|_| use_lock) {
+            let asked: Vec<(&str, &str)> = fires
+                .iter()
+                .zip(&keys)
+                .map(|((s, _), k)| (s.name.as_str(), k.as_str()))
+                .collect();
+            match lock.try_acquire_many(&asked).await {
+                Ok(answers) => {
+                    for (i, answer) in answers.into_iter().enumerate() {
+                        match answer {
+                            LockOutcome::Acquired => locked[i] = true,
+                            LockOutcome::HeldElsewhere if outcomes[i].is_none() => {
+                                FireCounters::add(&self.counters.claims_lost_lock, 1);
+                                outcomes[i] = Some(Ok(ClaimOutcome::LostAtLock));
+                            }
+                            LockOutcome::HeldElsewhere => {}
+                        }
+                    }
+                }
+                // Already logged (rate-limited) by the lock; the ledger
+                // alone still decides correctly.
+                Err(_) => FireCounters::add(&self.counters.lock_fallbacks, fires.len() as u64),
+            }
+        }
+        let mut runs = Vec::new();
+        let mut run_index = Vec::new();
+        for (i, ((schedule, at), key)) in fires.iter().zip(&keys).enumerate() {
+            if outcomes[i].is_none() {
+                // Inside the fire's claim span: the run's trace is its fire's.
+                let run = claim_spans[i].in_scope(|| {
+                    self.new_run(
+                        schedule,
+                        key.clone(),
+                        *at,
+                        source.claimed_by(&self.instance),
+                    )
+                });
+                runs.push(run);
+                run_index.push(i);
+            }
+        }
+        match self.ledger.claim_many(&runs).await {
+            Ok(won) => {
+                for (run, i) in runs.into_iter().zip(run_index) {
+                    outcomes[i] = Some(Ok(if won.contains(&run.id) {
+                        FireCounters::add(&self.counters.claims_won, 1);
+                        ClaimOutcome::Won(Box::new(run))
+                    } else {
+                        FireCounters::add(&self.counters.claims_lost_ledger, 1);
+                        ClaimOutcome::LostAtLedger
+                    }));
+                }
+            }
+            Err(e) => {
+                // Nothing of the batch is recorded: give the locks back so
+                // other replicas are not turned away from fires nobody owns.
+                if let Some(lock) = &self.lock {
+                    let releases = run_index
+                        .iter()
+                        .filter(|i| locked[**i])
+                        .map(|i| lock.release(&fires[*i].0.name, &keys[*i]));
+                    futures::future::join_all(releases).await;
+                }
+                let reason = e.to_string();
+                for i in run_index {
+                    outcomes[i] = Some(Err(reason.clone()));
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .zip(claim_spans)
+            .map(|(outcome, span)| {
+                let outcome = outcome.unwrap_or_else(|| Err("not claimed".into()));
+                span.record("belfry.claim", claim_label(outcome.as_ref().ok()));
+                outcome
+            })
+            .collect()
+    }
+}
+
+/// The `belfry.claim` value of a claim's span (`None`: the claim failed).
+fn claim_label(outcome: Option<&ClaimOutcome>) -> &'static str {
+    match outcome {
+        Some(ClaimOutcome::Won(_)) => "won",
+        Some(ClaimOutcome::LostAtLock) => "lost_lock",
+        Some(ClaimOutcome::LostAtLedger) => "lost_ledger",
+        Some(ClaimOutcome::Overlapped) => "overlapped",
+        None => "error",
     }
 }

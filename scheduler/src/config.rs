@@ -11,7 +11,8 @@
 //! | `BELFRY_SCHEDULES_PRUNE` | `false` | delete stored schedules that are not in the file |
 //! | `BELFRY_SCHEDULE_RESYNC` | `30s` | full comparison of stored schedules (notifications cover changes in between) |
 //! | `BELFRY_LOCK_TTL` | `60s` | how long a fire's Redis lock lives |
-//! | `BELFRY_MAX_INFLIGHT_FIRES` | `64` | fires claimed/published concurrently |
+//! | `BELFRY_MAX_INFLIGHT_FIRES` | `1024` | fires claimed/published concurrently |
+//! | `BELFRY_MAX_BATCH` | `256` | most fires due together claimed and published as one batch |
 //! | `BELFRY_DB_POOL` | `8` | Postgres connections |
 //! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight fires may take after SIGTERM |
 //! | `BELFRY_RECONCILE_AFTER` | `30s` | a claimed run not confirmed by then is republished |
@@ -153,11 +154,18 @@ impl SchedulerConfig {
             timing: ReplicaTiming {
                 max_inflight: usize::try_from(settings.number(
                     "BELFRY_MAX_INFLIGHT_FIRES",
-                    64,
+                    crate::replica::DEFAULT_MAX_INFLIGHT as u64,
                     1,
                     100_000,
                 )?)
-                .unwrap_or(64),
+                .unwrap_or(crate::replica::DEFAULT_MAX_INFLIGHT),
+                max_batch: usize::try_from(settings.number(
+                    "BELFRY_MAX_BATCH",
+                    crate::replica::DEFAULT_MAX_BATCH as u64,
+                    1,
+                    10_000,
+                )?)
+                .unwrap_or(crate::replica::DEFAULT_MAX_BATCH),
                 shutdown_timeout: settings.duration(
                     "BELFRY_SHUTDOWN_TIMEOUT",
                     Duration::from_secs(30),

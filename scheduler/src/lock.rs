@@ -147,6 +147,49 @@ impl ClaimLock {
         }
     }
 
+    /// Tries to take the locks of many fires in one round trip (a pipeline
+    /// of `SET NX PX`); one outcome per `(job_name, run_key)`, in order.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unavailable`] when Redis cannot answer; the caller falls
+    /// back to the ledger alone for the whole batch.
+    pub async fn try_acquire_many(
+        &self,
+        fires: &[(&str, &str)],
+    ) -> Result<Vec<LockOutcome>, LockError> {
+        let mut conn = self.connection().await?;
+        let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut pipe = redis::pipe();
+        for (job_name, run_key) in fires {
+            pipe.cmd("SET")
+                .arg(self.topology.lock_key(job_name, run_key))
+                .arg(&self.instance)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms);
+        }
+        let replies: Result<Vec<Option<String>>, _> = pipe.query_async(&mut conn).await;
+        match replies {
+            Ok(replies) if replies.len() == fires.len() => {
+                self.recovered();
+                Ok(replies
+                    .into_iter()
+                    .map(|r| match r {
+                        Some(_) => LockOutcome::Acquired,
+                        None => LockOutcome::HeldElsewhere,
+                    })
+                    .collect())
+            }
+            Ok(replies) => Err(self.unavailable(format!(
+                "pipeline answered {} replies for {} commands",
+                replies.len(),
+                fires.len()
+            ))),
+            Err(e) => Err(self.unavailable(e.to_string())),
+        }
+    }
+
     /// Releases the lock of a fire this replica took but could not claim
     /// (its ledger insert failed), so another replica's claim is not turned
     /// away by a lock whose holder never recorded the fire. Only a key still

@@ -22,7 +22,7 @@ use belfry_runtime::SharedClock;
 
 use belfry_dispatch::{DispatchOutcome, Dispatcher, Reconciler};
 
-use crate::claim::{ClaimOutcome, Claimer};
+use crate::claim::{ClaimOutcome, Claimer, FireSource};
 use crate::clock_guard::ClockGuard;
 use crate::counters::FireCounters;
 use crate::lock::ClaimLock;
@@ -82,6 +82,19 @@ impl FireOutcome {
     }
 }
 
+/// Every fire's outcome, once each slot is filled (a slot left empty would
+/// be a bug; it reads as not fired rather than vanishing).
+fn settled(outcomes: Vec<Option<FireOutcome>>) -> Vec<FireOutcome> {
+    outcomes
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or(FireOutcome::ClaimFailed {
+                reason: "not fired".into(),
+            })
+        })
+        .collect()
+}
+
 /// A fire lost at the lock: the schedule, its instant, when it was lost.
 type LockLoss = (Arc<Schedule>, DateTime<Utc>, std::time::Instant);
 
@@ -106,11 +119,19 @@ const LOCK_LOSS_CHECK_AFTER: Duration = Duration::from_secs(5);
 /// Most missed fires remembered for recovery.
 const MAX_REMEMBERED_MISSES: usize = 100_000;
 
+/// Default bound on fires in flight.
+pub const DEFAULT_MAX_INFLIGHT: usize = 1024;
+/// Default largest batch.
+pub const DEFAULT_MAX_BATCH: usize = 256;
+
 /// Timing settings of a replica.
 #[derive(Debug, Clone)]
 pub struct ReplicaTiming {
     /// Fires claimed and published concurrently.
     pub max_inflight: usize,
+    /// Most fires claimed and published as one batch (fires due at the
+    /// same moment; see [`Replica::fire_batch`]).
+    pub max_batch: usize,
     /// How long in-flight fires may finish after shutdown.
     pub shutdown_timeout: Duration,
     /// A claimed run not confirmed by then is republished by the reconciler.
@@ -130,7 +151,8 @@ pub struct ReplicaTiming {
 impl Default for ReplicaTiming {
     fn default() -> Self {
         Self {
-            max_inflight: 64,
+            max_inflight: DEFAULT_MAX_INFLIGHT,
+            max_batch: DEFAULT_MAX_BATCH,
             shutdown_timeout: Duration::from_secs(30),
             confirm_grace: Duration::from_secs(30),
             reconcile_interval: Duration::from_secs(1),
@@ -269,6 +291,9 @@ impl Replica {
             counters,
             timing: ReplicaTiming {
                 max_inflight: timing.max_inflight.max(1),
+                // A batch holds one permit per fire, so it can never need
+                // more permits than exist.
+                max_batch: timing.max_batch.clamp(1, timing.max_inflight.max(1)),
                 ..timing
             },
             broker,
@@ -326,14 +351,14 @@ impl Replica {
     /// loop applies the schedule's misfire policy to it once claiming works
     /// again.
     pub async fn fire(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) -> FireOutcome {
-        self.fire_with(schedule, at, true).await
+        self.fire_with(schedule, at, FireSource::Timer).await
     }
 
     async fn fire_with(
         &self,
         schedule: &Arc<Schedule>,
         at: DateTime<Utc>,
-        use_lock: bool,
+        source: FireSource,
     ) -> FireOutcome {
         // The root of the run's trace: claim and publish are its children,
         // and the worker's spans continue under the publish span.
@@ -343,7 +368,7 @@ impl Replica {
             belfry.fire_at = %at, belfry.run_key = tracing::field::Empty,
             trace_id = tracing::field::Empty, belfry.outcome = tracing::field::Empty);
         let outcome = self
-            .fire_inner(schedule, at, use_lock, &span)
+            .fire_inner(schedule, at, source, &span)
             .instrument(span.clone())
             .await;
         span.record("belfry.outcome", outcome.label());
@@ -354,13 +379,13 @@ impl Replica {
         &self,
         schedule: &Arc<Schedule>,
         at: DateTime<Utc>,
-        use_lock: bool,
+        source: FireSource,
         span: &tracing::Span,
     ) -> FireOutcome {
         FireCounters::add(&self.counters.fires, 1);
         if !self.guard.allows_claims() {
             FireCounters::add(&self.counters.skipped_clock_skew, 1);
-            self.remember_missed(schedule, at);
+            self.remember_missed_from(source, schedule, at);
             return FireOutcome::Skipped {
                 reason: format!(
                     "clock skew {} ms beyond the threshold",
@@ -368,11 +393,7 @@ impl Replica {
                 ),
             };
         }
-        let claimed = if use_lock {
-            self.claimer.claim(schedule, at).await
-        } else {
-            self.claimer.claim_unlocked(schedule, at).await
-        };
+        let claimed = self.claimer.claim_from(schedule, at, source).await;
         let run = match claimed {
             Ok(ClaimOutcome::Won(run)) => {
                 belfry_runtime::failpoint::hit("after_claim_before_publish");
@@ -394,13 +415,197 @@ impl Replica {
             Err(e) => {
                 FireCounters::add(&self.counters.claim_errors, 1);
                 tracing::error!(schedule = %schedule.name, %at, error = %e, "fire could not be claimed; the misfire policy decides once the ledger is back");
-                self.remember_missed(schedule, at);
+                self.remember_missed_from(source, schedule, at);
                 return FireOutcome::ClaimFailed {
                     reason: e.to_string(),
                 };
             }
         };
-        self.dispatch_won(&run, at, span).await
+        self.dispatch_won(&run, at, source, span).await
+    }
+
+    /// Claims and dispatches `fires` as one batch: one pipelined Redis
+    /// round trip for the locks, one multi-row insert, publishes pipelined
+    /// under a confirm window, one update marking the confirmed ones
+    /// `dispatched`. Outcomes per fire, in order, exactly as [`Replica::fire`]
+    /// would give them (a fire that could not be claimed is remembered for
+    /// its misfire policy); every fire keeps its own `fire` span and trace.
+    /// Schedules that forbid overlap take the single-fire path. A batch of
+    /// one is a single fire. `source` says whether the lock is taken and how
+    /// the runs are recorded (see [`FireSource`]).
+    pub async fn fire_batch(
+        &self,
+        fires: &[(Arc<Schedule>, DateTime<Utc>)],
+        source: FireSource,
+    ) -> Vec<FireOutcome> {
+        if let [(schedule, at)] = fires {
+            return vec![self.fire_with(schedule, *at, source).await];
+        }
+        let (exclusive, shared): (Vec<usize>, Vec<usize>) = (0..fires.len())
+            .partition(|i| fires[*i].0.overlap == crate::schedule::OverlapPolicy::Forbid);
+        let single = futures::future::join_all(
+            exclusive
+                .iter()
+                .map(|i| self.fire_with(&fires[*i].0, fires[*i].1, source)),
+        );
+        let shared_fires: Vec<(Arc<Schedule>, DateTime<Utc>)> =
+            shared.iter().map(|i| fires[*i].clone()).collect();
+        let batched = self.fire_shared(&shared_fires, source);
+        let (single, batched) = tokio::join!(single, batched);
+        let mut outcomes: Vec<Option<FireOutcome>> = vec![None; fires.len()];
+        for (i, o) in exclusive.into_iter().zip(single) {
+            outcomes[i] = Some(o);
+        }
+        for (i, o) in shared.into_iter().zip(batched) {
+            outcomes[i] = Some(o);
+        }
+        settled(outcomes)
+    }
+
+    async fn fire_shared(
+        &self,
+        fires: &[(Arc<Schedule>, DateTime<Utc>)],
+        source: FireSource,
+    ) -> Vec<FireOutcome> {
+        if fires.is_empty() {
+            return Vec::new();
+        }
+        FireCounters::add(&self.counters.fires, fires.len() as u64);
+        // Each fire is the root of its run's trace, as in the single path.
+        let fire_spans: Vec<tracing::Span> = fires
+            .iter()
+            .map(|(schedule, at)| {
+                tracing::info_span!(parent: None, "fire", job.name = %schedule.name, job.type = %schedule.job_type,
+                    belfry.fire_at = %at, belfry.run_key = tracing::field::Empty,
+                    trace_id = tracing::field::Empty, belfry.outcome = tracing::field::Empty)
+            })
+            .collect();
+        let outcomes = self.fire_shared_inner(fires, source, &fire_spans).await;
+        for (span, outcome) in fire_spans.iter().zip(&outcomes) {
+            span.record("belfry.outcome", outcome.label());
+        }
+        outcomes
+    }
+
+    async fn fire_shared_inner(
+        &self,
+        fires: &[(Arc<Schedule>, DateTime<Utc>)],
+        source: FireSource,
+        fire_spans: &[tracing::Span],
+    ) -> Vec<FireOutcome> {
+        if !self.guard.allows_claims() {
+            let reason = format!(
+                "clock skew {} ms beyond the threshold",
+                self.guard.last_skew_ms()
+            );
+            return fires
+                .iter()
+                .map(|(schedule, at)| {
+                    FireCounters::add(&self.counters.skipped_clock_skew, 1);
+                    self.remember_missed_from(source, schedule, *at);
+                    FireOutcome::Skipped {
+                        reason: reason.clone(),
+                    }
+                })
+                .collect();
+        }
+        let claim_spans: Vec<tracing::Span> = fire_spans
+            .iter()
+            .map(|parent| {
+                tracing::info_span!(parent: parent, "claim",
+                    belfry.lock = source.uses_lock() && self.claimer.lock().is_some(),
+                    belfry.claim = tracing::field::Empty)
+            })
+            .collect();
+        let asked: Vec<(&Schedule, DateTime<Utc>)> =
+            fires.iter().map(|(s, at)| (s.as_ref(), *at)).collect();
+        let claims = self.claimer.claim_batch(&asked, &claim_spans, source).await;
+        drop(claim_spans);
+        let mut outcomes: Vec<Option<FireOutcome>> = vec![None; fires.len()];
+        let mut won = Vec::new();
+        for (i, claim) in claims.into_iter().enumerate() {
+            let (schedule, at) = &fires[i];
+            outcomes[i] = match claim {
+                Ok(ClaimOutcome::Won(run)) => {
+                    won.push((i, run));
+                    None
+                }
+                Ok(ClaimOutcome::LostAtLock) => {
+                    self.remember_lock_loss(schedule, *at);
+                    Some(FireOutcome::Lost)
+                }
+                Ok(ClaimOutcome::LostAtLedger) => Some(FireOutcome::Lost),
+                Ok(ClaimOutcome::Overlapped) => Some(FireOutcome::Skipped {
+                    reason: "overlap: the previous run is not finished".into(),
+                }),
+                Err(reason) => {
+                    FireCounters::add(&self.counters.claim_errors, 1);
+                    self.remember_missed_from(source, schedule, *at);
+                    Some(FireOutcome::ClaimFailed { reason })
+                }
+            };
+        }
+        if outcomes
+            .iter()
+            .any(|o| matches!(o, Some(FireOutcome::ClaimFailed { .. })))
+        {
+            tracing::error!(fires = fires.len(), "a batch of fires could not be claimed; the misfire policy decides once the ledger is back");
+        }
+        if !won.is_empty() {
+            belfry_runtime::failpoint::hit("after_claim_before_publish");
+            let mut messages = Vec::with_capacity(won.len());
+            let mut parents = Vec::with_capacity(won.len());
+            for (i, run) in &won {
+                let span = &fire_spans[*i];
+                span.record("belfry.run_key", run.run_key.as_str());
+                span.record("trace_id", run.trace_id.as_deref().unwrap_or(""));
+                span.in_scope(|| tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed"));
+                messages.push(run.to_message());
+                parents.push(span.clone());
+            }
+            let publishing = std::time::Instant::now();
+            let dispatched = self.dispatcher.dispatch_many(&messages, &parents).await;
+            let took = publishing.elapsed().as_secs_f64();
+            for ((i, run), outcome) in won.into_iter().zip(dispatched) {
+                outcomes[i] = Some(self.record_dispatch(run.id, fires[i].1, source, outcome, took));
+            }
+        }
+        settled(outcomes)
+    }
+
+    /// Counts a dispatched fire and turns the broker's answer into its
+    /// outcome.
+    fn record_dispatch(
+        &self,
+        id: Uuid,
+        at: DateTime<Utc>,
+        source: FireSource,
+        outcome: DispatchOutcome,
+        publish_seconds: f64,
+    ) -> FireOutcome {
+        match outcome {
+            DispatchOutcome::Dispatched => {
+                FireCounters::add(&self.counters.published, 1);
+                self.counters.publish_seconds.observe(publish_seconds);
+                // A backfilled instant is late on purpose (days, maybe);
+                // the lateness histogram is about the timer.
+                if matches!(source, FireSource::Timer | FireSource::Recovery) {
+                    let late = (Utc::now() - at).num_microseconds().unwrap_or(i64::MAX);
+                    self.counters
+                        .lateness_seconds
+                        .observe(late.max(0) as f64 / 1e6);
+                }
+                FireOutcome::Dispatched { id }
+            }
+            DispatchOutcome::Unroutable => {
+                FireCounters::add(&self.counters.unroutable, 1);
+                FireOutcome::Unroutable { id }
+            }
+            DispatchOutcome::NotConfirmed(reason) => {
+                FireCounters::add(&self.counters.publish_errors, 1);
+                FireOutcome::NotConfirmed { id, reason }
+            }
+        }
     }
 
     /// Publishes a run this replica just claimed and records the outcome.
@@ -408,6 +613,7 @@ impl Replica {
         &self,
         run: &belfry_ledger::NewRun,
         at: DateTime<Utc>,
+        source: FireSource,
         span: &tracing::Span,
     ) -> FireOutcome {
         span.record("belfry.run_key", run.run_key.as_str());
@@ -415,25 +621,13 @@ impl Replica {
         tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed");
         let publishing = std::time::Instant::now();
         match self.dispatcher.dispatch(&run.to_message()).await {
-            Ok(DispatchOutcome::Dispatched) => {
-                FireCounters::add(&self.counters.published, 1);
-                self.counters
-                    .publish_seconds
-                    .observe(publishing.elapsed().as_secs_f64());
-                let late = (Utc::now() - at).num_microseconds().unwrap_or(i64::MAX);
-                self.counters
-                    .lateness_seconds
-                    .observe(late.max(0) as f64 / 1e6);
-                FireOutcome::Dispatched { id: run.id }
-            }
-            Ok(DispatchOutcome::Unroutable) => {
-                FireCounters::add(&self.counters.unroutable, 1);
-                FireOutcome::Unroutable { id: run.id }
-            }
-            Ok(DispatchOutcome::NotConfirmed(reason)) => {
-                FireCounters::add(&self.counters.publish_errors, 1);
-                FireOutcome::NotConfirmed { id: run.id, reason }
-            }
+            Ok(outcome) => self.record_dispatch(
+                run.id,
+                at,
+                source,
+                outcome,
+                publishing.elapsed().as_secs_f64(),
+            ),
             Err(e) => {
                 FireCounters::add(&self.counters.publish_errors, 1);
                 tracing::error!(run_key = %run.run_key, error = %e, "dispatch could not be recorded; the run stays claimed");
@@ -464,7 +658,8 @@ impl Replica {
             }
             match self.claimer.claim_manual(schedule, force).await {
                 Ok(ClaimOutcome::Won(run)) => {
-                    self.dispatch_won(&run, run.scheduled_at, &span).await
+                    self.dispatch_won(&run, run.scheduled_at, FireSource::Manual, &span)
+                        .await
                 }
                 Ok(ClaimOutcome::Overlapped) => FireOutcome::Skipped {
                     reason: "overlap: the previous run is not finished (force to run anyway)"
@@ -486,20 +681,33 @@ impl Replica {
     }
 
     /// Fires every instant of `schedule` in `instants` through the normal
-    /// claim path (the ledger decides; no lock, which a timer may hold for
-    /// the same instant), at most `max_inflight` at a time: instants that
-    /// already ran are found taken and not repeated.
+    /// claim path as [`FireSource::Backfill`] (the ledger decides; no lock,
+    /// which a timer may hold for the same instant), in batches: instants
+    /// that already ran are found taken and not repeated. With `force`, a
+    /// schedule that forbids overlap has its instants claimed as if it
+    /// allowed it (they may then run at the same time).
     pub async fn backfill(
         &self,
         schedule: &Arc<Schedule>,
         instants: &[DateTime<Utc>],
+        force: bool,
     ) -> Vec<(DateTime<Utc>, FireOutcome)> {
-        use futures::StreamExt as _;
-        futures::stream::iter(instants.iter().copied())
-            .map(|at| async move { (at, self.fire_with(schedule, at, false).await) })
-            .buffered(self.timing.max_inflight)
-            .collect()
-            .await
+        let schedule = if force && schedule.overlap == crate::schedule::OverlapPolicy::Forbid {
+            Arc::new(Schedule {
+                overlap: crate::schedule::OverlapPolicy::Allow,
+                ..Schedule::clone(schedule)
+            })
+        } else {
+            schedule.clone()
+        };
+        let fires: Vec<(Arc<Schedule>, DateTime<Utc>)> =
+            instants.iter().map(|at| (schedule.clone(), *at)).collect();
+        let mut out = Vec::with_capacity(fires.len());
+        for chunk in fires.chunks(self.timing.max_batch) {
+            let outcomes = self.fire_batch(chunk, FireSource::Backfill).await;
+            out.extend(chunk.iter().map(|(_, at)| *at).zip(outcomes));
+        }
+        out
     }
 
     /// Applies one schedule change to `timer`.
@@ -548,6 +756,20 @@ impl Replica {
             FireCounters::add(&self.counters.misfires_skipped, s.count);
             tracing::warn!(schedule = %s.schedule.name, skipped = s.count, policy = ?s.schedule.misfire,
                 "missed fires skipped by the misfire policy");
+        }
+    }
+
+    /// Remembers a fire that could not be claimed, for its misfire policy;
+    /// a backfilled instant is not a miss (the operator learns it failed
+    /// and backfills again).
+    fn remember_missed_from(
+        &self,
+        source: FireSource,
+        schedule: &Arc<Schedule>,
+        at: DateTime<Utc>,
+    ) {
+        if source != FireSource::Backfill {
+            self.remember_missed(schedule, at);
         }
     }
 
@@ -867,14 +1089,9 @@ impl Replica {
             );
         }
         let mut outcomes = Vec::with_capacity(fires.len());
-        // Bounded concurrency, as in the timer loop.
-        for chunk in fires.chunks(self.timing.max_inflight) {
-            outcomes.extend(
-                futures::future::join_all(
-                    chunk.iter().map(|(s, at)| self.fire_with(s, *at, false)),
-                )
-                .await,
-            );
+        // One batch at a time, each as large as the timer's.
+        for chunk in fires.chunks(self.timing.max_batch) {
+            outcomes.extend(self.fire_batch(chunk, FireSource::Recovery).await);
         }
         outcomes
     }
@@ -1007,20 +1224,26 @@ impl Replica {
             // that fire.
             let due = timer.due(clock.now());
             self.count_skipped(&due.skipped);
-            for fire in due.fires {
-                // Waiting for a permit bounds in-flight fires; the timer
-                // catches up afterwards because instants come from the
-                // schedule, not from when this loop gets to them. Shutdown
-                // ends the wait: fires not yet started are not claimed.
+            let due_fires: Vec<(Arc<Schedule>, DateTime<Utc>)> =
+                due.fires.into_iter().map(|f| (f.schedule, f.at)).collect();
+            for batch in due_fires.chunks(self.timing.max_batch) {
+                // Everything due now goes out in batches (a lone fire is a
+                // batch of one, sent at once). Waiting for permits (one per
+                // fire) bounds in-flight fires; the timer catches up
+                // afterwards because instants come from the schedule, not
+                // from when this loop gets to them. Shutdown ends the wait:
+                // fires not yet started are not claimed.
+                let wanted = u32::try_from(batch.len()).unwrap_or(u32::MAX);
                 let permit = tokio::select! {
                     biased;
                     _ = cancel.cancelled() => break 'ticks,
-                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'ticks },
+                    p = permits.clone().acquire_many_owned(wanted) => match p { Ok(p) => p, Err(_) => break 'ticks },
                 };
                 let this = self.clone();
+                let batch = batch.to_vec();
                 inflight.spawn(async move {
                     let _permit = permit;
-                    this.fire(&fire.schedule, fire.at).await
+                    this.fire_batch(&batch, FireSource::Timer).await
                 });
             }
             if let Some(change) = change {

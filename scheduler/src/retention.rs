@@ -53,9 +53,14 @@ impl Retention {
         now: DateTime<Utc>,
         cancel: &CancellationToken,
     ) -> Result<Pruned, LedgerError> {
-        let cutoff =
-            now - chrono::Duration::from_std(self.keep).unwrap_or(chrono::Duration::MAX / 2);
         let mut pruned = Pruned::default();
+        // A retention longer than the calendar reaches prunes nothing.
+        let Some(cutoff) = chrono::Duration::from_std(self.keep)
+            .ok()
+            .and_then(|keep| now.checked_sub_signed(keep))
+        else {
+            return Ok(pruned);
+        };
         loop {
             let runs = self.ledger.prune_finished_runs(cutoff, PRUNE_BATCH).await?;
             let skipped = self.ledger.prune_skipped_fires(cutoff, PRUNE_BATCH).await?;

@@ -417,6 +417,12 @@ async fn runs_list_filters_paginates_and_shows_detail() {
         assert!(env.ledger.claim(&run).await.unwrap());
         ids.push(run.id);
     }
+    // Three more at one instant: pages must split them by id, not skip one.
+    let same = t0 + chrono::Duration::seconds(10);
+    for name in ["tie-a", "tie-b", "tie-c"] {
+        let run = run_at(name, same, "noop");
+        assert!(env.ledger.claim(&run).await.unwrap());
+    }
     // One finished run with an attempt log.
     let entry = AttemptEntry {
         attempt: 1,
@@ -461,8 +467,12 @@ async fn runs_list_filters_paginates_and_shows_detail() {
             None => break,
         }
     }
+    assert_eq!(seen.len(), 10, "{seen:?}");
+    let unique: std::collections::HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), 10, "a run repeated across pages");
+    // The three tied runs come first (newest instant), then the rest in order.
     let expected: Vec<String> = ids.iter().rev().map(|id| id.to_string()).collect();
-    assert_eq!(seen, expected);
+    assert_eq!(seen[3..], expected[..]);
 
     let odd = runs("?schedule=odd").await;
     assert_eq!(odd.1["runs"].as_array().unwrap().len(), 3);
@@ -976,5 +986,210 @@ async fn probes_report_services_and_every_documented_route_exists() {
     }
     assert_eq!(operations, 16, "documented operations");
     drop((api, degraded_api));
+    env.teardown(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_respects_overlap_retention_and_marks_its_runs() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let r = Arc::new(replica(&env, "bf2", Some(&redis_url())).await);
+    let state = belfry_scheduler::api::ApiState::new(r, Tokens::default())
+        .with_retention(Some(Duration::from_secs(3600)));
+    let api = TestApi::serve_state(state).await;
+    let s = |p: &str| api.url(&format!("/v1/schedules{p}"));
+    let created = call(
+        Method::POST,
+        &s(""),
+        None,
+        Some(json!({"name": "solo", "every": "1s", "job_type": "noop", "overlap": "forbid", "paused": true})),
+    )
+    .await;
+    assert_eq!(created.0, StatusCode::CREATED);
+    let from = Utc::now().trunc_subsecs(0) - chrono::Duration::seconds(30);
+    let range = |force: bool| json!({"from": from.to_rfc3339(), "to": (from + chrono::Duration::seconds(5)).to_rfc3339(), "force": force});
+    // Five instants of a schedule that forbids overlap: refused without force.
+    assert_error(
+        &call(Method::POST, &s("/solo/backfill"), None, Some(range(false))).await,
+        StatusCode::CONFLICT,
+        "conflict",
+        None,
+    );
+    assert!(
+        env.ledger.runs_of("solo", 10).await.unwrap().is_empty(),
+        "a refused backfill wrote runs"
+    );
+    let forced = call(Method::POST, &s("/solo/backfill"), None, Some(range(true))).await;
+    assert_eq!(forced.0, StatusCode::OK, "{:?}", forced.1);
+    assert_eq!(forced.1["counts"]["dispatched"], 5, "{:?}", forced.1);
+    let runs = env.ledger.runs_of("solo", 10).await.unwrap();
+    assert!(
+        runs.iter()
+            .all(|r| r.claimed_by.as_deref() == Some("backfill:bf2")),
+        "{runs:?}"
+    );
+    let detail = call(
+        Method::GET,
+        &api.url(&format!("/v1/runs/{}", runs[0].id)),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(detail.1["origin"], "backfill");
+    // Backfills are not fires of the timetable: recovery does not count
+    // from them.
+    assert!(env
+        .ledger
+        .last_fires(&["solo".to_owned()])
+        .await
+        .unwrap()
+        .is_empty());
+    // Older than the retention: refused (those runs may have been pruned).
+    let old = Utc::now() - chrono::Duration::hours(2);
+    assert_error(
+        &call(
+            Method::POST,
+            &s("/solo/backfill"),
+            None,
+            Some(json!({"from": old.to_rfc3339(), "to": (old + chrono::Duration::seconds(1)).to_rfc3339()})),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid",
+        Some("from"),
+    );
+    // A refused manual trigger leaves nothing behind.
+    assert_error(
+        &call(Method::POST, &s("/solo/trigger"), None, None).await,
+        StatusCode::CONFLICT,
+        "conflict",
+        None,
+    );
+    let skipped: i64 = sqlx::query_scalar("SELECT count(*) FROM skipped_fires")
+        .fetch_one(env.ledger.pool())
+        .await
+        .unwrap();
+    assert_eq!(skipped, 0);
+    drop(api);
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browsers_from_other_sites_are_refused_and_paths_are_checked() {
+    let env = TestEnv::new().await;
+    let api = open_api(&env).await;
+    let client = reqwest::Client::new();
+    let body = json!({"name": "csrf", "every": "1h", "job_type": "noop"});
+    // A page elsewhere posting to the open API on loopback.
+    let cross = client
+        .post(api.url("/v1/schedules"))
+        .header("origin", "http://evil.example")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross.status(), StatusCode::FORBIDDEN);
+    let fetch_meta = client
+        .post(api.url("/v1/schedules"))
+        .header("sec-fetch-site", "cross-site")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fetch_meta.status(), StatusCode::FORBIDDEN);
+    // DNS rebinding: the open API answers only loopback host names.
+    let rebound = client
+        .get(api.url("/v1/schedules"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+    assert!(
+        env.ledger.schedules().await.unwrap().is_empty(),
+        "a refused request stored something"
+    );
+    // Same origin is fine.
+    let same = client
+        .post(api.url("/v1/schedules"))
+        .header("origin", api.base.clone())
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(same.status(), StatusCode::CREATED);
+    // A path that is not valid UTF-8 after decoding: JSON 400.
+    assert_error(
+        &call(Method::GET, &api.url("/v1/schedules/%FF"), None, None).await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        None,
+    );
+    drop(api);
+    env.teardown(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fired_one_shot_can_still_be_edited_and_heads_and_schemes_are_lenient() {
+    let env = TestEnv::new().await;
+    let r = Arc::new(replica(&env, "edit-replica", Some(&redis_url())).await);
+    let tokens = Tokens::parse(Some(ADMIN), Some(READ)).unwrap();
+    let api = TestApi::serve(r, tokens).await;
+    let admin = ADMIN.split_once(':').unwrap().1;
+    let read = READ.split_once(':').unwrap().1;
+    // A one-shot whose instant has passed, stored as the file sync would.
+    let past = (Utc::now() - chrono::Duration::hours(1))
+        .trunc_subsecs(0)
+        .to_rfc3339();
+    let spec: belfry_protocol::ScheduleSpec =
+        serde_json::from_value(json!({"name": "once", "at": past, "job_type": "noop"})).unwrap();
+    let row = belfry_scheduler::Schedule::storable_row(&spec, Utc::now(), false).unwrap();
+    env.ledger.upsert_schedule(&row).await.unwrap();
+    let url = api.url("/v1/schedules/once");
+    let edited = call(
+        Method::PUT,
+        &url,
+        Some(admin),
+        Some(json!({"at": past, "job_type": "noop", "payload": {"v": 2}})),
+    )
+    .await;
+    assert_eq!(edited.0, StatusCode::OK, "{:?}", edited.1);
+    assert_eq!(edited.1["payload"], json!({"v": 2}));
+    let moved = (Utc::now() - chrono::Duration::minutes(5))
+        .trunc_subsecs(0)
+        .to_rfc3339();
+    assert_error(
+        &call(
+            Method::PUT,
+            &url,
+            Some(admin),
+            Some(json!({"at": moved, "job_type": "noop"})),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid",
+        Some("at"),
+    );
+    // HEAD is a read; the scheme name is case-insensitive.
+    let head = reqwest::Client::new()
+        .head(&url)
+        .bearer_auth(read)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), StatusCode::OK);
+    for scheme in ["bearer", "BEARER"] {
+        let got = reqwest::Client::new()
+            .get(&url)
+            .header("authorization", format!("{scheme} {read}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.status(), StatusCode::OK, "{scheme}");
+    }
+    drop(api);
     env.teardown(&[]).await;
 }

@@ -118,11 +118,14 @@ impl Tokens {
             if self.entries.iter().any(|e| e.name == name) {
                 return Err(err(format!("token name {name:?} is used twice")));
             }
-            self.entries.push(Entry {
-                name,
-                role,
-                digest: Sha256::digest(secret.as_bytes()).into(),
-            });
+            let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+            if let Some(other) = self.entries.iter().find(|e| e.digest == digest) {
+                return Err(err(format!(
+                    "token {name:?} has the same secret as token {:?}; every token needs its own",
+                    other.name
+                )));
+            }
+            self.entries.push(Entry { name, role, digest });
         }
         Ok(())
     }
@@ -163,6 +166,9 @@ pub async fn authorize(
     if PUBLIC.contains(&request.uri().path()) {
         return next.run(request).await;
     }
+    if let Err(e) = same_site(&state, &request) {
+        return e.into_response();
+    }
     let caller = match caller_of(&state, &request) {
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
@@ -177,6 +183,56 @@ pub async fn authorize(
     }
     request.extensions_mut().insert(caller);
     next.run(request).await
+}
+
+/// Refuses what a web page in the operator's browser could send: a request
+/// from another origin (browsers send `Origin` on cross-site `POST`s, which
+/// need no preflight), and, while the API is open (no token), a `Host` that
+/// is not a loopback name, which is how DNS rebinding reaches a loopback
+/// service. Scripts and the CLI send no `Origin` and a loopback `Host`.
+fn same_site(state: &ApiState, request: &Request) -> Result<(), ApiError> {
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let host = header("host").unwrap_or_default();
+    if header("sec-fetch-site").is_some_and(|s| s == "cross-site") {
+        return Err(ApiError::forbidden("cross-site requests are refused"));
+    }
+    if let Some(origin) = header("origin") {
+        let authority = origin
+            .split_once("://")
+            .map_or(origin.as_str(), |(_, rest)| rest);
+        if !authority.eq_ignore_ascii_case(&host) {
+            return Err(ApiError::forbidden(format!(
+                "requests from origin {origin:?} are refused; the API only answers its own origin"
+            )));
+        }
+    }
+    if state.tokens().is_empty() && !loopback_host(&host) {
+        return Err(ApiError::forbidden(
+            "the API has no token configured and only answers requests addressed to a loopback \
+             host (127.0.0.1, [::1] or localhost); configure BELFRY_API_ADMIN_TOKENS to serve others",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `host` (a `Host` header: name or address, optional port) names
+/// this machine's loopback.
+fn loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, _)| name)
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn caller_of(state: &ApiState, request: &Request) -> Result<Caller, ApiError> {
@@ -194,11 +250,10 @@ fn caller_of(state: &ApiState, request: &Request) -> Result<Caller, ApiError> {
     let secret = header
         .to_str()
         .ok()
-        .and_then(|h| {
-            h.strip_prefix("Bearer ")
-                .or_else(|| h.strip_prefix("bearer "))
-        })
-        .map(str::trim)
+        .and_then(|h| h.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110 section 11.1).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, secret)| secret.trim())
         .ok_or_else(|| {
             ApiError::unauthorized("the Authorization header must be `Bearer <token>`")
         })?;
@@ -240,6 +295,28 @@ mod tests {
     }
 
     #[test]
+    fn loopback_hosts() {
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost",
+            "LOCALHOST:1",
+            "[::1]:8080",
+            "127.1.2.3",
+        ] {
+            assert!(loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:8080",
+            "",
+            "10.0.0.1:80",
+            "[2001:db8::1]:80",
+            "localhost.evil.example",
+        ] {
+            assert!(!loopback_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
     fn refuses_short_secrets_bad_names_and_repeats() {
         let e = Tokens::parse(Some("ops:short"), None).unwrap_err();
         assert_eq!(e.variable, "BELFRY_API_ADMIN_TOKENS");
@@ -250,6 +327,12 @@ mod tests {
         let e =
             Tokens::parse(Some("x:0123456789abcdef1"), Some("x:0123456789abcdef2")).unwrap_err();
         assert!(e.message.contains("twice"), "{e}");
+        let e =
+            Tokens::parse(Some("a:0123456789abcdef1"), Some("b:0123456789abcdef1")).unwrap_err();
+        assert!(
+            e.message.contains("same secret") && !e.message.contains("0123"),
+            "{e}"
+        );
         assert!(Tokens::parse(None, None).unwrap().is_empty());
     }
 }

@@ -14,6 +14,9 @@ use serde_json::json;
 
 use super::ApiState;
 
+/// How long `/readyz` waits for the services.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// `GET /healthz`.
 pub async fn healthz() -> impl IntoResponse {
     Json(json!({ "status": "ok" }))
@@ -21,7 +24,12 @@ pub async fn healthz() -> impl IntoResponse {
 
 /// `GET /readyz`.
 pub async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
-    let (postgres, rabbitmq, redis) = state.replica().service_health().await;
+    // A probe must answer quickly: a check that hangs (a half-open
+    // connection) counts as down.
+    let (postgres, rabbitmq, redis) =
+        tokio::time::timeout(PROBE_TIMEOUT, state.replica().service_health())
+            .await
+            .unwrap_or((false, false, Some(false)));
     let up = |ok: bool| if ok { "up" } else { "down" };
     let ready = postgres && rabbitmq;
     let status = match (ready, redis) {

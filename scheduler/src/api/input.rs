@@ -211,3 +211,21 @@ pub fn storable(field: &str, value: &serde_json::Value) -> Result<(), ApiError> 
     }
     Ok(())
 }
+
+/// A single path parameter (`{name}`, `{id}`) whose rejection (invalid
+/// percent-encoding) is a 400 in the API's error shape, not axum's text.
+pub struct PathParam(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathParam {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Self(value)),
+            Err(e) => Err(ApiError::bad_request(format!("the path is not valid: {e}"))),
+        }
+    }
+}

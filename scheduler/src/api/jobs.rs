@@ -115,7 +115,8 @@ pub async fn enqueue(
             &format!("run {} ({})", enqueued.id(), enqueued.run_key()),
         );
     }
-    let run = state.ledger().run(enqueued.id()).await?;
+    // Enqueued either way: a failed read-back only leaves fields empty.
+    let run = state.ledger().run(enqueued.id()).await.ok().flatten();
     Ok((
         code,
         Json(json!({

@@ -43,6 +43,7 @@ struct Inner {
     replica: Arc<Replica>,
     client: Client,
     tokens: Tokens,
+    retention: Option<std::time::Duration>,
 }
 
 impl ApiState {
@@ -58,8 +59,23 @@ impl ApiState {
                 replica,
                 client,
                 tokens,
+                retention: None,
             }),
         }
+    }
+
+    /// Tells the API how long finished runs are kept (`BELFRY_RETENTION`):
+    /// a backfill reaching further back is refused, since fires that ran
+    /// there may have been pruned and would run again.
+    pub fn with_retention(mut self, retention: Option<std::time::Duration>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.retention = retention;
+        }
+        self
+    }
+
+    pub(crate) fn retention(&self) -> Option<std::time::Duration> {
+        self.inner.retention
     }
 
     pub(crate) fn replica(&self) -> &Arc<Replica> {

@@ -4,7 +4,7 @@
 //! The cursor is opaque to callers: `{scheduled_at in µs}.{id}` of the last
 //! run of the page, continuing in the ledger's keyset order.
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::Json;
 use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
@@ -14,7 +14,7 @@ use uuid::Uuid;
 use belfry_ledger::{RunCursor, RunFilter, RunRecord, RunStatus};
 
 use super::error::ApiError;
-use super::input::QueryParams;
+use super::input::{PathParam, QueryParams};
 use super::ApiState;
 
 /// Largest page of the run list.
@@ -33,7 +33,8 @@ pub struct RunView {
     pub job_type: String,
     /// Status.
     pub status: String,
-    /// How the run came to be: `schedule`, `manual` (trigger) or `adhoc`.
+    /// How the run came to be: `schedule` (the timer or misfire recovery),
+    /// `backfill`, `manual` (trigger) or `adhoc`.
     pub origin: &'static str,
     /// Nominal fire instant.
     pub scheduled_at: DateTime<Utc>,
@@ -49,8 +50,8 @@ pub struct RunView {
     pub lateness_ms: Option<i64>,
     /// Attempts started.
     pub attempts: i32,
-    /// The claiming replica (`manual:`/`client:` prefixed for triggers and
-    /// ad-hoc jobs).
+    /// The claiming replica (`manual:`, `backfill:` or `client:` prefixed
+    /// for triggers, backfills and ad-hoc jobs).
     pub claimed_by: Option<String>,
     /// Worker of the latest attempt.
     pub worker: Option<String>,
@@ -75,6 +76,7 @@ impl RunView {
         let claimed_by = run.claimed_by.clone();
         let origin = match claimed_by.as_deref() {
             Some(c) if c.starts_with("manual:") => "manual",
+            Some(c) if c.starts_with("backfill:") => "backfill",
             Some(c) if c.starts_with("client:") => "adhoc",
             None => "adhoc",
             Some(_) => "schedule",
@@ -193,7 +195,7 @@ pub async fn list(
 /// `GET /v1/runs/{id}`.
 pub async fn get_one(
     State(state): State<ApiState>,
-    Path(id): Path<String>,
+    PathParam(id): PathParam,
 ) -> Result<Json<RunView>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| {
         ApiError::bad_request(format!("{id:?} is not a run id (a UUID)")).field("id")

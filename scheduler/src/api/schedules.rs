@@ -11,7 +11,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -23,7 +23,7 @@ use belfry_ledger::ScheduleRow;
 use belfry_protocol::{validate_name, ScheduleSpec};
 
 use super::error::ApiError;
-use super::input::{self, QueryParams};
+use super::input::{self, PathParam, QueryParams};
 use super::{audit, ApiState, Caller};
 use crate::replica::FireOutcome;
 use crate::schedule::Schedule;
@@ -67,6 +67,16 @@ async fn stored(state: &ApiState, name: &str) -> Result<ScheduleRow, ApiError> {
         .schedule(name)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no schedule named {name:?}")))
+}
+
+/// The schedule as stored after a change; if it cannot be read back, what
+/// was written (`written`): the change is made, so the answer must not be
+/// an error inviting a retry.
+async fn reread(state: &ApiState, name: &str, written: Value) -> Value {
+    match state.ledger().schedule(name).await {
+        Ok(Some(row)) => view(&row),
+        Ok(None) | Err(_) => written,
+    }
 }
 
 /// Reads a schedule body: the definition and an optional `paused`.
@@ -154,14 +164,17 @@ pub async fn create(
         &spec.name,
         if row.paused { "paused" } else { "" },
     );
-    let row = stored(&state, &spec.name).await?;
-    Ok((StatusCode::CREATED, Json(view(&row))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(reread(&state, &spec.name, view(&row)).await),
+    )
+        .into_response())
 }
 
 /// `GET /v1/schedules/{name}`.
 pub async fn get_one(
     State(state): State<ApiState>,
-    Path(name): Path<String>,
+    PathParam(name): PathParam,
 ) -> Result<Json<Value>, ApiError> {
     Ok(Json(view(&stored(&state, &name).await?)))
 }
@@ -171,27 +184,37 @@ pub async fn get_one(
 pub async fn replace(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    PathParam(name): PathParam,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     checked_name(&name)?;
     let bytes = input::body_bytes(body)?;
     let (spec, paused) = schedule_input(&bytes, Some(&name))?;
-    let row = Schedule::storable_row(&spec, Utc::now(), true)?;
+    let current = state.ledger().schedule(&name).await?.ok_or_else(|| {
+        ApiError::not_found(format!(
+            "no schedule named {name:?}; create it with POST /v1/schedules"
+        ))
+    })?;
+    // A one-shot whose instant passed (it fired) can still be edited; only
+    // a new instant must be ahead.
+    let moved = spec.after.is_some() || spec_of_row(&current).map_or(true, |old| old.at != spec.at);
+    let row = Schedule::storable_row(&spec, Utc::now(), moved)?;
     if !state.ledger().replace_schedule(&row, paused).await? {
         return Err(ApiError::not_found(format!(
             "no schedule named {name:?}; create it with POST /v1/schedules"
         )));
     }
     audit(&caller, "schedule.replace", &name, "");
-    Ok(Json(view(&stored(&state, &name).await?)))
+    let mut written = row;
+    written.paused = paused.unwrap_or(current.paused);
+    Ok(Json(reread(&state, &name, view(&written)).await))
 }
 
 /// `DELETE /v1/schedules/{name}`: its runs stay in `job_runs`.
 pub async fn delete(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    PathParam(name): PathParam,
 ) -> Result<StatusCode, ApiError> {
     checked_name(&name)?;
     if !state.ledger().delete_schedule(&name).await? {
@@ -221,14 +244,16 @@ async fn set_paused(
         name,
         "",
     );
-    Ok(Json(view(&stored(state, name).await?)))
+    Ok(Json(
+        reread(state, name, json!({ "name": name, "paused": paused })).await,
+    ))
 }
 
 /// `POST /v1/schedules/{name}/pause`: no more fires until resumed.
 pub async fn pause(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    PathParam(name): PathParam,
 ) -> Result<Json<Value>, ApiError> {
     set_paused(&state, &caller, &name, true).await
 }
@@ -238,7 +263,7 @@ pub async fn pause(
 pub async fn resume(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    PathParam(name): PathParam,
 ) -> Result<Json<Value>, ApiError> {
     set_paused(&state, &caller, &name, false).await
 }
@@ -276,7 +301,7 @@ struct Triggered {
 pub async fn trigger(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    PathParam(name): PathParam,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let row = stored(&state, &name).await?;
@@ -310,7 +335,8 @@ pub async fn trigger(
         &name,
         &format!("run {id}{}", if request.force { " (forced)" } else { "" }),
     );
-    let run = state.ledger().run(id).await?;
+    // The run exists either way: a failed read-back only leaves fields empty.
+    let run = state.ledger().run(id).await.ok().flatten();
     let body = Triggered {
         outcome: outcome.label(),
         run_id: id,
@@ -327,6 +353,8 @@ pub async fn trigger(
 struct BackfillRequest {
     from: String,
     to: String,
+    #[serde(default)]
+    force: bool,
 }
 
 /// The fire instants of `schedule` in `[from, to)`.
@@ -365,7 +393,7 @@ pub fn instants_between(
 pub async fn backfill(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    PathParam(name): PathParam,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let row = stored(&state, &name).await?;
@@ -389,15 +417,51 @@ pub async fn backfill(
             format!("to ({to}) is in the future; backfill covers past fires, later ones run on schedule"),
         ));
     }
+    if let Some(keep) = state.retention() {
+        let horizon = chrono::Duration::from_std(keep)
+            .ok()
+            .and_then(|keep| now.checked_sub_signed(keep));
+        if horizon.is_some_and(|h| from < h) {
+            return Err(ApiError::invalid(
+                "from",
+                format!(
+                    "from ({from}) is older than the run retention ({}): runs there may have been \
+                     pruned, so fires that ran would run again",
+                    humantime::format_duration(keep)
+                ),
+            ));
+        }
+    }
     let schedule = std::sync::Arc::new(compiled(&row)?);
     let instants = instants_between(&schedule, from, to)?;
+    let total = instants.len();
+    if schedule.overlap == crate::schedule::OverlapPolicy::Forbid
+        && instants.len() > 1
+        && !request.force
+    {
+        return Err(ApiError::conflict(format!(
+            "{name:?} forbids overlap, and a backfill of {} instants would run them side by side; \
+             send \"force\": true to run them anyway, or backfill one instant at a time",
+            instants.len()
+        )));
+    }
     audit(
         &caller,
         "schedule.backfill",
         &name,
-        &format!("[{from}, {to}): {} instants", instants.len()),
+        &format!(
+            "[{from}, {to}): {} instants{}",
+            instants.len(),
+            if request.force { " (forced)" } else { "" }
+        ),
     );
-    let outcomes = state.replica().backfill(&schedule, &instants).await;
+    // Its own task: a client that disconnects does not cut a backfill off
+    // halfway (what it claimed would stay claimed for the outbox anyway).
+    let replica = state.replica().clone();
+    let force = request.force;
+    let outcomes = tokio::spawn(async move { replica.backfill(&schedule, &instants, force).await })
+        .await
+        .map_err(|e| ApiError::unavailable(format!("the backfill stopped: {e}")))?;
     let mut counts = std::collections::BTreeMap::<&str, u64>::new();
     let fires: Vec<Value> = outcomes
         .iter()
@@ -415,7 +479,7 @@ pub async fn backfill(
         "schedule": name,
         "from": from,
         "to": to,
-        "instants": instants.len(),
+        "instants": total,
         // dispatched, already_ran, skipped (overlap), not_confirmed (the
         // outbox publishes it), unroutable (no worker group: dead), failed
         // (not claimed: the ledger was unreachable; backfill again).
@@ -428,7 +492,7 @@ pub async fn backfill(
 /// (1 to 100, default 10), computed as the timer does.
 pub async fn preview(
     State(state): State<ApiState>,
-    Path(name): Path<String>,
+    PathParam(name): PathParam,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let q = QueryParams::parse(query.as_deref(), &["count"])?;
