@@ -258,7 +258,7 @@ async fn measure(
     let row: LatencyRow = sqlx::query_as(
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), \
                 percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms), max(dispatched_at), count(*) \
-         FROM (SELECT extract(epoch FROM dispatched_at - scheduled_at) * 1000 AS ms, dispatched_at \
+         FROM (SELECT (extract(epoch FROM dispatched_at - scheduled_at) * 1000)::float8 AS ms, dispatched_at \
                FROM job_runs WHERE scheduled_at BETWEEN $1 AND $2 AND dispatched_at IS NOT NULL) t",
     )
     .bind(from)
