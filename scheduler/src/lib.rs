@@ -32,7 +32,7 @@ pub mod service;
 pub mod timer;
 pub mod zoned_cron;
 
-pub use claim::{ClaimOutcome, Claimer};
+pub use claim::{ClaimOutcome, Claimer, FireSource};
 pub use clock_guard::ClockGuard;
 pub use config::SchedulerConfig;
 pub use counters::FireCounters;

@@ -98,26 +98,64 @@ async fn a_fire_is_one_trace_from_tick_to_outcome() {
         .unwrap();
     let outcome = r.fire(&schedule, at).await;
     assert_eq!(outcome.label(), "dispatched", "{outcome:?}");
+    assert_one_trace(&env, "traced", at).await;
+    running.stop().await;
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fire_of_a_batch_is_a_trace_of_its_own() {
+    exporter();
+    let env = TestEnv::new().await;
+    let running = serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
+    let r = replica(&env, "traced-batch", Some(&redis_url())).await;
+    let at = Utc::now()
+        .duration_trunc(chrono::Duration::seconds(1))
+        .unwrap();
+    let names = ["batch-a", "batch-b", "batch-c"];
+    let fires: Vec<_> = names.iter().map(|n| (every(n, "1s", "noop"), at)).collect();
+    let outcomes = r
+        .fire_batch(&fires, belfry_scheduler::FireSource::Timer)
+        .await;
+    assert!(
+        outcomes.iter().all(|o| o.label() == "dispatched"),
+        "{outcomes:?}"
+    );
+    let mut traces = std::collections::HashSet::new();
+    for name in names {
+        traces.insert(assert_one_trace(&env, name, at).await);
+    }
+    assert_eq!(traces.len(), 3, "each run its own trace");
+    running.stop().await;
+    env.teardown(&["default"]).await;
+}
+
+/// Waits for the run of `name` at `at` to succeed and checks its trace:
+/// one `fire` root, `claim` and `publish` under it, the worker's
+/// `process`, `attempt` and `record` under `publish`. Returns the trace id.
+async fn assert_one_trace(env: &TestEnv, name: &str, at: chrono::DateTime<Utc>) -> String {
     let run = env
         .wait_terminal(
-            "traced",
-            &belfry_protocol::run_key("traced", at).unwrap(),
+            name,
+            &belfry_protocol::run_key(name, at).unwrap(),
             Duration::from_secs(10),
         )
         .await;
     assert_eq!(run.status_text, "succeeded");
     let trace_id = run.trace_id.clone().expect("the run has a trace id");
     let spans = trace_with_process(&trace_id).await;
-    for name in ["fire", "claim", "publish", "process", "attempt", "record"] {
+    for span in ["fire", "claim", "publish", "process", "attempt", "record"] {
         assert_eq!(
-            named(&spans, name).len(),
+            named(&spans, span).len(),
             1,
-            "one {name} span in the trace: {:?}",
+            "one {span} span in the trace of {name}: {:?}",
             spans.values().map(|s| &s.name).collect::<Vec<_>>()
         );
     }
     let fire = named(&spans, "fire")[0];
     assert_eq!(fire.parent_span_id, SpanId::INVALID, "fire is the root");
+    let claim = named(&spans, "claim")[0];
+    assert!(descends(&spans, claim, fire.span_context.span_id()));
     let publish = named(&spans, "publish")[0];
     let process = named(&spans, "process")[0];
     assert!(descends(&spans, publish, fire.span_context.span_id()));
@@ -127,8 +165,7 @@ async fn a_fire_is_one_trace_from_tick_to_outcome() {
     );
     let attempt = named(&spans, "attempt")[0];
     assert!(descends(&spans, attempt, process.span_context.span_id()));
-    running.stop().await;
-    env.teardown(&["default"]).await;
+    trace_id
 }
 
 /// Fails its first two attempts.
