@@ -11,6 +11,7 @@
 
 mod attempt_batch;
 mod claim_batch;
+mod dashboard;
 mod error;
 mod fire_history;
 mod outbox;
@@ -26,6 +27,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 pub use attempt_batch::{AttemptBatcher, BeginRequest, EndRequest};
+pub use dashboard::{MinuteCount, Overview, RecentFire};
 pub use error::LedgerError;
 pub use fire_history::{ExclusiveClaim, LateClaim};
 pub use run_query::{RunCursor, RunFilter};

@@ -29,6 +29,7 @@
 //! | `BELFRY_API_READ_TOKENS` | unset | the same for read-only tokens; with neither set the API is open and only listens on loopback |
 //! | `BELFRY_RETENTION` | `30d` | finished runs older than this are pruned (the newest fire of each schedule is kept); `off` keeps everything |
 //! | `BELFRY_RETENTION_INTERVAL` | `10m` | how often pruning runs |
+//! | `BELFRY_TRACE_UI_URL` | unset | link for trace ids in the web view, `{trace_id}` replaced (e.g. `http://127.0.0.1:16686/trace/{trace_id}`) |
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -88,6 +89,8 @@ pub struct SchedulerConfig {
     pub retention: Option<Duration>,
     /// How often pruning runs (`BELFRY_RETENTION_INTERVAL`).
     pub retention_interval: Duration,
+    /// The trace UI link template of the web view (`BELFRY_TRACE_UI_URL`).
+    pub trace_ui: Option<String>,
 }
 
 impl std::fmt::Debug for SchedulerConfig {
@@ -115,6 +118,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("api_tokens", &self.api_tokens)
             .field("retention", &self.retention)
             .field("retention_interval", &self.retention_interval)
+            .field("trace_ui", &self.trace_ui)
             .finish()
     }
 }
@@ -245,6 +249,9 @@ impl SchedulerConfig {
                 Duration::from_secs(600),
                 Duration::from_secs(1),
             )?,
+            trace_ui: settings
+                .get("BELFRY_TRACE_UI_URL")
+                .map(|u| u.trim().to_owned()),
         })
     }
 }

@@ -19,6 +19,7 @@ pub mod claim;
 pub mod clock_guard;
 pub mod config;
 pub mod counters;
+pub mod describe;
 pub mod error;
 pub mod lock;
 pub mod misfire;
@@ -30,6 +31,7 @@ pub mod schedule_file;
 pub mod schedule_sync;
 pub mod service;
 pub mod timer;
+pub mod ui;
 pub mod zoned_cron;
 
 pub use claim::{ClaimOutcome, Claimer, FireSource};

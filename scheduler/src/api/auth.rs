@@ -156,6 +156,9 @@ impl Tokens {
 /// Paths anyone may read: probes and the API description.
 const PUBLIC: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 
+/// Web view paths that need no token (still refused cross-site).
+const UI_PUBLIC: [&str; 3] = ["/ui/login", "/ui/assets/ui.css", "/ui/assets/ui.js"];
+
 /// Middleware: authenticates the request and checks its method against the
 /// caller's role; the [`Caller`] is left in the request's extensions.
 pub async fn authorize(
@@ -169,8 +172,19 @@ pub async fn authorize(
     if let Err(e) = same_site(&state, &request) {
         return e.into_response();
     }
+    if UI_PUBLIC.contains(&request.uri().path()) {
+        return next.run(request).await;
+    }
     let caller = match caller_of(&state, &request) {
         Ok(caller) => caller,
+        // A browser without a (valid) token is sent to sign in.
+        Err(_) if request.uri().path().starts_with("/ui") => {
+            return (
+                axum::http::StatusCode::SEE_OTHER,
+                [(axum::http::header::LOCATION, "/ui/login")],
+            )
+                .into_response();
+        }
         Err(e) => return e.into_response(),
     };
     let reading = matches!(*request.method(), Method::GET | Method::HEAD);
@@ -235,6 +249,24 @@ fn loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// The value of cookie `name`, percent-decoded.
+fn cookie(request: &Request, name: &str) -> Option<String> {
+    request
+        .headers()
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| {
+            form_urlencoded::parse(format!("v={v}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        })
+}
+
 fn caller_of(state: &ApiState, request: &Request) -> Result<Caller, ApiError> {
     let tokens = state.tokens();
     if tokens.is_empty() {
@@ -242,6 +274,14 @@ fn caller_of(state: &ApiState, request: &Request) -> Result<Caller, ApiError> {
             name: "anonymous".into(),
             role: Role::Admin,
         });
+    }
+    // A browser of the web view presents the token as a cookie.
+    if request.headers().get(AUTHORIZATION).is_none() {
+        if let Some(secret) = cookie(request, crate::ui::TOKEN_COOKIE) {
+            return tokens
+                .check(&secret)
+                .ok_or_else(|| ApiError::unauthorized("the token is not valid"));
+        }
     }
     let header = request
         .headers()

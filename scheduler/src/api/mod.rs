@@ -44,6 +44,7 @@ struct Inner {
     client: Client,
     tokens: Tokens,
     retention: Option<std::time::Duration>,
+    trace_ui: Option<String>,
 }
 
 impl ApiState {
@@ -60,6 +61,7 @@ impl ApiState {
                 client,
                 tokens,
                 retention: None,
+                trace_ui: None,
             }),
         }
     }
@@ -76,6 +78,20 @@ impl ApiState {
 
     pub(crate) fn retention(&self) -> Option<std::time::Duration> {
         self.inner.retention
+    }
+
+    /// Links trace ids in the web view to a trace UI: `template` with
+    /// `{trace_id}` replaced (`BELFRY_TRACE_UI_URL`, e.g.
+    /// `http://jaeger:16686/trace/{trace_id}`).
+    pub fn with_trace_ui(mut self, template: Option<String>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.trace_ui = template;
+        }
+        self
+    }
+
+    pub(crate) fn trace_ui(&self) -> Option<&str> {
+        self.inner.trace_ui.as_deref()
     }
 
     pub(crate) fn replica(&self) -> &Arc<Replica> {
@@ -119,6 +135,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/runs", get(runs::list))
         .route("/v1/runs/{id}", get(runs::get_one))
         .route("/v1/jobs", post(jobs::enqueue))
+        .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("no such path; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         // Checked before a handler reads the body, so an oversized body is
@@ -196,6 +213,6 @@ pub async fn serve(
 
 /// One audit log line for a change: who (the token's name), what (the
 /// action), which schedule (or ad-hoc job name), and details.
-pub(crate) fn audit(caller: &Caller, action: &str, schedule: &str, detail: &str) {
+pub fn audit(caller: &Caller, action: &str, schedule: &str, detail: &str) {
     tracing::info!(target: "belfry::audit", who = %caller.name, action, schedule, detail, "audit");
 }

@@ -118,11 +118,17 @@ impl RunView {
     }
 }
 
-fn encode_cursor(c: RunCursor) -> String {
+/// The opaque cursor that continues after `c`.
+pub(crate) fn encode_cursor(c: RunCursor) -> String {
     format!("{}.{}", c.scheduled_at.timestamp_micros(), c.id.simple())
 }
 
-fn decode_cursor(raw: &str) -> Result<RunCursor, ApiError> {
+/// A cursor [`encode_cursor`] made.
+///
+/// # Errors
+///
+/// 400 naming `cursor` for anything else.
+pub(crate) fn decode_cursor(raw: &str) -> Result<RunCursor, ApiError> {
     let bad = || {
         ApiError::bad_request("cursor is not one this API returned; pass next_cursor unchanged")
             .field("cursor")

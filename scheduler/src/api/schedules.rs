@@ -286,13 +286,13 @@ struct TriggerRequest {
 
 /// What a trigger did.
 #[derive(Serialize)]
-struct Triggered {
-    outcome: &'static str,
-    run_id: uuid::Uuid,
-    run_key: Option<String>,
-    status: Option<String>,
-    trace_id: Option<String>,
-    message: Option<String>,
+pub(crate) struct Triggered {
+    pub(crate) outcome: &'static str,
+    pub(crate) run_id: uuid::Uuid,
+    pub(crate) run_key: Option<String>,
+    pub(crate) status: Option<String>,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) message: Option<String>,
 }
 
 /// `POST /v1/schedules/{name}/trigger` (`{"force": false}`): runs the
@@ -304,11 +304,29 @@ pub async fn trigger(
     PathParam(name): PathParam,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let row = stored(&state, &name).await?;
+    checked_name(&name)?;
     let bytes = input::body_bytes(body)?;
     let request: TriggerRequest = input::typed(Value::Object(input::json_object(&bytes)?))?;
+    let body = run_trigger(&state, &caller, &name, request.force).await?;
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// Triggers `name` now on behalf of `caller` (the API's and the web view's
+/// "run now").
+///
+/// # Errors
+///
+/// 404 no such schedule, 409 overlap forbids it (or the stored definition
+/// is invalid), 503 the run could not be claimed.
+pub(crate) async fn run_trigger(
+    state: &ApiState,
+    caller: &Caller,
+    name: &str,
+    force: bool,
+) -> Result<Triggered, ApiError> {
+    let row = stored(state, name).await?;
     let schedule = compiled(&row)?;
-    let outcome = state.replica().trigger(&schedule, request.force).await;
+    let outcome = state.replica().trigger(&schedule, force).await;
     let (id, message) = match &outcome {
         FireOutcome::Dispatched { id } => (*id, None),
         FireOutcome::Unroutable { id } => (
@@ -330,22 +348,21 @@ pub async fn trigger(
         FireOutcome::Lost => return Err(ApiError::unavailable("the run could not be claimed; retry")),
     };
     audit(
-        &caller,
+        caller,
         "schedule.trigger",
-        &name,
-        &format!("run {id}{}", if request.force { " (forced)" } else { "" }),
+        name,
+        &format!("run {id}{}", if force { " (forced)" } else { "" }),
     );
     // The run exists either way: a failed read-back only leaves fields empty.
     let run = state.ledger().run(id).await.ok().flatten();
-    let body = Triggered {
+    Ok(Triggered {
         outcome: outcome.label(),
         run_id: id,
         run_key: run.as_ref().map(|r| r.run_key.clone()),
         status: run.as_ref().map(|r| r.status_text.clone()),
         trace_id: run.and_then(|r| r.trace_id),
         message,
-    };
-    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+    })
 }
 
 #[derive(Deserialize)]
@@ -396,14 +413,42 @@ pub async fn backfill(
     PathParam(name): PathParam,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let row = stored(&state, &name).await?;
+    checked_name(&name)?;
     let bytes = input::body_bytes(body)?;
     let request: BackfillRequest = input::typed(Value::Object(input::json_object(&bytes)?))?;
+    Ok(Json(
+        run_backfill(
+            &state,
+            &caller,
+            &name,
+            &request.from,
+            &request.to,
+            request.force,
+        )
+        .await?,
+    ))
+}
+
+/// Backfills `[from, to)` of `name` on behalf of `caller` (the API's and
+/// the web view's backfill), with every check of the API.
+///
+/// # Errors
+///
+/// 404 no such schedule, 409 overlap without force, 422 a bad range.
+pub(crate) async fn run_backfill(
+    state: &ApiState,
+    caller: &Caller,
+    name: &str,
+    from: &str,
+    to: &str,
+    force: bool,
+) -> Result<Value, ApiError> {
+    let row = stored(state, name).await?;
     let body_instant = |field: &str, raw: &str| {
         input::instant(field, raw).map_err(|e| ApiError::invalid(field, e.message))
     };
-    let from = body_instant("from", &request.from)?;
-    let to = body_instant("to", &request.to)?;
+    let from = body_instant("from", from)?;
+    let to = body_instant("to", to)?;
     if from >= to {
         return Err(ApiError::invalid(
             "to",
@@ -435,10 +480,7 @@ pub async fn backfill(
     let schedule = std::sync::Arc::new(compiled(&row)?);
     let instants = instants_between(&schedule, from, to)?;
     let total = instants.len();
-    if schedule.overlap == crate::schedule::OverlapPolicy::Forbid
-        && instants.len() > 1
-        && !request.force
-    {
+    if schedule.overlap == crate::schedule::OverlapPolicy::Forbid && instants.len() > 1 && !force {
         return Err(ApiError::conflict(format!(
             "{name:?} forbids overlap, and a backfill of {} instants would run them side by side; \
              send \"force\": true to run them anyway, or backfill one instant at a time",
@@ -446,19 +488,18 @@ pub async fn backfill(
         )));
     }
     audit(
-        &caller,
+        caller,
         "schedule.backfill",
-        &name,
+        name,
         &format!(
             "[{from}, {to}): {} instants{}",
             instants.len(),
-            if request.force { " (forced)" } else { "" }
+            if force { " (forced)" } else { "" }
         ),
     );
     // Its own task: a client that disconnects does not cut a backfill off
     // halfway (what it claimed would stay claimed for the outbox anyway).
     let replica = state.replica().clone();
-    let force = request.force;
     let outcomes = tokio::spawn(async move { replica.backfill(&schedule, &instants, force).await })
         .await
         .map_err(|e| ApiError::unavailable(format!("the backfill stopped: {e}")))?;
@@ -475,7 +516,7 @@ pub async fn backfill(
             json!({ "scheduled_at": at, "outcome": label })
         })
         .collect();
-    Ok(Json(json!({
+    Ok(json!({
         "schedule": name,
         "from": from,
         "to": to,
@@ -485,7 +526,7 @@ pub async fn backfill(
         // (not claimed: the ledger was unreachable; backfill again).
         "counts": counts,
         "fires": fires,
-    })))
+    }))
 }
 
 /// `GET /v1/schedules/{name}/preview?count=N`: the next N fire instants

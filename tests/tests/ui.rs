@@ -1,0 +1,216 @@
+//! The web view served by the API listener: pages render from the ledger,
+//! user-supplied text is escaped, tokens work as cookies, read-only tokens
+//! get no buttons and cannot act, actions do what the API does.
+
+use std::sync::Arc;
+
+use belfry_scheduler::api::Tokens;
+use belfry_testkit::{redis_url, TestEnv};
+use belfry_tests::{every, replica, TestApi};
+use chrono::{SubsecRound, Utc};
+use reqwest::redirect::Policy;
+use reqwest::StatusCode;
+
+const ADMIN: &str = "ops:admin-secret-0123456789";
+const READ: &str = "viewer:read-secret-0123456789";
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn get(url: &str, cookie: Option<&str>) -> (StatusCode, String) {
+    let mut req = client().get(url);
+    if let Some(c) = cookie {
+        req = req.header("cookie", format!("belfry_token={c}"));
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status(), resp.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_render_escape_and_act() {
+    let env = TestEnv::new().await;
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let r = Arc::new(replica(&env, "ui-replica", Some(&redis_url())).await);
+    let api = TestApi::serve(r.clone(), Tokens::default()).await;
+    // A schedule created through the API, fired twice.
+    let created = client()
+        .post(api.url("/v1/schedules"))
+        .json(&serde_json::json!({"name": "nightly", "cron": "0 0 3 * * *", "timezone": "Asia/Shanghai", "job_type": "noop"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let tick = every("nightly", "1s", "noop");
+    let at = Utc::now().trunc_subsecs(0);
+    r.fire(&tick, at - chrono::Duration::seconds(1)).await;
+    r.fire(&tick, at).await;
+    // A row written by hand with markup in its name and payload.
+    sqlx::query(
+        "INSERT INTO schedules (name, every_ms, job_type, payload, spec) VALUES \
+         ('<script>alert(1)</script>', 1000, 'noop', '\"<img src=x onerror=alert(2)>\"', NULL)",
+    )
+    .execute(env.ledger.pool())
+    .await
+    .unwrap();
+
+    let (status, overview) = get(&api.url("/ui"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        overview.contains("runs in flight") && overview.contains("<svg class=\"chart\""),
+        "{overview}"
+    );
+    assert!(
+        overview.contains("ui-replica"),
+        "replicas seen lately: {overview}"
+    );
+
+    let (status, list) = get(&api.url("/ui/schedules"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        list.contains("every day at 03:00 (Asia/Shanghai)"),
+        "{list}"
+    );
+    assert!(
+        list.contains("<span class=\"s-dispatched\""),
+        "the strip shows the fires: {list}"
+    );
+    assert!(
+        list.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{list}"
+    );
+    assert!(
+        !list.contains("<script>alert"),
+        "markup from a row rendered as markup"
+    );
+
+    let (status, page) = get(&api.url("/ui/schedules/nightly"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains("action=\"/ui/schedules/nightly/pause\""),
+        "admin buttons: {page}"
+    );
+    assert!(page.contains("nightly@"), "run history: {page}");
+    let (status, _) = get(&api.url("/ui/schedules/ghost"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Pause from the page: 303 back to it, paused in the ledger.
+    let paused = client()
+        .post(api.url("/ui/schedules/nightly/pause"))
+        .header("origin", api.base.clone())
+        .body("")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(paused.status(), StatusCode::SEE_OTHER);
+    assert!(
+        env.ledger
+            .schedule("nightly")
+            .await
+            .unwrap()
+            .unwrap()
+            .paused
+    );
+    // Trigger and a bad backfill range: the message comes back escaped.
+    let trig = client()
+        .post(api.url("/ui/schedules/nightly/trigger"))
+        .form(&[("force", "true")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(trig.status(), StatusCode::SEE_OTHER);
+    let bf = client()
+        .post(api.url("/ui/schedules/nightly/backfill"))
+        .form(&[("from", "<b>soon</b>"), ("to", "later")])
+        .send()
+        .await
+        .unwrap();
+    let back = bf.headers()["location"].to_str().unwrap().to_owned();
+    assert!(back.contains("err="), "{back}");
+    let (_, shown) = get(&api.url(&back), None).await;
+    assert!(
+        shown.contains("&lt;b&gt;soon&lt;/b&gt;") && !shown.contains("<b>soon"),
+        "{shown}"
+    );
+
+    let (status, runs) = get(&api.url("/ui/runs?schedule=nightly"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let run = env.ledger.runs_of("nightly", 1).await.unwrap().remove(0);
+    assert!(runs.contains(&format!("/ui/runs/{}", run.id)), "{runs}");
+    let (status, detail) = get(&api.url(&format!("/ui/runs/{}", run.id)), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        detail.contains(run.trace_id.as_deref().unwrap()),
+        "trace id shown: {detail}"
+    );
+    let (status, _) = get(&api.url("/ui/runs?status=lost"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    drop(api);
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_sign_in_as_cookies_and_readers_get_no_buttons() {
+    let env = TestEnv::new().await;
+    let r = Arc::new(replica(&env, "ui-auth", Some(&redis_url())).await);
+    let api = TestApi::serve(r, Tokens::parse(Some(ADMIN), Some(READ)).unwrap()).await;
+    sqlx::query(
+        "INSERT INTO schedules (name, every_ms, job_type, spec) VALUES ('s', 1000, 'noop', NULL)",
+    )
+    .execute(env.ledger.pool())
+    .await
+    .unwrap();
+    let (status, _) = get(&api.url("/ui"), None).await;
+    assert_eq!(
+        status,
+        StatusCode::SEE_OTHER,
+        "no token: to the sign-in page"
+    );
+    let (status, form) = get(&api.url("/ui/login"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(form.contains("name=\"token\""));
+    let bad = client()
+        .post(api.url("/ui/login"))
+        .form(&[("token", "nope")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNAUTHORIZED);
+    let read_secret = READ.split_once(':').unwrap().1;
+    let good = client()
+        .post(api.url("/ui/login"))
+        .form(&[("token", read_secret)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(good.status(), StatusCode::SEE_OTHER);
+    let cookie = good.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let (status, page) = get(&api.url("/ui/schedules/s"), Some(read_secret)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("signed in as viewer"));
+    assert!(!page.contains("<button>pause"), "a reader sees no buttons");
+    let refused = client()
+        .post(api.url("/ui/schedules/s/pause"))
+        .header("cookie", format!("belfry_token={read_secret}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert!(!env.ledger.schedule("s").await.unwrap().unwrap().paused);
+    let admin_secret = ADMIN.split_once(':').unwrap().1;
+    let (status, page) = get(&api.url("/ui/schedules/s"), Some(admin_secret)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("<button>pause"), "an admin gets buttons");
+    drop(api);
+    env.teardown(&[]).await;
+}
