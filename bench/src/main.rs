@@ -7,11 +7,13 @@
 //! cargo run --release -p belfry-bench -- timer [--seconds 10] [--big 1000000]
 //! cargo run --release -p belfry-bench -- traces [--fires 3000] [--rounds 5]
 //! cargo run --release -p belfry-bench -- dispatch [--raw-fires 8000] [--steady-seconds 10]
+//! cargo run --release -p belfry-bench -- ui [--schedules 1000] [--runs 1000000] [--rounds 20]
 //! ```
 
 mod dispatch_burst;
 mod timer_lateness;
 mod trace_export;
+mod ui_pages;
 mod worker_throughput;
 
 #[global_allocator]
@@ -56,9 +58,17 @@ async fn main() -> anyhow::Result<()> {
             )
             .await
         }
+        Some("ui") => {
+            ui_pages::run(
+                flag("--schedules", 1000)?,
+                flag("--runs", 1_000_000)?,
+                flag("--rounds", 20)?,
+            )
+            .await
+        }
         Some("traces-child") => trace_export::child(flag("--fires", 3000)?).await,
         _ => {
-            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]");
+            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]\n       belfry-bench ui [--schedules N] [--runs N] [--rounds N]");
             std::process::exit(2);
         }
     }

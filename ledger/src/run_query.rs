@@ -72,8 +72,16 @@ impl Ledger {
             q.push(" AND job_type = ").push_bind(job_type.clone());
         }
         if !filter.statuses.is_empty() {
-            let statuses: Vec<&'static str> = filter.statuses.iter().map(|s| s.as_str()).collect();
-            q.push(" AND status = ANY(").push_bind(statuses).push(")");
+            // Literals, not a bound array: the statuses are this crate's own
+            // constants, and the planner can only match partial indexes
+            // (`job_runs_failed_idx`, `job_runs_unfinished_idx`) against
+            // values it can see.
+            let list: Vec<String> = filter
+                .statuses
+                .iter()
+                .map(|s| format!("'{}'", s.as_str()))
+                .collect();
+            q.push(format!(" AND status IN ({})", list.join(", ")));
         }
         if let Some(from) = filter.from {
             q.push(" AND scheduled_at >= ").push_bind(from);
