@@ -6,3 +6,7 @@
 CREATE INDEX IF NOT EXISTS job_runs_failed_idx
     ON job_runs (scheduled_at DESC, id DESC)
     WHERE status IN ('failed', 'dead');
+--
+-- Plain CREATE INDEX (see migration 5 for why not CONCURRENTLY): on a large
+-- existing job_runs, create it by hand first with CREATE INDEX CONCURRENTLY
+-- and this name; IF NOT EXISTS then makes this a no-op.

@@ -249,9 +249,24 @@ impl SchedulerConfig {
                 Duration::from_secs(600),
                 Duration::from_secs(1),
             )?,
-            trace_ui: settings
-                .get("BELFRY_TRACE_UI_URL")
-                .map(|u| u.trim().to_owned()),
+            trace_ui: match settings.get("BELFRY_TRACE_UI_URL").map(str::trim) {
+                None => None,
+                Some(t)
+                    if (t.starts_with("http://") || t.starts_with("https://"))
+                        && t.contains("{trace_id}") =>
+                {
+                    Some(t.to_owned())
+                }
+                Some(t) => {
+                    return Err(SettingError::Invalid {
+                        var: "BELFRY_TRACE_UI_URL".into(),
+                        value: t.to_owned(),
+                        reason: "expected an http:// or https:// URL containing {trace_id}, \
+                                 e.g. http://127.0.0.1:16686/trace/{trace_id}"
+                            .into(),
+                    })
+                }
+            },
         })
     }
 }
@@ -303,6 +318,31 @@ mod tests {
             e.contains("BELFRY_API_READ_TOKENS") && !e.contains("tooshort"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn trace_ui_links_must_be_http_templates() {
+        let ok = SchedulerConfig::from_settings(&Settings::from_pairs([(
+            "BELFRY_TRACE_UI_URL",
+            "http://jaeger:16686/trace/{trace_id}",
+        )]))
+        .unwrap();
+        assert_eq!(
+            ok.trace_ui.as_deref(),
+            Some("http://jaeger:16686/trace/{trace_id}")
+        );
+        for bad in [
+            "javascript:alert(1)//{trace_id}",
+            "http://jaeger:16686/search",
+        ] {
+            let e = SchedulerConfig::from_settings(&Settings::from_pairs([(
+                "BELFRY_TRACE_UI_URL",
+                bad,
+            )]))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("BELFRY_TRACE_UI_URL"), "{e}");
+        }
     }
 
     #[test]

@@ -88,13 +88,15 @@ pub fn cron_words(expr: &str) -> Option<String> {
             ("0", "0", "*") => return Some("every hour".into()),
             _ => {}
         }
-        if let Some(n) = step(sec).filter(|_| any(min) && any(hour)) {
+        // Only steps that divide the unit evenly are a true "every N": `*/7`
+        // minutes restarts at each hour, `*/90` fires once an hour.
+        if let Some(n) = step(sec).filter(|n| any(min) && any(hour) && 60 % n == 0) {
             return Some(format!("every {n} seconds"));
         }
-        if let Some(n) = step(min).filter(|_| sec == "0" && any(hour)) {
+        if let Some(n) = step(min).filter(|n| sec == "0" && any(hour) && 60 % n == 0) {
             return Some(format!("every {n} minutes"));
         }
-        if let Some(n) = step(hour).filter(|_| sec == "0" && min == "0") {
+        if let Some(n) = step(hour).filter(|n| sec == "0" && min == "0" && 24 % n == 0) {
             return Some(format!("every {n} hours"));
         }
     }
@@ -198,6 +200,8 @@ mod tests {
         assert_eq!(cron("*/15 * * * * *", None), "every 15 seconds");
         assert_eq!(cron("0 */5 * * * *", None), "every 5 minutes");
         assert_eq!(cron("0 0 */2 * * *", None), "every 2 hours");
+        assert_eq!(cron("0 */7 * * * *", None), "custom cron schedule (UTC)");
+        assert_eq!(cron("0 */90 * * * *", None), "custom cron schedule (UTC)");
         assert_eq!(cron("* * * * * *", None), "every second");
         assert_eq!(cron("0 * * * * *", None), "every minute");
         assert_eq!(cron("@hourly", None), "every hour");

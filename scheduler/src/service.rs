@@ -64,7 +64,9 @@ pub async fn start(
         Some(addr) => Some(
             api::serve(
                 addr,
-                ApiState::new(replica.clone(), config.api_tokens.clone()),
+                ApiState::new(replica.clone(), config.api_tokens.clone())
+                    .with_retention(config.retention)
+                    .with_trace_ui(config.trace_ui.clone()),
                 cancel.clone(),
             )
             .await?,

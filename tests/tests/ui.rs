@@ -12,7 +12,8 @@ use reqwest::redirect::Policy;
 use reqwest::StatusCode;
 
 const ADMIN: &str = "ops:admin-secret-0123456789";
-const READ: &str = "viewer:read-secret-0123456789";
+// Characters a cookie must carry percent-encoded.
+const READ: &str = "viewer:read+secret/with=chars;0";
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -125,6 +126,50 @@ async fn pages_render_escape_and_act() {
         .await
         .unwrap();
     assert_eq!(trig.status(), StatusCode::SEE_OTHER);
+    let to = trig.headers()["location"].to_str().unwrap().to_owned();
+    assert!(to.contains("msg=triggered"), "{to}");
+    // A page elsewhere posting the same form is refused.
+    let forged = client()
+        .post(api.url("/ui/schedules/nightly/resume"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+    assert!(
+        env.ledger
+            .schedule("nightly")
+            .await
+            .unwrap()
+            .unwrap()
+            .paused
+    );
+    // Following a link from another site is a navigation: allowed.
+    let linked = client()
+        .get(api.url("/ui/schedules/nightly"))
+        .header("sec-fetch-site", "cross-site")
+        .header("sec-fetch-mode", "navigate")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(linked.status(), StatusCode::OK);
+    // A payload with markup, shown on its run's page as text.
+    let job = client()
+        .post(api.url("/v1/jobs"))
+        .json(&serde_json::json!({"job_type": "noop", "payload": "<img src=x onerror=alert(2)>"}))
+        .send()
+        .await
+        .unwrap();
+    let job: serde_json::Value = job.json().await.unwrap();
+    let (_, shown) = get(
+        &api.url(&format!("/ui/runs/{}", job["run_id"].as_str().unwrap())),
+        None,
+    )
+    .await;
+    assert!(
+        shown.contains("&lt;img src=x onerror=alert(2)&gt;") && !shown.contains("<img src=x"),
+        "{shown}"
+    );
     let bf = client()
         .post(api.url("/ui/schedules/nightly/backfill"))
         .form(&[("from", "<b>soon</b>"), ("to", "later")])
@@ -145,9 +190,18 @@ async fn pages_render_escape_and_act() {
     assert!(runs.contains(&format!("/ui/runs/{}", run.id)), "{runs}");
     let (status, detail) = get(&api.url(&format!("/ui/runs/{}", run.id)), None).await;
     assert_eq!(status, StatusCode::OK);
+    let trace = run.trace_id.as_deref().unwrap();
+    assert!(detail.contains(trace), "trace id shown: {detail}");
+    // With a trace UI configured, the id links to it.
+    let linked_api = TestApi::serve_state(
+        belfry_scheduler::api::ApiState::new(r.clone(), Tokens::default())
+            .with_trace_ui(Some("http://jaeger.example/trace/{trace_id}".into())),
+    )
+    .await;
+    let (_, detail) = get(&linked_api.url(&format!("/ui/runs/{}", run.id)), None).await;
     assert!(
-        detail.contains(run.trace_id.as_deref().unwrap()),
-        "trace id shown: {detail}"
+        detail.contains(&format!("href=\"http://jaeger.example/trace/{trace}\"")),
+        "{detail}"
     );
     let (status, _) = get(&api.url("/ui/runs?status=lost"), None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -192,16 +246,34 @@ async fn tokens_sign_in_as_cookies_and_readers_get_no_buttons() {
     assert_eq!(good.status(), StatusCode::SEE_OTHER);
     let cookie = good.headers()["set-cookie"].to_str().unwrap().to_owned();
     assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Lax")
+            && cookie.contains("Path=/ui"),
         "{cookie}"
     );
-    let (status, page) = get(&api.url("/ui/schedules/s"), Some(read_secret)).await;
+    // The cookie exactly as set (percent-encoded) signs the browser in.
+    let value = cookie
+        .split(';')
+        .next()
+        .unwrap()
+        .trim_start_matches("belfry_token=")
+        .to_owned();
+    assert!(!value.contains(';') && !value.contains('='), "{value}");
+    let (status, page) = get(&api.url("/ui/schedules/s"), Some(&value)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(page.contains("signed in as viewer"));
     assert!(!page.contains("<button>pause"), "a reader sees no buttons");
+    // The cookie is for the web view only: the API takes bearer headers.
+    let api_call = client()
+        .get(api.url("/v1/schedules"))
+        .header("cookie", format!("belfry_token={value}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api_call.status(), StatusCode::UNAUTHORIZED);
     let refused = client()
         .post(api.url("/ui/schedules/s/pause"))
-        .header("cookie", format!("belfry_token={read_secret}"))
+        .header("cookie", format!("belfry_token={value}"))
         .send()
         .await
         .unwrap();

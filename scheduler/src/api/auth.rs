@@ -157,7 +157,12 @@ impl Tokens {
 const PUBLIC: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 
 /// Web view paths that need no token (still refused cross-site).
-const UI_PUBLIC: [&str; 3] = ["/ui/login", "/ui/assets/ui.css", "/ui/assets/ui.js"];
+const UI_PUBLIC: [&str; 4] = [
+    "/ui/login",
+    "/ui/logout",
+    "/ui/assets/ui.css",
+    "/ui/assets/ui.js",
+];
 
 /// Middleware: authenticates the request and checks its method against the
 /// caller's role; the [`Caller`] is left in the request's extensions.
@@ -213,7 +218,12 @@ fn same_site(state: &ApiState, request: &Request) -> Result<(), ApiError> {
             .map(str::to_owned)
     };
     let host = header("host").unwrap_or_default();
-    if header("sec-fetch-site").is_some_and(|s| s == "cross-site") {
+    // Following a link to the web view from elsewhere (a chat, Grafana) is
+    // a top-level GET navigation: it changes nothing and is let through.
+    let navigation = request.method() == Method::GET
+        && request.uri().path().starts_with("/ui")
+        && header("sec-fetch-mode").is_some_and(|m| m == "navigate");
+    if header("sec-fetch-site").is_some_and(|s| s == "cross-site") && !navigation {
         return Err(ApiError::forbidden("cross-site requests are refused"));
     }
     if let Some(origin) = header("origin") {
@@ -275,8 +285,9 @@ fn caller_of(state: &ApiState, request: &Request) -> Result<Caller, ApiError> {
             role: Role::Admin,
         });
     }
-    // A browser of the web view presents the token as a cookie.
-    if request.headers().get(AUTHORIZATION).is_none() {
+    // A browser of the web view presents the token as a cookie; the API
+    // under /v1 takes bearer headers only, so no cookie can act on it.
+    if request.headers().get(AUTHORIZATION).is_none() && request.uri().path().starts_with("/ui") {
         if let Some(secret) = cookie(request, crate::ui::TOKEN_COOKIE) {
             return tokens
                 .check(&secret)

@@ -63,12 +63,14 @@ pub fn page(title: &str, section: Section, who: Option<&str>, refresh: bool, bod
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <title>{title} · belfry</title><link rel=\"stylesheet\" href=\"/ui/assets/ui.css\">\
          <script src=\"/ui/assets/ui.js\" defer></script></head><body>\
-         <header><a class=\"brand\" href=\"/ui\">belfry</a>{}{}{}<span class=\"who\">{}</span></header>\
+         <header><a class=\"brand\" href=\"/ui\">belfry</a>{}{}{}<span class=\"who\">{}</span>\
+         <form method=\"post\" action=\"/ui/logout\"><button>sign out</button></form></header>\
          <main{}>{body}</main></body></html>",
         link("/ui", "Overview", Section::Overview),
         link("/ui/schedules", "Schedules", Section::Schedules),
         link("/ui/runs", "Runs", Section::Runs),
-        who.map(|w| format!("signed in as {}", esc(w))).unwrap_or_default(),
+        who.map(|w| format!("signed in as {}", esc(w)))
+            .unwrap_or_default(),
         if refresh { " data-refresh" } else { "" },
         title = esc(title),
     )

@@ -8,7 +8,7 @@ use axum::http::header::{LOCATION, SET_COOKIE};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use axum::Extension;
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, DurationRound, Utc};
 
 use belfry_ledger::{RunCursor, RunFilter, RunRecord, RunStatus, ScheduleRow};
 
@@ -76,7 +76,7 @@ pub async fn overview(
     let ledger = state.ledger();
     let (numbers, minutes) = tokio::try_join!(
         ledger.overview(now - Duration::minutes(15)),
-        ledger.runs_per_minute(now - Duration::hours(CHART_HOURS)),
+        ledger.runs_per_minute(chart_start(now)),
     )
     .map_err(|e| error_page(e.into()))?;
     let mut body = String::from("<h1>Overview</h1><div class=\"cards\">");
@@ -137,8 +137,14 @@ pub async fn overview(
 
 /// A bar per minute: succeeded (green), failed or dead (red), still going
 /// (blue), stacked.
+/// The first minute of the chart: whole minutes, the current one last.
+fn chart_start(now: DateTime<Utc>) -> DateTime<Utc> {
+    let minute = now.duration_trunc(Duration::minutes(1)).unwrap_or(now);
+    minute - Duration::minutes(CHART_HOURS * 60 - 1)
+}
+
 fn chart(minutes: &[belfry_ledger::MinuteCount], now: DateTime<Utc>) -> String {
-    let start = now - Duration::hours(CHART_HOURS);
+    let start = chart_start(now);
     let slots = usize::try_from(CHART_HOURS * 60).unwrap_or(180);
     let mut counts = vec![(0i64, 0i64, 0i64); slots];
     for m in minutes {
@@ -212,6 +218,10 @@ pub async fn schedules(
             .entry(f.job_name.as_str())
             .or_default()
             .push((f.scheduled_at, f.status.clone()));
+    }
+    // Newest first, whatever order the rows came in.
+    for fires in by_name.values_mut() {
+        fires.sort_by_key(|f| std::cmp::Reverse(f.0));
     }
     let mut cache = CronCache::default();
     let table_rows: Vec<String> = rows
@@ -309,10 +319,19 @@ fn run_rows(runs: &[RunRecord]) -> Vec<String> {
                 lateness,
                 r.attempts,
                 esc(r.worker.as_deref().unwrap_or("-")),
-                esc(r.last_error.as_deref().unwrap_or(""))
+                esc(&shortened(r.last_error.as_deref().unwrap_or(""), 300))
             )
         })
         .collect()
+}
+
+/// `text` cut to at most `max` characters (on a character boundary), with
+/// an ellipsis when cut: lists stay small; the run's page shows it whole.
+fn shortened(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
 }
 
 const RUN_HEADERS: [&str; 8] = [
@@ -693,7 +712,7 @@ fn login_page(error: Option<&str>, status: StatusCode) -> Response {
 }
 
 /// `POST /ui/login`: checks the token and keeps it in an HttpOnly,
-/// SameSite=Strict cookie.
+/// SameSite=Lax cookie for `/ui`.
 pub async fn login(State(state): State<ApiState>, body: Bytes) -> Response {
     let token = form_urlencoded::parse(&body)
         .find(|(k, _)| k == "token")
@@ -703,7 +722,9 @@ pub async fn login(State(state): State<ApiState>, body: Bytes) -> Response {
         return login_page(Some("that token is not valid"), StatusCode::UNAUTHORIZED);
     }
     let cookie = format!(
-        "{}={}; HttpOnly; SameSite=Strict; Path=/",
+        // Lax, so a link from another site lands signed in; every POST is
+        // still refused cross-site by the Origin check.
+        "{}={}; HttpOnly; SameSite=Lax; Path=/ui",
         super::TOKEN_COOKIE,
         url(token.trim())
     );
@@ -717,7 +738,7 @@ pub async fn login(State(state): State<ApiState>, body: Bytes) -> Response {
 /// `POST /ui/logout`: forgets the cookie.
 pub async fn logout() -> Response {
     let cookie = format!(
-        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+        "{}=; HttpOnly; SameSite=Lax; Path=/ui; Max-Age=0",
         super::TOKEN_COOKIE
     );
     (

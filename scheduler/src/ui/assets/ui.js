@@ -7,8 +7,11 @@
     var a = document.activeElement;
     return a && (a.tagName === "INPUT" || a.tagName === "SELECT" || a.tagName === "TEXTAREA");
   }
+  // One refresh at a time: the next is scheduled only when this one ends,
+  // so a slow server is never asked twice at once.
+  function next() { setTimeout(refresh, every); }
   function refresh() {
-    if (document.hidden || busy() || !document.querySelector("main[data-refresh]")) return;
+    if (document.hidden || busy() || !document.querySelector("main[data-refresh]")) return next();
     fetch(location.href, { headers: { "x-belfry-refresh": "1" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
@@ -18,7 +21,8 @@
         var main = document.querySelector("main");
         if (fresh && main && !busy()) main.innerHTML = fresh.innerHTML;
       })
-      .catch(function () {});
+      .catch(function () {})
+      .then(next);
   }
-  setInterval(refresh, every);
+  next();
 })();
