@@ -93,12 +93,7 @@ impl Dispatcher {
         let spans: Vec<tracing::Span> = messages
             .iter()
             .zip(parents)
-            .map(|(message, parent)| {
-                tracing::info_span!(parent: parent, "publish", otel.kind = "producer",
-                    messaging.system = "rabbitmq", messaging.operation.type = "send",
-                    messaging.rabbitmq.destination.routing_key = %message.job_type,
-                    messaging.message.id = %message.message_id, belfry.publish = tracing::field::Empty)
-            })
+            .map(|(message, parent)| publish_span(message, parent.id()))
             .collect();
         // With OpenTelemetry on, each message carries its publish span's
         // context, as a single publish does.
@@ -118,15 +113,7 @@ impl Dispatcher {
         let answers = self.publishers.publish_many(&traced).await;
         let mut confirmed = Vec::new();
         for ((answer, span), message) in answers.iter().zip(&spans).zip(messages) {
-            span.record(
-                "belfry.publish",
-                match answer {
-                    Ok(PublishOutcome::Confirmed) => "confirmed",
-                    Ok(PublishOutcome::Unroutable) => "unroutable",
-                    Ok(PublishOutcome::Nacked) => "nacked",
-                    Err(_) => "failed",
-                },
-            );
+            span.record("belfry.publish", publish_label(answer));
             if matches!(answer, Ok(PublishOutcome::Confirmed)) {
                 confirmed.push(message.message_id);
             }
@@ -226,10 +213,7 @@ impl Dispatcher {
     }
 
     async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, String> {
-        let span = tracing::info_span!("publish", otel.kind = "producer",
-            messaging.system = "rabbitmq", messaging.operation.type = "send",
-            messaging.rabbitmq.destination.routing_key = %message.job_type,
-            messaging.message.id = %message.message_id, belfry.publish = tracing::field::Empty);
+        let span = publish_span(message, tracing::Span::current().id());
         // The publish span belongs to the run's trace. Under a `fire` or a
         // caller's span that already is the case; otherwise (an ad-hoc job
         // enqueued outside any span) it is parented on the run's stored
@@ -257,13 +241,7 @@ impl Dispatcher {
                 .publish(traced.as_ref().unwrap_or(message))
                 .await
                 .map_err(|e| e.to_string());
-            let outcome = match &result {
-                Ok(PublishOutcome::Confirmed) => "confirmed",
-                Ok(PublishOutcome::Unroutable) => "unroutable",
-                Ok(PublishOutcome::Nacked) => "nacked",
-                Err(_) => "failed",
-            };
-            tracing::Span::current().record("belfry.publish", outcome);
+            tracing::Span::current().record("belfry.publish", publish_label(&result));
             result
         }
         .instrument(span)
@@ -275,6 +253,24 @@ impl Dispatcher {
         tracing::error!(run_key = %message.run_key, job_type = %message.job_type, "{reason}");
         self.ledger.mark_dead(message.message_id, &reason).await?;
         Ok(())
+    }
+}
+
+/// The `publish` span of `message`, under `parent` (none: a root).
+fn publish_span(message: &JobMessage, parent: Option<tracing::Id>) -> tracing::Span {
+    tracing::info_span!(parent: parent, "publish", otel.kind = "producer",
+        messaging.system = "rabbitmq", messaging.operation.type = "send",
+        messaging.rabbitmq.destination.routing_key = %message.job_type,
+        messaging.message.id = %message.message_id, belfry.publish = tracing::field::Empty)
+}
+
+/// The `belfry.publish` value of a publish span.
+fn publish_label<E>(answer: &Result<PublishOutcome, E>) -> &'static str {
+    match answer {
+        Ok(PublishOutcome::Confirmed) => "confirmed",
+        Ok(PublishOutcome::Unroutable) => "unroutable",
+        Ok(PublishOutcome::Nacked) => "nacked",
+        Err(_) => "failed",
     }
 }
 

@@ -17,20 +17,6 @@ const DAYS: [&str; 7] = [
     "Friday",
     "Saturday",
 ];
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
 
 /// `spec` in words.
 pub fn describe(spec: &ScheduleSpec) -> String {
@@ -155,14 +141,6 @@ fn weekdays(field: &str) -> Option<String> {
     Some(names.join(", "))
 }
 
-/// A month name, 1-based, for callers that show dates.
-pub fn month_name(month: u32) -> &'static str {
-    MONTHS
-        .get(usize::try_from(month).unwrap_or(0).wrapping_sub(1))
-        .copied()
-        .unwrap_or("?")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,7 +203,5 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(describe(&at), "once at 2026-07-26T03:00:00Z");
-        assert_eq!(month_name(7), "July");
-        assert_eq!(month_name(0), "?");
     }
 }

@@ -145,18 +145,13 @@ pub(crate) fn decode_cursor(raw: &str) -> Result<RunCursor, ApiError> {
     Ok(RunCursor { scheduled_at, id })
 }
 
-/// `GET /v1/runs?schedule=&job_type=&status=a,b&from=&to=&limit=&cursor=`:
-/// newest fire first; `from`/`to` bound `scheduled_at` as `[from, to)`.
-pub async fn list(
-    State(state): State<ApiState>,
-    RawQuery(query): RawQuery,
-) -> Result<Json<Value>, ApiError> {
-    let q = QueryParams::parse(
-        query.as_deref(),
-        &[
-            "schedule", "job_type", "status", "from", "to", "limit", "cursor",
-        ],
-    )?;
+/// The run filter of a query string (`schedule`, `job_type`, `status` as a
+/// comma-separated list, `from`, `to`): the API's and the web view's.
+///
+/// # Errors
+///
+/// 400 naming the parameter that does not parse.
+pub(crate) fn run_filter(q: &QueryParams) -> Result<RunFilter, ApiError> {
     let statuses = q
         .text("status")
         .map(|raw| {
@@ -174,13 +169,28 @@ pub async fn list(
         })
         .transpose()?
         .unwrap_or_default();
-    let filter = RunFilter {
+    Ok(RunFilter {
         job_name: q.text("schedule").map(str::to_owned),
         job_type: q.text("job_type").map(str::to_owned),
         statuses,
         from: q.instant("from")?,
         to: q.instant("to")?,
-    };
+    })
+}
+
+/// `GET /v1/runs?schedule=&job_type=&status=a,b&from=&to=&limit=&cursor=`:
+/// newest fire first; `from`/`to` bound `scheduled_at` as `[from, to)`.
+pub async fn list(
+    State(state): State<ApiState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = QueryParams::parse(
+        query.as_deref(),
+        &[
+            "schedule", "job_type", "status", "from", "to", "limit", "cursor",
+        ],
+    )?;
+    let filter = run_filter(&q)?;
     let limit = q.number("limit", 50, 1, MAX_PAGE)?;
     let cursor = q.text("cursor").map(decode_cursor).transpose()?;
     let mut runs = state

@@ -55,12 +55,18 @@ pub fn view(row: &ScheduleRow) -> Value {
     Value::Object(obj)
 }
 
-fn checked_name(name: &str) -> Result<(), ApiError> {
+pub(crate) fn checked_name(name: &str) -> Result<(), ApiError> {
     validate_name("schedule name", name)
         .map_err(|e| ApiError::bad_request(e.to_string()).field("name"))
 }
 
-async fn stored(state: &ApiState, name: &str) -> Result<ScheduleRow, ApiError> {
+/// The stored schedule `name`.
+///
+/// # Errors
+///
+/// 400 for a name outside the naming rule, 404 when there is none, 503
+/// when the ledger cannot answer.
+pub(crate) async fn stored(state: &ApiState, name: &str) -> Result<ScheduleRow, ApiError> {
     checked_name(name)?;
     state
         .ledger()
@@ -230,6 +236,25 @@ async fn set_paused(
     name: &str,
     paused: bool,
 ) -> Result<Json<Value>, ApiError> {
+    run_set_paused(state, caller, name, paused, "").await?;
+    Ok(Json(
+        reread(state, name, json!({ "name": name, "paused": paused })).await,
+    ))
+}
+
+/// Pauses or resumes `name` on behalf of `caller` (the API's and the web
+/// view's), with its audit line.
+///
+/// # Errors
+///
+/// 400 bad name, 404 no such schedule, 503 the ledger cannot answer.
+pub(crate) async fn run_set_paused(
+    state: &ApiState,
+    caller: &Caller,
+    name: &str,
+    paused: bool,
+    detail: &str,
+) -> Result<(), ApiError> {
     checked_name(name)?;
     if !state.ledger().set_paused(name, paused).await? {
         return Err(ApiError::not_found(format!("no schedule named {name:?}")));
@@ -242,11 +267,9 @@ async fn set_paused(
             "schedule.resume"
         },
         name,
-        "",
+        detail,
     );
-    Ok(Json(
-        reread(state, name, json!({ "name": name, "paused": paused })).await,
-    ))
+    Ok(())
 }
 
 /// `POST /v1/schedules/{name}/pause`: no more fires until resumed.

@@ -10,7 +10,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::Extension;
 use chrono::{DateTime, Duration, DurationRound, Utc};
 
-use belfry_ledger::{RunCursor, RunFilter, RunRecord, RunStatus, ScheduleRow};
+use belfry_ledger::{RunCursor, RunFilter, RunRecord, ScheduleRow};
 
 use super::html::{esc, page, table, url, when, Section};
 use crate::api::input::{PathParam, QueryParams};
@@ -382,6 +382,8 @@ pub async fn schedule(
     RawQuery(query): RawQuery,
 ) -> PageResult {
     let q = QueryParams::parse(query.as_deref(), &["cursor", "msg", "err"]).map_err(error_page)?;
+    // Looked up as written: a row whose name was set by hand outside the
+    // naming rule still has a page.
     let row = state
         .ledger()
         .schedule(&name)
@@ -473,24 +475,17 @@ pub async fn act(
         .collect();
     let force = form.get("force").is_some_and(|v| v == "true");
     let done: Result<String, ApiError> = async {
-        belfry_protocol::validate_name("schedule name", &name)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        crate::api::schedules::checked_name(&name)?;
         match action.as_str() {
             "pause" | "resume" => {
-                let paused = action == "pause";
-                if !state.ledger().set_paused(&name, paused).await? {
-                    return Err(ApiError::not_found(format!("no schedule named {name:?}")));
-                }
-                crate::api::audit(
+                crate::api::schedules::run_set_paused(
+                    &state,
                     &caller,
-                    if paused {
-                        "schedule.pause"
-                    } else {
-                        "schedule.resume"
-                    },
                     &name,
+                    action == "pause",
                     "web view",
-                );
+                )
+                .await?;
                 Ok(format!("{action}d"))
             }
             "trigger" => {
@@ -538,23 +533,7 @@ pub async fn runs(
         &["schedule", "job_type", "status", "from", "to", "cursor"],
     )
     .map_err(error_page)?;
-    let statuses = q
-        .text("status")
-        .map(|raw| {
-            raw.split(',')
-                .map(|s| s.trim().parse::<RunStatus>())
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .transpose()
-        .map_err(|e| error_page(ApiError::bad_request(format!("status: {e}")).field("status")))?
-        .unwrap_or_default();
-    let filter = RunFilter {
-        job_name: q.text("schedule").map(str::to_owned),
-        job_type: q.text("job_type").map(str::to_owned),
-        statuses,
-        from: q.instant("from").map_err(error_page)?,
-        to: q.instant("to").map_err(error_page)?,
-    };
+    let filter = crate::api::runs::run_filter(&q).map_err(error_page)?;
     let (runs, more) = run_page(&state, &filter, q.text("cursor")).await?;
     let field = |n: &str, ph: &str| {
         format!(
