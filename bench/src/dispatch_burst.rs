@@ -238,7 +238,7 @@ async fn wait_dispatched(env: &TestEnv, expected: i64, within: Duration) -> anyh
     loop {
         let done: i64 =
             sqlx::query_scalar("SELECT count(*) FROM job_runs WHERE dispatched_at IS NOT NULL")
-                .fetch_one(env.ledger.pool())
+                .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
                 .await?;
         if done >= expected || Instant::now() > deadline {
             return Ok(());
@@ -263,7 +263,7 @@ async fn measure(
     )
     .bind(from)
     .bind(to)
-    .fetch_one(env.ledger.pool())
+    .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await?;
     let duplicates: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT job_name, scheduled_at FROM job_runs \
@@ -271,7 +271,7 @@ async fn measure(
     )
     .bind(from)
     .bind(to)
-    .fetch_one(env.ledger.pool())
+    .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await?;
     let (p50, p99, max, last, dispatched) = row;
     let span = last
@@ -370,7 +370,7 @@ async fn belfry_steady(
         )
         .bind(from)
         .bind(to)
-        .fetch_one(env.ledger.pool())
+        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await?;
         if done >= expected || Instant::now() > deadline {
             break;

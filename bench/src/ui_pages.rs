@@ -54,10 +54,10 @@ pub async fn run(schedules: usize, runs: usize, rounds: usize) -> anyhow::Result
     )
     .bind(i64::try_from(runs)?)
     .bind(i64::try_from(schedules)?)
-    .execute(env.ledger.pool())
+    .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await?;
     sqlx::query("ANALYZE job_runs")
-        .execute(env.ledger.pool())
+        .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await?;
     println!(
         "loaded {schedules} schedules and {runs} runs in {:.1} s",
@@ -81,7 +81,7 @@ pub async fn run(schedules: usize, runs: usize, rounds: usize) -> anyhow::Result
     .await?;
     let some_run: uuid::Uuid =
         sqlx::query_scalar("SELECT id FROM job_runs WHERE status = 'failed' LIMIT 1")
-            .fetch_one(env.ledger.pool())
+            .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
             .await?;
     let pages = [
         "/healthz".to_owned(),

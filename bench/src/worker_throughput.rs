@@ -71,7 +71,7 @@ async fn load(
     .bind(&ats)
     .bind(job_type)
     .bind(&payload)
-    .execute(env.ledger.pool())
+    .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await?;
     let conn =
         lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await?;
@@ -209,7 +209,7 @@ where
     let elapsed = run(env.clone()).await?;
     let succeeded: i64 =
         sqlx::query_scalar("SELECT count(*) FROM job_runs WHERE status = 'succeeded'")
-            .fetch_one(env.ledger.pool())
+            .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
             .await?;
     anyhow::ensure!(
         succeeded == i64::try_from(n)?,

@@ -1,17 +1,21 @@
-//! Connecting to RabbitMQ and declaring belfry's topology.
+//! Connecting to the broker and declaring belfry's topology: RabbitMQ in
+//! distributed mode, or the embedded database's job queue
+//! ([`Broker::embedded`]) in embedded mode. Callers see one type either way.
 
 use lapin::options::{
     BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use belfry_ledger::JobQueue;
 use belfry_protocol::Topology;
 
+use crate::consumption::Consumption;
 use crate::publisher::Publisher;
 use crate::BrokerError;
 
@@ -21,7 +25,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// the next attempt (so a dead broker is not hammered once per fire).
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 
-struct Link {
+struct ConnectionState {
     connection: Arc<Connection>,
     failed_at: Option<Instant>,
 }
@@ -32,25 +36,48 @@ struct Inner {
     topology: Topology,
     // A tokio mutex: reconnecting awaits. Held only to read or replace the
     // connection; channels are opened after it is released.
-    link: tokio::sync::Mutex<Link>,
+    link: tokio::sync::Mutex<ConnectionState>,
 }
 
-/// A connection to RabbitMQ for one namespace, reopened on demand.
+/// A connection to the broker for one namespace.
 ///
-/// Cheap to clone (shared). When the connection drops (broker restart,
-/// network loss) the next call that needs a channel reconnects, at most
-/// once per second, so publishers and consumers recover on their own.
+/// Cheap to clone (shared). On RabbitMQ, when the connection drops (broker
+/// restart, network loss) the next call that needs a channel reconnects, at
+/// most once per second, so publishers and consumers recover on their own.
+/// In embedded mode the queue is a table of the embedded database, and
+/// every operation is a statement on it.
 #[derive(Clone)]
 pub struct Broker {
-    inner: Arc<Inner>,
+    link: Link,
+}
+
+#[derive(Clone)]
+enum Link {
+    Amqp(Arc<Inner>),
+    Embedded(EmbeddedLink),
+}
+
+/// The embedded queue with the names of its namespace.
+#[derive(Clone, Debug)]
+pub(crate) struct EmbeddedLink {
+    pub(crate) queue: JobQueue,
+    pub(crate) topology: Topology,
 }
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Broker")
-            .field("url", &belfry_runtime::masked(&self.inner.url))
-            .field("namespace", &self.inner.topology.namespace())
-            .finish()
+        match &self.link {
+            Link::Amqp(inner) => f
+                .debug_struct("Broker")
+                .field("url", &belfry_runtime::masked(&inner.url))
+                .field("namespace", &inner.topology.namespace())
+                .finish(),
+            Link::Embedded(e) => f
+                .debug_struct("Broker")
+                .field("embedded", &true)
+                .field("namespace", &e.topology.namespace())
+                .finish(),
+        }
     }
 }
 
@@ -69,42 +96,73 @@ impl Broker {
     ) -> Result<Self, BrokerError> {
         let connection = open(url, connection_name).await?;
         Ok(Self {
-            inner: Arc::new(Inner {
+            link: Link::Amqp(Arc::new(Inner {
                 url: url.to_owned(),
                 connection_name: connection_name.to_owned(),
                 topology,
-                link: tokio::sync::Mutex::new(Link {
+                link: tokio::sync::Mutex::new(ConnectionState {
                     connection: Arc::new(connection),
                     failed_at: None,
                 }),
-            }),
+            })),
         })
+    }
+
+    /// The job queue of an embedded database as the broker: no RabbitMQ,
+    /// the same routing, confirms, acks and dead letters (see
+    /// [`belfry_ledger::JobQueue`]).
+    pub fn embedded(queue: JobQueue, topology: Topology) -> Self {
+        Self {
+            link: Link::Embedded(EmbeddedLink { queue, topology }),
+        }
+    }
+
+    /// Whether this is the embedded queue.
+    pub fn is_embedded(&self) -> bool {
+        matches!(self.link, Link::Embedded(_))
     }
 
     /// The names this broker handle uses.
     pub fn topology(&self) -> &Topology {
-        &self.inner.topology
+        match &self.link {
+            Link::Amqp(inner) => &inner.topology,
+            Link::Embedded(e) => &e.topology,
+        }
     }
 
-    /// Whether the current connection is open.
+    /// Whether the current connection is open (embedded: whether the
+    /// database answers).
     pub async fn is_connected(&self) -> bool {
-        self.inner.link.lock().await.connection.status().connected()
+        match &self.link {
+            Link::Amqp(inner) => inner.link.lock().await.connection.status().connected(),
+            Link::Embedded(e) => e.queue.ping().await,
+        }
     }
 
+    /// The RabbitMQ state, or the embedded link.
+    fn amqp(&self) -> Result<&Arc<Inner>, &EmbeddedLink> {
+        match &self.link {
+            Link::Amqp(inner) => Ok(inner),
+            Link::Embedded(e) => Err(e),
+        }
+    }
+}
+
+impl Inner {
     /// The open connection, reconnecting when it dropped.
     async fn connection(&self) -> Result<Arc<Connection>, BrokerError> {
-        let mut link = self.inner.link.lock().await;
+        let mut link = self.link.lock().await;
         if link.connection.status().connected() {
             return Ok(link.connection.clone());
         }
-        let url = belfry_runtime::masked(&self.inner.url);
+        let url = belfry_runtime::masked(&self.url);
         if link
             .failed_at
             .is_some_and(|t| t.elapsed() < RECONNECT_PAUSE)
         {
             return Err(BrokerError::Disconnected { url });
         }
-        match open(&self.inner.url, &self.inner.connection_name).await {
+        match open(&self.url, &self.connection_name).await {
             Ok(connection) => {
                 tracing::info!(%url, "reconnected to RabbitMQ");
                 link.connection = Arc::new(connection);
@@ -128,7 +186,9 @@ impl Broker {
             .await
             .map_err(BrokerError::amqp("channel open"))
     }
+}
 
+impl Broker {
     /// Declares the job exchange and the dead-letter exchange and queue.
     /// Idempotent; both binaries call it at start.
     ///
@@ -137,14 +197,18 @@ impl Broker {
     /// [`BrokerError::Amqp`] when a declaration fails, for example because an
     /// object of the same name exists with other settings.
     pub async fn declare_core(&self) -> Result<(), BrokerError> {
-        let channel = self.channel().await?;
+        // The embedded queue's tables exist once the database is migrated.
+        let Ok(inner) = self.amqp() else {
+            return Ok(());
+        };
+        let channel = inner.channel().await?;
         let durable = ExchangeDeclareOptions {
             durable: true,
             ..ExchangeDeclareOptions::default()
         };
         channel
             .exchange_declare(
-                &self.inner.topology.jobs_exchange(),
+                &inner.topology.jobs_exchange(),
                 ExchangeKind::Topic,
                 durable,
                 FieldTable::default(),
@@ -153,14 +217,14 @@ impl Broker {
             .map_err(BrokerError::amqp("declare job exchange"))?;
         channel
             .exchange_declare(
-                &self.inner.topology.dead_letter_exchange(),
+                &inner.topology.dead_letter_exchange(),
                 ExchangeKind::Fanout,
                 durable,
                 FieldTable::default(),
             )
             .await
             .map_err(BrokerError::amqp("declare dead-letter exchange"))?;
-        let dlq = self.inner.topology.dead_letter_queue();
+        let dlq = inner.topology.dead_letter_queue();
         channel
             .queue_declare(&dlq, durable_queue(), quorum_args(None))
             .await
@@ -168,7 +232,7 @@ impl Broker {
         channel
             .queue_bind(
                 &dlq,
-                &self.inner.topology.dead_letter_exchange(),
+                &inner.topology.dead_letter_exchange(),
                 "",
                 QueueBindOptions::default(),
                 FieldTable::default(),
@@ -194,9 +258,21 @@ impl Broker {
         group: &str,
         job_types: &[S],
     ) -> Result<String, BrokerError> {
-        let channel = self.channel().await?;
-        let queue = self.inner.topology.group_queue(group);
-        let dlx = self.inner.topology.dead_letter_exchange();
+        let inner = match self.amqp() {
+            Ok(inner) => inner,
+            Err(e) => {
+                let queue = e.topology.group_queue(group);
+                let types: Vec<String> = job_types.iter().map(|t| t.as_ref().to_owned()).collect();
+                e.queue
+                    .bind(&queue, &types)
+                    .await
+                    .map_err(|err| BrokerError::Embedded(err.to_string()))?;
+                return Ok(queue);
+            }
+        };
+        let channel = inner.channel().await?;
+        let queue = inner.topology.group_queue(group);
+        let dlx = inner.topology.dead_letter_exchange();
         channel
             .queue_declare(&queue, durable_queue(), quorum_args(Some(&dlx)))
             .await
@@ -205,7 +281,7 @@ impl Broker {
             channel
                 .queue_bind(
                     &queue,
-                    &self.inner.topology.jobs_exchange(),
+                    &inner.topology.jobs_exchange(),
                     job_type.as_ref(),
                     QueueBindOptions::default(),
                     FieldTable::default(),
@@ -224,22 +300,31 @@ impl Broker {
     /// [`BrokerError::Amqp`] when the channel cannot be opened or put in
     /// confirm mode.
     pub async fn publisher(&self) -> Result<Publisher, BrokerError> {
-        Publisher::open(self.channel().await?, self.inner.topology.clone()).await
+        match self.amqp() {
+            Ok(inner) => Publisher::open(inner.channel().await?, inner.topology.clone()).await,
+            Err(e) => Ok(Publisher::embedded(e.clone())),
+        }
     }
 
-    /// Starts consuming `queue` with manual acks and at most `prefetch`
-    /// unacknowledged deliveries.
+    /// Starts consuming `queue` as `consumer_tag` with manual acks and at
+    /// most `prefetch` unacknowledged deliveries (embedded: one message is
+    /// taken per [`Consumption::next`]).
     ///
     /// # Errors
     ///
-    /// [`BrokerError::Amqp`] when the channel, QoS or consume call fails.
+    /// [`BrokerError::Amqp`] when the channel, QoS or consume call fails;
+    /// [`BrokerError::Embedded`] when the embedded queue cannot be read.
     pub async fn consume(
         &self,
         queue: &str,
         consumer_tag: &str,
         prefetch: u16,
-    ) -> Result<(Channel, Consumer), BrokerError> {
-        let channel = self.channel().await?;
+    ) -> Result<Consumption, BrokerError> {
+        let inner = match self.amqp() {
+            Ok(inner) => inner,
+            Err(e) => return Consumption::embedded(e.queue.clone(), queue, consumer_tag).await,
+        };
+        let channel = inner.channel().await?;
         channel
             .basic_qos(prefetch, BasicQosOptions::default())
             .await
@@ -253,7 +338,7 @@ impl Broker {
             )
             .await
             .map_err(BrokerError::amqp("consume"))?;
-        Ok((channel, consumer))
+        Ok(Consumption::amqp(channel, consumer, consumer_tag))
     }
 
     /// Deletes the namespace's exchanges, the dead-letter queue and the
@@ -264,12 +349,16 @@ impl Broker {
     ///
     /// [`BrokerError::Amqp`] when a delete fails.
     pub async fn delete_namespace(&self, groups: &[&str]) -> Result<(), BrokerError> {
-        let channel = self.channel().await?;
+        // The embedded queue lives and dies with its database.
+        let Ok(inner) = self.amqp() else {
+            return Ok(());
+        };
+        let channel = inner.channel().await?;
         let mut queues: Vec<String> = groups
             .iter()
-            .map(|g| self.inner.topology.group_queue(g))
+            .map(|g| inner.topology.group_queue(g))
             .collect();
-        queues.push(self.inner.topology.dead_letter_queue());
+        queues.push(inner.topology.dead_letter_queue());
         for queue in queues {
             channel
                 .queue_delete(&queue, QueueDeleteOptions::default())
@@ -277,8 +366,8 @@ impl Broker {
                 .map_err(BrokerError::amqp("delete queue"))?;
         }
         for exchange in [
-            self.inner.topology.jobs_exchange(),
-            self.inner.topology.dead_letter_exchange(),
+            inner.topology.jobs_exchange(),
+            inner.topology.dead_letter_exchange(),
         ] {
             channel
                 .exchange_delete(&exchange, ExchangeDeleteOptions::default())
@@ -292,8 +381,11 @@ impl Broker {
     /// Closes the connection (after in-flight confirms were awaited by their
     /// publishers).
     pub async fn close(&self) {
-        let connection = self.inner.link.lock().await.connection.clone();
-        let _ = connection.close(200, "shutdown").await;
+        // The embedded queue closes with the ledger that owns the database.
+        if let Ok(inner) = self.amqp() {
+            let connection = inner.link.lock().await.connection.clone();
+            let _ = connection.close(200, "shutdown").await;
+        }
     }
 }
 

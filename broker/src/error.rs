@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-/// What went wrong talking to RabbitMQ.
+/// What went wrong talking to the broker (RabbitMQ, or the embedded queue).
 #[derive(Debug, Error)]
 pub enum BrokerError {
     /// The broker could not be reached at start.
@@ -36,6 +36,9 @@ pub enum BrokerError {
     /// failed (its channel broke).
     #[error("publish not sent: an earlier publish of its batch failed ({0})")]
     NotSent(String),
+    /// The embedded queue (a table of the embedded database) failed.
+    #[error("embedded queue: {0}")]
+    Embedded(String),
 }
 
 impl BrokerError {

@@ -13,12 +13,14 @@ use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel};
 
+use belfry_ledger::OutgoingMessage;
 use belfry_protocol::topology::{
     CONTENT_TYPE_JSON, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ORIGINAL_ROUTING_KEY,
     HEADER_TRACEPARENT, HEADER_TRACESTATE, HEADER_VERSION,
 };
 use belfry_protocol::{JobMessage, Topology, MESSAGE_VERSION};
 
+use crate::broker::EmbeddedLink;
 use crate::BrokerError;
 
 /// How long to wait for the broker's confirm before giving up on a publish.
@@ -54,7 +56,7 @@ pub struct DeadLetter<'a> {
     pub traceparent: Option<String>,
 }
 
-/// A confirming publisher on its own channel.
+/// A confirming publisher on its own RabbitMQ channel.
 ///
 /// Publishes on one channel are serialised (publish, then wait for its
 /// confirm): lapin hands a `basic.return` to whichever confirm completes
@@ -63,11 +65,26 @@ pub struct DeadLetter<'a> {
 /// channel makes every answer belong to its own message;
 /// [`crate::PublisherSlot`] keeps several channels for concurrency.
 #[derive(Debug)]
-pub struct Publisher {
+struct AmqpPublisher {
     channel: Channel,
     topology: Topology,
     // Held across a publish and its confirm; see the type's docs.
     serial: tokio::sync::Mutex<()>,
+}
+
+/// A confirming publisher: on its own RabbitMQ channel (see
+/// `AmqpPublisher`), or on the embedded queue, where a publish is confirmed
+/// once its rows are committed and is unroutable when no queue is bound to
+/// its job type.
+#[derive(Debug)]
+pub struct Publisher {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Amqp(AmqpPublisher),
+    Embedded(EmbeddedLink),
 }
 
 impl Publisher {
@@ -77,12 +94,136 @@ impl Publisher {
             .await
             .map_err(BrokerError::amqp("enable publisher confirms"))?;
         Ok(Self {
-            channel,
-            topology,
-            serial: tokio::sync::Mutex::new(()),
+            kind: Kind::Amqp(AmqpPublisher {
+                channel,
+                topology,
+                serial: tokio::sync::Mutex::new(()),
+            }),
         })
     }
 
+    pub(crate) fn embedded(link: EmbeddedLink) -> Self {
+        Self {
+            kind: Kind::Embedded(link),
+        }
+    }
+
+    /// Whether the channel is still usable (embedded: always).
+    pub fn is_open(&self) -> bool {
+        match &self.kind {
+            Kind::Amqp(p) => p.is_open(),
+            Kind::Embedded(_) => true,
+        }
+    }
+
+    /// Publishes `message` to the job exchange with its job type as routing
+    /// key and waits for the broker's confirm.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::Amqp`] when the channel or connection failed, and
+    /// [`BrokerError::ConfirmTimeout`] when no confirm arrived in time. In
+    /// both cases the message may or may not have been stored; the caller
+    /// keeps the run `claimed` so it can be published again with the same
+    /// message id. [`BrokerError::Embedded`] when the embedded database
+    /// failed (nothing was stored).
+    pub async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, BrokerError> {
+        match &self.kind {
+            Kind::Amqp(p) => p.publish(message).await,
+            Kind::Embedded(link) => {
+                let mut answers = embedded_publish(link, std::slice::from_ref(message)).await;
+                answers
+                    .pop()
+                    .unwrap_or_else(|| Err(BrokerError::NotSent("empty batch".into())))
+            }
+        }
+    }
+
+    /// Publishes `messages` pipelined (embedded: in one transaction) and
+    /// returns one answer per message, in order; see `AmqpPublisher` for
+    /// how answers stay exact per message on RabbitMQ.
+    pub async fn publish_many(
+        &self,
+        messages: &[JobMessage],
+    ) -> Vec<Result<PublishOutcome, BrokerError>> {
+        match &self.kind {
+            Kind::Amqp(p) => p.publish_many(messages).await,
+            Kind::Embedded(link) => embedded_publish(link, messages).await,
+        }
+    }
+
+    /// Publishes a dead letter, keeping its body unchanged and recording
+    /// why, from where and by whom.
+    ///
+    /// # Errors
+    ///
+    /// As [`Publisher::publish`].
+    pub async fn dead_letter(&self, dead: &DeadLetter<'_>) -> Result<PublishOutcome, BrokerError> {
+        match &self.kind {
+            Kind::Amqp(p) => p.dead_letter(dead).await,
+            Kind::Embedded(link) => {
+                let message = OutgoingMessage {
+                    routing_key: dead.routing_key,
+                    body: dead.body,
+                    message_id: dead.message_id.clone(),
+                    traceparent: dead.traceparent.as_deref(),
+                };
+                link.queue
+                    .dead_letter(&message, dead.reason, dead.by)
+                    .await
+                    .map_err(|e| BrokerError::Embedded(e.to_string()))?;
+                Ok(PublishOutcome::Confirmed)
+            }
+        }
+    }
+
+    /// Closes the channel.
+    pub async fn close(&self) {
+        if let Kind::Amqp(p) = &self.kind {
+            p.close().await;
+        }
+    }
+}
+
+/// Publishes `messages` to the embedded queue in one transaction: each is
+/// confirmed once stored, unroutable when no queue is bound to its job type.
+async fn embedded_publish(
+    link: &EmbeddedLink,
+    messages: &[JobMessage],
+) -> Vec<Result<PublishOutcome, BrokerError>> {
+    let bodies: Vec<Vec<u8>> = messages.iter().map(JobMessage::to_vec).collect();
+    let outgoing: Vec<OutgoingMessage<'_>> = messages
+        .iter()
+        .zip(&bodies)
+        .map(|(m, body)| OutgoingMessage {
+            routing_key: &m.job_type,
+            body,
+            message_id: Some(m.message_id.to_string()),
+            traceparent: m.trace.as_ref().map(|t| t.traceparent.as_str()),
+        })
+        .collect();
+    match link.queue.publish(&outgoing).await {
+        Ok(routed) => routed
+            .into_iter()
+            .map(|queues| {
+                Ok(if queues == 0 {
+                    PublishOutcome::Unroutable
+                } else {
+                    PublishOutcome::Confirmed
+                })
+            })
+            .collect(),
+        Err(e) => {
+            let reason = e.to_string();
+            messages
+                .iter()
+                .map(|_| Err(BrokerError::Embedded(reason.clone())))
+                .collect()
+        }
+    }
+}
+
+impl AmqpPublisher {
     /// Whether the channel is still usable.
     pub fn is_open(&self) -> bool {
         self.channel.status().connected()

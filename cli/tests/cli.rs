@@ -56,8 +56,13 @@ fn fails(out: &Out, code: i32, mentions: &str) {
     );
 }
 
+/// The CLI only talks HTTP to an API: it is tested on the real services
+/// when they answer, on the embedded backends otherwise.
 async fn setup() -> (TestEnv, TestApi) {
-    let env = TestEnv::new().await;
+    let env = match TestEnv::connect().await {
+        Some(env) => env,
+        None => TestEnv::embedded().await,
+    };
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -446,7 +451,7 @@ async fn run_and_job_commands() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_and_unreachable_apis_have_their_own_exit_codes() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let r = Arc::new(replica(&env, "cli-auth", Some(&redis_url())).await);
     let tokens = Tokens::parse(
         Some("ops:admin-secret-0123456789"),

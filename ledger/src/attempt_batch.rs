@@ -168,6 +168,10 @@ impl Ledger {
         &self,
         batch: Vec<BeginRequest>,
     ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.begin_batch(batch).await,
+        };
         let names: Vec<&str> = batch.iter().map(|r| r.job_name.as_str()).collect();
         let keys: Vec<&str> = batch.iter().map(|r| r.run_key.as_str()).collect();
         let workers: Vec<&str> = batch.iter().map(|r| r.worker.as_str()).collect();
@@ -189,7 +193,7 @@ impl Ledger {
         .bind(&keys)
         .bind(&workers)
         .bind(&leases)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         let mut started = std::collections::HashMap::with_capacity(rows.len());
         for r in rows {
@@ -204,6 +208,10 @@ impl Ledger {
     }
 
     async fn end_batch(&self, batch: Vec<EndRequest>) -> Result<Vec<bool>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.end_batch(batch).await,
+        };
         let ids: Vec<Uuid> = batch.iter().map(|r| r.id).collect();
         let statuses: Vec<&str> = batch.iter().map(|r| r.status.as_str()).collect();
         let errors: Vec<Option<&str>> = batch.iter().map(|r| r.last_error.as_deref()).collect();
@@ -235,7 +243,7 @@ impl Ledger {
         .bind(&entries)
         .bind(&redispatch)
         .bind(&attempts)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         let mut written = std::collections::HashSet::with_capacity(rows.len());
         for r in rows {

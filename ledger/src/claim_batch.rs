@@ -28,6 +28,10 @@ impl Ledger {
     /// was inserted); [`LedgerError::Corrupt`] when options cannot be
     /// encoded.
     pub async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.claim_many(runs).await,
+        };
         if runs.is_empty() {
             return Ok(HashSet::new());
         }
@@ -84,7 +88,7 @@ impl Ledger {
         .bind(&traceparents)
         .bind(&options)
         .bind(&next_dispatch)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         Ok(won.into_iter().collect())
     }
@@ -98,6 +102,10 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.mark_dispatched_many(ids).await,
+        };
         if ids.is_empty() {
             return Ok(0);
         }
@@ -112,7 +120,7 @@ impl Ledger {
              WHERE id = ANY($1) AND (status = 'claimed' OR dispatched_at IS NULL)",
         )
         .bind(ids)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected())
     }

@@ -59,13 +59,17 @@ impl Ledger {
         &self,
         since: DateTime<Utc>,
     ) -> Result<Vec<MinuteCount>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.runs_per_minute(since).await,
+        };
         let rows = sqlx::query(
             "SELECT date_trunc('minute', scheduled_at) AS minute, status, count(*) AS n \
              FROM job_runs WHERE scheduled_at >= $1 AND scheduled_at <= now() \
              GROUP BY 1, 2 ORDER BY 1",
         )
         .bind(since)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         rows.into_iter()
             .map(|r| {
@@ -84,6 +88,10 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn overview(&self, seen_since: DateTime<Utc>) -> Result<Overview, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.overview(seen_since).await,
+        };
         let counts = sqlx::query(
             "SELECT \
                (SELECT count(*) FROM job_runs \
@@ -96,10 +104,10 @@ impl Ledger {
                (SELECT count(*) FILTER (WHERE status = 'failed') FROM job_runs \
                   WHERE finished_at > now() - interval '1 day') AS failed",
         )
-        .fetch_one(&self.pool)
+        .fetch_one(pool)
         .await?;
         let seen = |sql: &'static str| {
-            let pool = self.pool.clone();
+            let pool = pool.clone();
             async move {
                 let rows = sqlx::query(sql).bind(seen_since).fetch_all(&pool).await?;
                 rows.into_iter()
@@ -142,6 +150,10 @@ impl Ledger {
         names: &[String],
         per: i64,
     ) -> Result<Vec<RecentFire>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.recent_fires(names, per).await,
+        };
         let rows = sqlx::query(
             "SELECT n.name AS job_name, f.scheduled_at, f.status FROM unnest($1::text[]) AS n(name) \
              CROSS JOIN LATERAL ( \
@@ -155,7 +167,7 @@ impl Ledger {
         )
         .bind(names)
         .bind(per)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         rows.into_iter()
             .map(|r| {

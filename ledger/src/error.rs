@@ -6,13 +6,22 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum LedgerError {
     /// The database could not be reached at start.
-    #[error("cannot connect to Postgres at {url}: {source}")]
+    #[error("cannot connect to the database at {url}: {source}")]
     Connect {
         /// The URL tried, password masked.
         url: String,
         /// The driver's error.
         #[source]
         source: sqlx::Error,
+    },
+    /// The embedded database belongs to another process, or its lock file
+    /// cannot be taken.
+    #[error("cannot use the embedded database {path}: {detail}")]
+    InUse {
+        /// The database file.
+        path: String,
+        /// What is wrong and what to do.
+        detail: String,
     },
     /// Applying migrations failed.
     #[error("applying database migrations failed: {0}")]

@@ -62,6 +62,10 @@ impl Ledger {
         &self,
         job_names: &[String],
     ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.last_fires(job_names).await,
+        };
         // One index probe per name (job_runs_job_name_scheduled_idx).
         let rows = sqlx::query(&format!(
             "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r \
@@ -70,7 +74,7 @@ impl Ledger {
             live_fire("r")
         ))
         .bind(job_names)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         let mut out = HashMap::with_capacity(rows.len());
         for r in rows {
@@ -107,7 +111,11 @@ impl Ledger {
         run: &NewRun,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError> {
-        let mut tx = self.pool.begin().await?;
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.claim_exclusive_with(run, record_skip).await,
+        };
+        let mut tx = pool.begin().await?;
         // Serialises decisions for this schedule only; released at commit.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
             .bind(&run.job_name)
@@ -177,6 +185,10 @@ impl Ledger {
         grace: std::time::Duration,
         limit: i64,
     ) -> Result<Vec<LateClaim>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.late_claims(older_than, grace, limit).await,
+        };
         let rows = sqlx::query(&format!(
             "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
                  EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
@@ -193,7 +205,7 @@ impl Ledger {
         .bind(older_than.as_secs_f64())
         .bind(grace.as_secs_f64())
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         rows.into_iter()
             .map(|r| {
@@ -224,7 +236,11 @@ impl Ledger {
         by: &str,
         grace: std::time::Duration,
     ) -> Result<u64, LedgerError> {
-        let mut tx = self.pool.begin().await?;
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.skip_claimed(ids, reason, by, grace).await,
+        };
+        let mut tx = pool.begin().await?;
         let skipped = sqlx::query(
             "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
                  next_dispatch_at = NULL, updated_at = now() \
@@ -264,6 +280,10 @@ impl Ledger {
         &self,
         keys: &[(String, String)],
     ) -> Result<std::collections::HashSet<String>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.recorded_keys(keys).await,
+        };
         let names: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
         let run_keys: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
         let found: Vec<String> = sqlx::query_scalar(
@@ -273,7 +293,7 @@ impl Ledger {
         )
         .bind(&names)
         .bind(&run_keys)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         Ok(found.into_iter().collect())
     }
@@ -293,6 +313,10 @@ impl Ledger {
         after: std::time::Duration,
         limit: i64,
     ) -> Result<Vec<(String, String, String)>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.mark_stuck(after, limit).await,
+        };
         let rows = sqlx::query(
             "WITH stuck AS ( \
                  SELECT id FROM job_runs \
@@ -312,7 +336,7 @@ impl Ledger {
         )
         .bind(after.as_secs_f64())
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         rows.into_iter()
             .map(|r| {
@@ -335,12 +359,16 @@ impl Ledger {
         job_name: &str,
         limit: i64,
     ) -> Result<Vec<(String, String)>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.skipped_fires(job_name, limit).await,
+        };
         let rows = sqlx::query(
             "SELECT run_key, reason FROM skipped_fires WHERE job_name = $1 ORDER BY scheduled_at DESC LIMIT $2",
         )
         .bind(job_name)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         rows.into_iter()
             .map(|r| Ok((r.try_get("run_key")?, r.try_get("reason")?)))

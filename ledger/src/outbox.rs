@@ -30,6 +30,10 @@ impl Ledger {
         limit: i64,
         lease: Duration,
     ) -> Result<Vec<RunRecord>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.take_due(limit, lease).await,
+        };
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         // One statement: the CTE locks due rows (skipping rows another
         // replica holds), the UPDATE leases them; the lock is held until the
@@ -52,7 +56,7 @@ impl Ledger {
         ))
         .bind(limit)
         .bind(lease_ms)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         Ok(rows)
     }
@@ -71,6 +75,10 @@ impl Ledger {
         id: Uuid,
         lease: DateTime<Utc>,
     ) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.mark_republished(id, lease).await,
+        };
         let done = sqlx::query(
             "UPDATE job_runs SET \
                  status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
@@ -79,7 +87,7 @@ impl Ledger {
         )
         .bind(id)
         .bind(lease)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -96,6 +104,10 @@ impl Ledger {
         lease: DateTime<Utc>,
         at: DateTime<Utc>,
     ) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.postpone_dispatch(id, lease, at).await,
+        };
         let done = sqlx::query(
             "UPDATE job_runs SET next_dispatch_at = $2 \
              WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = $3",
@@ -103,7 +115,7 @@ impl Ledger {
         .bind(id)
         .bind(at)
         .bind(lease)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }

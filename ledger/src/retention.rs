@@ -23,6 +23,10 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.prune_finished_runs(cutoff, batch).await,
+        };
         let done = sqlx::query(&format!(
             "WITH doomed AS ( \
                  SELECT r.id FROM job_runs r \
@@ -39,7 +43,7 @@ impl Ledger {
         ))
         .bind(cutoff)
         .bind(batch)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected())
     }
@@ -55,6 +59,10 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.prune_skipped_fires(cutoff, batch).await,
+        };
         let done = sqlx::query(
             "WITH doomed AS ( \
                  SELECT job_name, run_key FROM skipped_fires WHERE recorded_at < $1 \
@@ -64,7 +72,7 @@ impl Ledger {
         )
         .bind(cutoff)
         .bind(batch)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected())
     }

@@ -62,6 +62,10 @@ impl Ledger {
         cursor: Option<RunCursor>,
         limit: i64,
     ) -> Result<Vec<RunRecord>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.list_runs(filter, cursor, limit).await,
+        };
         let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!(
             "SELECT {RUN_COLUMNS} FROM job_runs WHERE TRUE"
         ));
@@ -99,6 +103,6 @@ impl Ledger {
         }
         q.push(" ORDER BY scheduled_at DESC, id DESC LIMIT ")
             .push_bind(limit);
-        Ok(q.build_query_as().fetch_all(&self.pool).await?)
+        Ok(q.build_query_as().fetch_all(pool).await?)
     }
 }

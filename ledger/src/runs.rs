@@ -247,7 +247,11 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn claim(&self, run: &NewRun) -> Result<bool, LedgerError> {
-        self.claim_in(&self.pool, run).await
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.claim(run).await,
+        };
+        self.claim_in(pool, run).await
     }
 
     /// [`Ledger::claim`] on `executor` (a pool or an open transaction).
@@ -292,13 +296,17 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.mark_dispatched(id).await,
+        };
         let done = sqlx::query(
             "UPDATE job_runs SET status = 'dispatched', dispatched_at = now(), \
                  next_dispatch_at = NULL, updated_at = now() \
              WHERE id = $1 AND status = 'claimed'",
         )
         .bind(id)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         // dispatched_at is also worth having when the worker was faster.
         if done.rows_affected() == 0 {
@@ -306,7 +314,7 @@ impl Ledger {
                 "UPDATE job_runs SET dispatched_at = now() WHERE id = $1 AND dispatched_at IS NULL",
             )
             .bind(id)
-            .execute(&self.pool)
+            .execute(pool)
             .await?;
         }
         Ok(done.rows_affected() == 1)
@@ -319,6 +327,10 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.mark_dead(id, reason).await,
+        };
         let done = sqlx::query(&format!(
             "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
                  updated_at = now() \
@@ -326,7 +338,7 @@ impl Ledger {
         ))
         .bind(id)
         .bind(reason)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -366,7 +378,7 @@ impl Ledger {
         }
         // A message published by hand: record it as dispatched (the broker
         // had it) and start it like any other.
-        self.insert_from_message(message, RunStatus::Dispatched, None, "DO NOTHING")
+        self.insert_from_message(message, RunStatus::Dispatched, None, OnRunConflict::Nothing)
             .await?;
         if let Some(start) = self.try_begin(message, worker, lease).await? {
             return Ok(start);
@@ -417,6 +429,15 @@ impl Ledger {
         worker: &str,
         lease: std::time::Duration,
     ) -> Result<Option<AttemptStart>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => {
+                let started = lite
+                    .try_begin(&message.job_name, &message.run_key, worker, lease)
+                    .await?;
+                return Ok(started.map(|(id, attempt)| AttemptStart::Started { id, attempt }));
+            }
+        };
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         let row = sqlx::query(
             "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
@@ -432,7 +453,7 @@ impl Ledger {
         .bind(&message.run_key)
         .bind(worker)
         .bind(lease_ms)
-        .fetch_optional(&self.pool)
+        .fetch_optional(pool)
         .await?;
         row.map(|r| {
             Ok(AttemptStart::Started {
@@ -448,13 +469,29 @@ impl Ledger {
         job_name: &str,
         run_key: &str,
     ) -> Result<Option<RunState>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => {
+                let state = lite.state_by_key(job_name, run_key).await?;
+                return state
+                    .map(|(id, status, lease_until, now)| {
+                        Ok(RunState {
+                            id,
+                            status: status.parse().map_err(LedgerError::Corrupt)?,
+                            lease_until,
+                            now,
+                        })
+                    })
+                    .transpose();
+            }
+        };
         let row = sqlx::query(
             "SELECT id, status, lease_until, now() AS now FROM job_runs \
              WHERE job_name = $1 AND run_key = $2",
         )
         .bind(job_name)
         .bind(run_key)
-        .fetch_optional(&self.pool)
+        .fetch_optional(pool)
         .await?;
         row.map(|r| {
             let status: String = r.try_get("status")?;
@@ -488,10 +525,7 @@ impl Ledger {
                 message,
                 RunStatus::Dead,
                 Some(reason),
-                &format!(
-                    "DO UPDATE SET status = 'dead', last_error = EXCLUDED.last_error, \
-                     finished_at = now(), updated_at = now() WHERE job_runs.status IN {WAITING}"
-                ),
+                OnRunConflict::MarkDead,
             )
             .await?;
         Ok(changed == 1)
@@ -506,8 +540,49 @@ impl Ledger {
         message: &JobMessage,
         status: RunStatus,
         last_error: Option<&str>,
-        on_conflict: &str,
+        on_conflict: OnRunConflict,
     ) -> Result<u64, LedgerError> {
+        let done = match self.pg() {
+            Ok(pool) => {
+                self.insert_from_message_pg(pool, message, status, last_error, on_conflict)
+                    .await
+            }
+            Err(lite) => {
+                lite.insert_from_message(message, status, last_error, on_conflict)
+                    .await
+            }
+        };
+        match done {
+            Ok(rows) => Ok(rows),
+            // The run key is handled by ON CONFLICT; a unique violation here
+            // can only be the primary key: the id belongs to another run.
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(LedgerError::IdConflict {
+                    id: message.message_id,
+                    run_key: message.run_key.clone(),
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn insert_from_message_pg(
+        &self,
+        pool: &sqlx::PgPool,
+        message: &JobMessage,
+        status: RunStatus,
+        last_error: Option<&str>,
+        on_conflict: OnRunConflict,
+    ) -> Result<u64, sqlx::Error> {
+        let on_conflict = match on_conflict {
+            OnRunConflict::Nothing => "DO NOTHING".to_owned(),
+            OnRunConflict::MarkDead => format!(
+                "DO UPDATE SET status = 'dead', last_error = EXCLUDED.last_error, \
+                 finished_at = now(), updated_at = now() WHERE job_runs.status IN {WAITING}"
+            ),
+        };
+        let options =
+            options_json(&message.options).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
         let trace = message.trace.as_ref();
         let done = sqlx::query(&format!(
             "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
@@ -527,21 +602,10 @@ impl Ledger {
         .bind(status.is_terminal())
         .bind(trace.and_then(|t| t.trace_id()))
         .bind(trace.map(|t| t.traceparent.as_str()))
-        .bind(options_json(&message.options)?)
-        .execute(&self.pool)
-        .await;
-        match done {
-            Ok(done) => Ok(done.rows_affected()),
-            // The run key is handled by ON CONFLICT; a unique violation here
-            // can only be the primary key: the id belongs to another run.
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(LedgerError::IdConflict {
-                    id: message.message_id,
-                    run_key: message.run_key.clone(),
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
+        .bind(options)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     /// Records the end of attempt `entry.attempt` and moves the run to `status`
@@ -569,6 +633,14 @@ impl Ledger {
         last_error: Option<&str>,
         redispatch_at: Option<DateTime<Utc>>,
     ) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => {
+                return lite
+                    .end_attempt(id, status, entry, last_error, redispatch_at)
+                    .await
+            }
+        };
         let entry_json = serde_json::to_value(entry)
             .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
         let done = sqlx::query(
@@ -585,7 +657,7 @@ impl Ledger {
         .bind(entry_json)
         .bind(redispatch_at)
         .bind(entry.attempt)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -604,6 +676,10 @@ impl Ledger {
         attempt: i32,
         reason: &str,
     ) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.hand_back(id, attempt, reason).await,
+        };
         let done = sqlx::query(
             "UPDATE job_runs SET status = 'retrying', last_error = $2, lease_until = NULL, \
                  updated_at = now() \
@@ -612,7 +688,7 @@ impl Ledger {
         .bind(id)
         .bind(reason)
         .bind(attempt)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -623,10 +699,14 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.run(id).await,
+        };
         Ok(
             sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM job_runs WHERE id = $1"))
                 .bind(id)
-                .fetch_optional(&self.pool)
+                .fetch_optional(pool)
                 .await?,
         )
     }
@@ -641,12 +721,16 @@ impl Ledger {
         job_name: &str,
         run_key: &str,
     ) -> Result<Option<RunRecord>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.run_by_key(job_name, run_key).await,
+        };
         Ok(sqlx::query_as(&format!(
             "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = $1 AND run_key = $2"
         ))
         .bind(job_name)
         .bind(run_key)
-        .fetch_optional(&self.pool)
+        .fetch_optional(pool)
         .await?)
     }
 
@@ -656,17 +740,31 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.runs_of(job_name, limit).await,
+        };
         Ok(sqlx::query_as(&format!(
             "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = $1 \
              ORDER BY scheduled_at ASC LIMIT $2"
         ))
         .bind(job_name)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?)
     }
 }
 
-fn options_json(options: &JobOptions) -> Result<serde_json::Value, LedgerError> {
+/// What inserting a run known only from its message does when its run key
+/// is already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnRunConflict {
+    /// Leave the existing row alone.
+    Nothing,
+    /// Make a waiting run `dead` (a finished or running run keeps its state).
+    MarkDead,
+}
+
+pub(crate) fn options_json(options: &JobOptions) -> Result<serde_json::Value, LedgerError> {
     serde_json::to_value(options).map_err(|e| LedgerError::Corrupt(format!("job options: {e}")))
 }

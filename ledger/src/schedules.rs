@@ -35,6 +35,10 @@ pub struct ScheduleRow {
     pub updated_at: Option<DateTime<Utc>>,
 }
 
+/// The columns of [`ScheduleRow`].
+pub(crate) const SCHEDULE_COLUMNS: &str =
+    "name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at";
+
 impl Ledger {
     /// Inserts or replaces the definition of `row.name`, keeping its paused
     /// state and creation time.
@@ -44,9 +48,14 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached or the row
     /// breaks a table constraint.
     pub async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.upsert_schedule(row).await,
+        };
         // Rows that did not change are left alone, so replicas starting
         // together do not wake each other with notifications.
         self.write_schedule(
+            pool,
             row,
             "DO UPDATE SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
                  timezone = EXCLUDED.timezone, job_type = EXCLUDED.job_type, \
@@ -68,13 +77,18 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached or the row
     /// breaks a table constraint.
     pub async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError> {
-        Ok(self.write_schedule(row, "DO NOTHING").await? == 1)
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.insert_schedule(row).await,
+        };
+        Ok(self.write_schedule(pool, row, "DO NOTHING").await? == 1)
     }
 
     /// Inserts `row`, with `on_conflict` (an `ON CONFLICT (name)` action)
     /// deciding what happens to an existing schedule; rows written.
     async fn write_schedule(
         &self,
+        pool: &sqlx::PgPool,
         row: &ScheduleRow,
         on_conflict: &str,
     ) -> Result<u64, LedgerError> {
@@ -92,7 +106,7 @@ impl Ledger {
         .bind(row.paused)
         .bind(&row.options)
         .bind(&row.spec)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected())
     }
@@ -110,6 +124,10 @@ impl Ledger {
         row: &ScheduleRow,
         paused: Option<bool>,
     ) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.replace_schedule(row, paused).await,
+        };
         let done = sqlx::query(
             "UPDATE schedules SET cron = $2, every_ms = $3, timezone = $4, job_type = $5, \
                  payload = $6, options = $7, spec = $8, paused = COALESCE($9, paused) \
@@ -124,7 +142,7 @@ impl Ledger {
         .bind(&row.options)
         .bind(&row.spec)
         .bind(paused)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -136,9 +154,13 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.delete_schedule(name).await,
+        };
         let done = sqlx::query("DELETE FROM schedules WHERE name = $1")
             .bind(name)
-            .execute(&self.pool)
+            .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -149,11 +171,15 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.schedules().await,
+        };
         Ok(sqlx::query_as(
             "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
              FROM schedules ORDER BY name",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?)
     }
 
@@ -168,13 +194,17 @@ impl Ledger {
         after: Option<&str>,
         limit: i64,
     ) -> Result<Vec<ScheduleRow>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.schedules_page(after, limit).await,
+        };
         Ok(sqlx::query_as(
             "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
              FROM schedules WHERE ($1::text IS NULL OR name > $1) ORDER BY name LIMIT $2",
         )
         .bind(after)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?)
     }
 
@@ -184,12 +214,16 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.schedule(name).await,
+        };
         Ok(sqlx::query_as(
             "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
              FROM schedules WHERE name = $1",
         )
         .bind(name)
-        .fetch_optional(&self.pool)
+        .fetch_optional(pool)
         .await?)
     }
 
@@ -200,8 +234,12 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.schedule_versions().await,
+        };
         let rows = sqlx::query("SELECT name, updated_at FROM schedules")
-            .fetch_all(&self.pool)
+            .fetch_all(pool)
             .await?;
         rows.into_iter()
             .map(|r| Ok((r.try_get("name")?, r.try_get("updated_at")?)))
@@ -214,10 +252,14 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.set_paused(name, paused).await,
+        };
         let done = sqlx::query("UPDATE schedules SET paused = $2 WHERE name = $1")
             .bind(name)
             .bind(paused)
-            .execute(&self.pool)
+            .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -232,10 +274,14 @@ impl Ledger {
         &self,
         keep: &[String],
     ) -> Result<Vec<String>, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.delete_schedules_except(keep).await,
+        };
         Ok(
             sqlx::query_scalar("DELETE FROM schedules WHERE NOT (name = ANY($1)) RETURNING name")
                 .bind(keep)
-                .fetch_all(&self.pool)
+                .fetch_all(pool)
                 .await?,
         )
     }

@@ -58,16 +58,7 @@ impl ClockGuard {
         ledger: &Ledger,
         clock: &SharedClock,
     ) -> Result<chrono::Duration, LedgerError> {
-        // Hold a connection first, so waiting for the pool is not timed: only
-        // the query's round trip is.
-        let mut conn = ledger.pool().acquire().await.map_err(LedgerError::from)?;
-        let before = clock.now();
-        let db: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(LedgerError::from)?;
-        let after = clock.now();
-        drop(conn);
+        let (before, db, after) = ledger.clock_probe(&|| clock.now()).await?;
         let round_trip = after - before;
         if round_trip > self.threshold / 2 {
             // Too slow to tell skew from latency: keep the last verdict.

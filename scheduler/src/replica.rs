@@ -185,6 +185,10 @@ impl Replica {
     /// the broker topology, loads the schedule file and stores its
     /// schedules. Returns the replica and its schedules.
     ///
+    /// A `sqlite:` `DATABASE_URL` runs the replica on the embedded database
+    /// and its job queue (`AMQP_URL` is not used, and no lock is needed:
+    /// one process owns the file).
+    ///
     /// # Errors
     ///
     /// [`SchedulerError`] naming the service (URL masked), file or schedule
@@ -192,9 +196,38 @@ impl Replica {
     pub async fn start(
         config: &SchedulerConfig,
     ) -> Result<(Self, ScheduleSync, Vec<Arc<Schedule>>), SchedulerError> {
-        let specs = schedule_file::load(&config.schedules_path)?;
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
+        let broker = match ledger.job_queue() {
+            Some(queue) => Broker::embedded(queue, topology),
+            None => {
+                Broker::connect(
+                    &config.amqp_url,
+                    topology,
+                    &format!("belfry-scheduler {}", config.instance),
+                )
+                .await?
+            }
+        };
+        Self::start_on(config, ledger, broker).await
+    }
+
+    /// [`Replica::start`] on a ledger and broker the caller opened (the
+    /// embedded single-process mode shares one database between the
+    /// scheduler and the worker). `config`'s service URLs are not used;
+    /// the Redis lock is only taken on a distributed ledger.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError`] naming the file or schedule that is wrong, or the
+    /// service operation that failed.
+    pub async fn start_on(
+        config: &SchedulerConfig,
+        ledger: Ledger,
+        broker: Broker,
+    ) -> Result<(Self, ScheduleSync, Vec<Arc<Schedule>>), SchedulerError> {
+        let topology = broker.topology().clone();
+        let specs = schedule_file::load(&config.schedules_path)?;
         ledger.migrate().await?;
         // The file is synced into the table (rows that did not change are
         // left alone, so replicas starting together do not wake each other);
@@ -230,14 +263,10 @@ impl Replica {
         }
         let mut sync = ScheduleSync::new(ledger.clone());
         let schedules = sync.load_all().await?;
-        let broker = Broker::connect(
-            &config.amqp_url,
-            topology.clone(),
-            &format!("belfry-scheduler {}", config.instance),
-        )
-        .await?;
         broker.declare_core().await?;
-        let lock = match &config.redis_url {
+        // One process owns an embedded database: there is nobody to race.
+        let redis_url = config.redis_url.as_ref().filter(|_| !ledger.is_embedded());
+        let lock = match redis_url {
             Some(url) => match ClaimLock::new(url, topology, &config.instance, config.lock_ttl) {
                 Ok(lock) => Some(lock),
                 Err(e) => {

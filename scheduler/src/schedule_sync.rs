@@ -3,7 +3,8 @@
 //! The table is the source of truth: the schedule file is synced into it at
 //! start, and later the API writes to it. A trigger bumps `updated_at` and
 //! sends `NOTIFY belfry_schedules, '<name>'` on every change, by belfry or
-//! by hand; each replica `LISTEN`s and reloads the named schedule, so a
+//! by hand (the embedded ledger announces its own writes in-process
+//! instead); each replica listens and reloads the named schedule, so a
 //! created, changed, paused or deleted schedule reaches every timer within
 //! moments. Notifications are lost while a listener reconnects, so a full
 //! comparison of `updated_at` runs every resync interval as well.
@@ -16,11 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use belfry_ledger::{Ledger, LedgerError, ScheduleRow};
+use belfry_ledger::{Ledger, LedgerError, ScheduleListener, ScheduleRow};
 use belfry_protocol::ScheduleSpec;
 
 use crate::schedule::Schedule;
@@ -134,14 +134,8 @@ impl ScheduleSync {
         resync_every: Duration,
         cancel: CancellationToken,
     ) {
-        let mut listener = match PgListener::connect_with(self.ledger.pool()).await {
-            Ok(mut l) => match l.listen(CHANNEL).await {
-                Ok(()) => Some(l),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot LISTEN for schedule changes; relying on periodic resync");
-                    None
-                }
-            },
+        let mut listener = match self.ledger.listen_schedules(CHANNEL).await {
+            Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot LISTEN for schedule changes; relying on periodic resync");
                 None
@@ -222,10 +216,10 @@ fn compile(row: ScheduleRow, cache: &mut CronCache) -> ScheduleChange {
     }
 }
 
-async fn recv(listener: &mut Option<PgListener>) -> Option<Result<String, sqlx::Error>> {
+async fn recv(listener: &mut Option<ScheduleListener>) -> Option<Result<String, LedgerError>> {
     // An absent listener never yields: the resync tick drives the loop.
     match listener {
-        Some(l) => Some(l.recv().await.map(|n| n.payload().to_owned())),
+        Some(l) => Some(l.recv().await),
         None => std::future::pending().await,
     }
 }

@@ -48,6 +48,36 @@ pub async fn start(
         || Replica::start(config),
     )
     .await?;
+    run(config, replica, sync, schedules, cancel).await
+}
+
+/// [`start`] on a ledger and broker the caller opened: the embedded
+/// single-process mode (`belfry dev`) runs a replica and a worker on one
+/// embedded database. No start-up retry: the caller already holds working
+/// connections.
+///
+/// # Errors
+///
+/// [`SchedulerError`] when the schedule file is invalid, the database
+/// fails, or an address cannot be listened on.
+pub async fn start_on(
+    config: &SchedulerConfig,
+    ledger: belfry_ledger::Ledger,
+    broker: belfry_broker::Broker,
+    cancel: CancellationToken,
+) -> Result<Service, SchedulerError> {
+    let (replica, sync, schedules) = Replica::start_on(config, ledger, broker).await?;
+    run(config, replica, sync, schedules, cancel).await
+}
+
+/// Serves and runs a started replica until `cancel`.
+async fn run(
+    config: &SchedulerConfig,
+    replica: Replica,
+    sync: crate::ScheduleSync,
+    schedules: Vec<Arc<crate::Schedule>>,
+    cancel: CancellationToken,
+) -> Result<Service, SchedulerError> {
     let replica = Arc::new(replica);
     let metrics_addr = match &config.metrics_addr {
         Some(addr) => Some(

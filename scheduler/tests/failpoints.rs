@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use belfry_ledger::Ledger;
 use belfry_scheduler::{Replica, ReplicaTiming};
-use belfry_testkit::{amqp_url, eventually, TestEnv};
+use belfry_testkit::{amqp_url, eventually};
 
 const BIN: &str = env!("CARGO_BIN_EXE_belfry-scheduler");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_between_claim_and_publish_loses_no_fire() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await

@@ -6,8 +6,6 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use belfry_testkit::TestEnv;
-
 const BIN: &str = env!("CARGO_BIN_EXE_belfry-scheduler");
 
 fn schedule_file(text: &str) -> PathBuf {
@@ -18,7 +16,7 @@ fn schedule_file(text: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fires_and_stops_cleanly_on_sigterm() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -89,7 +87,7 @@ fn an_invalid_schedule_names_the_schedule_and_the_field() {
 
 #[tokio::test]
 async fn unreachable_services_name_the_url_with_the_password_masked() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let file = schedule_file("");
     let stderr = run_expecting_failure(&[
         ("BELFRY_SCHEDULES", file.to_str().unwrap()),

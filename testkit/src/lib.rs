@@ -7,9 +7,15 @@
 //!
 //! The services come from `BELFRY_TEST_DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`), `BELFRY_TEST_AMQP_URL`
-//! and `BELFRY_TEST_REDIS_URL`. When one does not answer, the test fails
-//! with a message naming it: a service-backed test that could not run is a
-//! failure, never a silent pass.
+//! and `BELFRY_TEST_REDIS_URL`. When Postgres or RabbitMQ does not answer,
+//! a test that asked with [`service_env!`] is skipped with a line saying
+//! which service and why; with `BELFRY_REQUIRE_SERVICES=1` (what `.ci/run`
+//! sets) it fails instead, so CI never passes a service-backed test that
+//! could not run.
+//!
+//! [`TestEnv::embedded`] is the same environment on the embedded backends
+//! (a fresh SQLite file and its job queue): it needs no service at all.
+//! [`both_backends!`] runs one test body on each.
 
 use std::time::Duration;
 
@@ -44,7 +50,53 @@ pub fn redis_url() -> String {
 /// A Redis URL where nothing listens: for tests of Redis being down.
 pub const DEAD_REDIS_URL: &str = "redis://127.0.0.1:1/";
 
-/// One test's private slice of the real services.
+/// Whether service-backed tests must run (`BELFRY_REQUIRE_SERVICES=1`):
+/// an unreachable service is then a failure, not a skip.
+pub fn services_required() -> bool {
+    std::env::var("BELFRY_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
+}
+
+/// A [`TestEnv`] on the real services, or `return` from the calling test
+/// after saying why it was skipped (see the crate docs).
+#[macro_export]
+macro_rules! service_env {
+    () => {
+        match $crate::TestEnv::connect().await {
+            Some(env) => env,
+            None => return,
+        }
+    };
+}
+
+/// Runs one test body on both backends: `distributed` (Postgres, RabbitMQ,
+/// skipped without them, see [`service_env!`]) and `embedded` (SQLite and
+/// its queue, always). The body is an `async fn(env: TestEnv)`.
+#[macro_export]
+macro_rules! both_backends {
+    ($(#[$meta:meta])* async fn $name:ident($env:ident: TestEnv) $body:block) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn body($env: $crate::TestEnv) $body
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn distributed() {
+                let env = $crate::service_env!();
+                body(env).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                body($crate::TestEnv::embedded().await).await
+            }
+        }
+    };
+}
+
+/// One test's private slice of the real services (or of an embedded
+/// database).
 pub struct TestEnv {
     /// The database name.
     pub database: String,
@@ -58,6 +110,8 @@ pub struct TestEnv {
     pub ledger: Ledger,
     /// A broker connection in the namespace, core topology declared.
     pub broker: Broker,
+    /// The embedded database's directory (embedded environments only).
+    embedded_dir: Option<std::path::PathBuf>,
 }
 
 impl TestEnv {
@@ -68,6 +122,116 @@ impl TestEnv {
     /// When a service does not answer: the message names the service and
     /// URL so CI shows why the test could not run.
     pub async fn new() -> Self {
+        match Self::reach_services().await {
+            Ok(()) => Self::create().await,
+            Err(why) => panic!("service-backed test could not run: {why}"),
+        }
+    }
+
+    /// [`TestEnv::new`], or `None` (after printing why) when Postgres or
+    /// RabbitMQ does not answer and services are not required.
+    ///
+    /// # Panics
+    ///
+    /// When a service does not answer and `BELFRY_REQUIRE_SERVICES=1`.
+    pub async fn connect() -> Option<Self> {
+        match Self::reach_services().await {
+            Ok(()) => Some(Self::create().await),
+            Err(why) if services_required() => {
+                panic!("service-backed test could not run (BELFRY_REQUIRE_SERVICES=1): {why}")
+            }
+            Err(why) => {
+                let test = std::thread::current().name().unwrap_or("a test").to_owned();
+                eprintln!(
+                    "SKIPPED {test}: {why}; start the services (scripts/services-up) to run it"
+                );
+                println!("SKIPPED {test}: {why}");
+                None
+            }
+        }
+    }
+
+    /// Checks that Postgres and RabbitMQ answer; the error names the one
+    /// that does not.
+    async fn reach_services() -> Result<(), String> {
+        let admin = admin_database_url();
+        let pg = tokio::time::timeout(Duration::from_secs(5), PgConnection::connect(&admin)).await;
+        match pg {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "Postgres at {} is not reachable: {e}",
+                    belfry_runtime::masked(&admin)
+                ))
+            }
+            Err(_) => {
+                return Err(format!(
+                    "Postgres at {} did not answer within 5 s",
+                    belfry_runtime::masked(&admin)
+                ))
+            }
+        }
+        let amqp = amqp_url();
+        let addr = amqp
+            .split('@')
+            .next_back()
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or("127.0.0.1:5672")
+            .to_owned();
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::TcpStream::connect(addr.clone()),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("RabbitMQ at {addr} is not reachable: {e}")),
+            Err(_) => Err(format!("RabbitMQ at {addr} did not answer within 5 s")),
+        }
+    }
+
+    /// The same environment on the embedded backends: a fresh SQLite
+    /// database in a temporary directory and its job queue as the broker.
+    ///
+    /// # Panics
+    ///
+    /// When the temporary directory or database cannot be created.
+    pub async fn embedded() -> Self {
+        let id = Uuid::new_v4().simple().to_string();
+        let dir = std::env::temp_dir().join(format!("belfry_t_{id}"));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let path = dir.join("belfry.db");
+        let database_url = format!("sqlite://{}", path.display());
+        let ledger = Ledger::connect(&database_url, 8)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        ledger.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+        let namespace = format!("t{id}");
+        let topology = Topology::new(&namespace).unwrap_or_else(|e| panic!("{e}"));
+        let queue = ledger
+            .job_queue()
+            .unwrap_or_else(|| panic!("an embedded ledger has a job queue"));
+        let broker = Broker::embedded(queue, topology.clone());
+        Self {
+            database: path.display().to_string(),
+            database_url,
+            namespace,
+            topology,
+            ledger,
+            broker,
+            embedded_dir: Some(dir),
+        }
+    }
+
+    /// Whether this environment runs on the embedded backends.
+    pub fn is_embedded(&self) -> bool {
+        self.embedded_dir.is_some()
+    }
+
+    async fn create() -> Self {
         let id = Uuid::new_v4().simple().to_string();
         let database = format!("belfry_t_{id}");
         let admin = admin_database_url();
@@ -103,6 +267,7 @@ impl TestEnv {
             topology,
             ledger,
             broker,
+            embedded_dir: None,
         }
     }
 
@@ -189,6 +354,19 @@ impl TestEnv {
 
     /// Publishes raw bytes to the job exchange with `routing_key`.
     pub async fn publish_raw(&self, routing_key: &str, body: &[u8]) {
+        if let Some(queue) = self.ledger.job_queue() {
+            let message = belfry_ledger::OutgoingMessage {
+                routing_key,
+                body,
+                message_id: None,
+                traceparent: None,
+            };
+            queue
+                .publish(&[message])
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            return;
+        }
         let channel = self.broker_channel().await;
         channel
             .basic_publish(
@@ -215,6 +393,12 @@ impl TestEnv {
 
     /// Takes every message now in the dead-letter queue: `(body, reason)`.
     pub async fn drain_dead_letters(&self) -> Vec<(Vec<u8>, String)> {
+        if let Some(queue) = self.ledger.job_queue() {
+            return queue
+                .drain_dead_letters()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
         let channel = self.broker_channel().await;
         let mut out = Vec::new();
         while let Some(msg) = channel
@@ -287,13 +471,13 @@ impl TestEnv {
 
     /// Every run of the environment, oldest fire first.
     pub async fn all_runs(&self) -> Vec<RunRecord> {
-        sqlx::query_as(&format!(
-            "SELECT {} FROM job_runs ORDER BY scheduled_at, job_name",
-            belfry_ledger::RUN_COLUMNS
-        ))
-        .fetch_all(self.ledger.pool())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        let mut runs = self
+            .ledger
+            .list_runs(&belfry_ledger::RunFilter::default(), None, i64::MAX)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        runs.sort_by(|a, b| (a.scheduled_at, &a.job_name).cmp(&(b.scheduled_at, &b.job_name)));
+        runs
     }
 
     /// Drops the database, the namespace's AMQP objects (for `groups`) and
@@ -301,7 +485,11 @@ impl TestEnv {
     pub async fn teardown(self, groups: &[&str]) {
         let _ = self.broker.delete_namespace(groups).await;
         self.broker.close().await;
-        self.ledger.pool().close().await;
+        self.ledger.close().await;
+        if let Some(dir) = &self.embedded_dir {
+            let _ = std::fs::remove_dir_all(dir);
+            return;
+        }
         if let Ok(mut conn) = PgConnection::connect(&admin_database_url()).await {
             let _ = sqlx::query(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
@@ -368,6 +556,10 @@ pub async fn queue_consumed(env: &TestEnv, queue: &str) -> bool {
 
 /// Counts messages currently in `queue`, or `None` when it does not exist.
 pub async fn queue_len(env: &TestEnv, queue: &str) -> Option<u32> {
+    if let Some(q) = env.ledger.job_queue() {
+        let ready = q.depth(queue).await.unwrap_or_else(|e| panic!("{e}"));
+        return u32::try_from(ready).ok();
+    }
     passive_declare(env, queue).await.map(|q| q.message_count())
 }
 

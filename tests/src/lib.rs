@@ -24,6 +24,21 @@ pub use belfry_testkit;
 /// A scheduler replica named `instance` in `env`, locking through
 /// `redis_url` (`None`: database only).
 pub async fn replica(env: &TestEnv, instance: &str, redis_url: Option<&str>) -> Replica {
+    let timing = ReplicaTiming {
+        shutdown_timeout: Duration::from_secs(10),
+        ..ReplicaTiming::default()
+    };
+    if env.is_embedded() {
+        // One process owns an embedded database: replicas share its handle
+        // and need no lock.
+        return Replica::new(
+            instance,
+            None,
+            env.ledger.clone(),
+            env.broker.clone(),
+            timing,
+        );
+    }
     let lock = redis_url.map(|url| {
         ClaimLock::new(url, env.topology.clone(), instance, Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("{e}"))
@@ -34,10 +49,6 @@ pub async fn replica(env: &TestEnv, instance: &str, redis_url: Option<&str>) -> 
     let broker = Broker::connect(&amqp_url(), env.topology.clone(), instance)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let timing = ReplicaTiming {
-        shutdown_timeout: Duration::from_secs(10),
-        ..ReplicaTiming::default()
-    };
     Replica::new(instance, lock, ledger, broker, timing)
 }
 
@@ -61,6 +72,11 @@ pub async fn worker(
     );
     let config =
         WorkerConfig::from_settings(&Settings::from_pairs(pairs)).unwrap_or_else(|e| panic!("{e}"));
+    if env.is_embedded() {
+        return Worker::start_on(&config, registry, env.ledger.clone(), env.broker.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
     Worker::start(&config, registry)
         .await
         .unwrap_or_else(|e| panic!("{e}"))

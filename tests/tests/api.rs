@@ -75,7 +75,7 @@ async fn open_api(env: &TestEnv) -> TestApi {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedules_create_read_replace_pause_delete_with_errors() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let api = open_api(&env).await;
     let s = |p: &str| api.url(&format!("/v1/schedules{p}"));
     let spec = json!({"name": "nightly", "cron": "0 0 3 * * *", "timezone": "Asia/Shanghai",
@@ -336,7 +336,7 @@ async fn schedules_create_read_replace_pause_delete_with_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_list_pages_by_name() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let api = open_api(&env).await;
     for i in 0..5 {
         let got = call(
@@ -403,7 +403,7 @@ fn run_at(name: &str, at: DateTime<Utc>, job_type: &str) -> NewRun {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_list_filters_paginates_and_shows_detail() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let api = open_api(&env).await;
     let t0 = Utc::now().trunc_subsecs(0) - chrono::Duration::hours(1);
     let mut ids = Vec::new();
@@ -578,7 +578,7 @@ async fn runs_list_filters_paginates_and_shows_detail() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_separate_readers_from_admins_and_the_open_api_stays_on_loopback() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let r = Arc::new(replica(&env, "auth-replica", Some(&redis_url())).await);
     let tokens = Tokens::parse(Some(ADMIN), Some(READ)).unwrap();
     let api = TestApi::serve(r.clone(), tokens).await;
@@ -658,7 +658,7 @@ async fn tokens_separate_readers_from_admins_and_the_open_api_stays_on_loopback(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trigger_respects_overlap_unless_forced() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     // A queue with no consumer: runs stay unfinished.
     env.broker
         .declare_group("default", &["noop"])
@@ -742,7 +742,7 @@ async fn trigger_respects_overlap_unless_forced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_fires_each_missing_instant_once() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -839,7 +839,7 @@ async fn backfill_fires_each_missing_instant_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_enqueue_with_idempotency_and_validation() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -913,7 +913,7 @@ async fn jobs_enqueue_with_idempotency_and_validation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_report_services_and_every_documented_route_exists() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let api = open_api(&env).await;
     let health = call(Method::GET, &api.url("/healthz"), None, None).await;
     assert_eq!(
@@ -991,7 +991,7 @@ async fn probes_report_services_and_every_documented_route_exists() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_respects_overlap_retention_and_marks_its_runs() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -1069,7 +1069,7 @@ async fn backfill_respects_overlap_retention_and_marks_its_runs() {
         None,
     );
     let skipped: i64 = sqlx::query_scalar("SELECT count(*) FROM skipped_fires")
-        .fetch_one(env.ledger.pool())
+        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap();
     assert_eq!(skipped, 0);
@@ -1079,7 +1079,7 @@ async fn backfill_respects_overlap_retention_and_marks_its_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browsers_from_other_sites_are_refused_and_paths_are_checked() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let api = open_api(&env).await;
     let client = reqwest::Client::new();
     let body = json!({"name": "csrf", "every": "1h", "job_type": "noop"});
@@ -1134,7 +1134,7 @@ async fn browsers_from_other_sites_are_refused_and_paths_are_checked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fired_one_shot_can_still_be_edited_and_heads_and_schemes_are_lenient() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let r = Arc::new(replica(&env, "edit-replica", Some(&redis_url())).await);
     let tokens = Tokens::parse(Some(ADMIN), Some(READ)).unwrap();
     let api = TestApi::serve(r, tokens).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use belfry_runtime::Settings;
 use belfry_scheduler::SchedulerConfig;
-use belfry_testkit::{eventually, TestEnv};
+use belfry_testkit::eventually;
 use belfry_worker::Registry;
 use chrono::{DateTime, SubsecRound, Utc};
 use serde_json::{json, Value};
@@ -56,7 +56,7 @@ fn instants(runs: &[Value]) -> BTreeMap<DateTime<Utc>, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn create_fire_pause_resume_backfill_and_trace_through_the_api() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let worker =
         belfry_tests::serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
     let file = std::env::temp_dir().join(format!("belfry-empty-{}.toml", env.namespace));

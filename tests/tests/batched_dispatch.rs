@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use belfry_ledger::{NewRun, RunStatus};
 use belfry_scheduler::{FireOutcome, FireSource, Schedule};
-use belfry_testkit::{redis_url, TestEnv, DEAD_REDIS_URL};
+use belfry_testkit::{redis_url, DEAD_REDIS_URL};
 use belfry_tests::{every, replica};
 use chrono::{DateTime, SubsecRound, Utc};
 
@@ -19,7 +19,7 @@ fn batch(schedules: &[Arc<Schedule>], at: DateTime<Utc>) -> Vec<(Arc<Schedule>, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_racing_for_a_batch_make_one_run_per_fire() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -62,7 +62,7 @@ async fn replicas_racing_for_a_batch_make_one_run_per_fire() {
             "SELECT count(*) FROM job_runs WHERE scheduled_at = $1 AND status = 'dispatched'",
         )
         .bind(at)
-        .fetch_one(env.ledger.pool())
+        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap();
         assert_eq!(rows, 120, "redis: {redis:?}");
@@ -72,7 +72,7 @@ async fn replicas_racing_for_a_batch_make_one_run_per_fire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_fires_in_a_pipelined_batch_are_exactly_their_own() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     // Only "noop" has a queue: every "orphan" fire comes back unroutable.
     env.broker
         .declare_group("default", &["noop"])
@@ -116,7 +116,7 @@ async fn unroutable_fires_in_a_pipelined_batch_are_exactly_their_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_the_ledger_refuses_gives_its_locks_back_and_is_recovered() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -127,7 +127,7 @@ async fn a_batch_the_ledger_refuses_gives_its_locks_back_and_is_recovered() {
     let at = Utc::now().trunc_subsecs(0);
     let broken = replica(&env, "broken", Some(&redis_url())).await;
     // Its ledger goes away: the batch insert fails.
-    broken.ledger().pool().close().await;
+    broken.ledger().close().await;
     let outcomes = broken
         .fire_batch(&batch(&schedules, at), FireSource::Timer)
         .await;
@@ -164,7 +164,7 @@ async fn a_batch_the_ledger_refuses_gives_its_locks_back_and_is_recovered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_claims_a_batch_row_by_row() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let at = Utc::now().trunc_subsecs(0);
     let run = |name: &str| NewRun {
         id: uuid::Uuid::now_v7(),

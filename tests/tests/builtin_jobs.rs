@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use belfry_testkit::TestEnv;
 use belfry_tests::serve;
 use belfry_worker::Registry;
 use chrono::{DateTime, Utc};
@@ -43,7 +42,7 @@ fn at(s: &str) -> DateTime<Utc> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_maps_statuses_to_outcomes() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let base = status_server().await;
     let running = serve(
         &env,
@@ -120,7 +119,7 @@ async fn http_maps_statuses_to_outcomes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_attempt_is_cancelled_and_retried() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let running = serve(
         &env,
         Registry::builder().builtins().build().unwrap(),
@@ -154,11 +153,11 @@ async fn a_timed_out_attempt_is_cancelled_and_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_are_safe_when_replicas_start_together() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     // A fresh database (the env's own is already migrated).
-    let fresh = TestEnv::new().await;
+    let fresh = belfry_testkit::service_env!();
     sqlx::query("DROP TABLE job_runs, schedules, _sqlx_migrations")
-        .execute(fresh.ledger.pool())
+        .execute(fresh.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap();
     let mut handles = Vec::new();
@@ -173,7 +172,7 @@ async fn migrations_are_safe_when_replicas_start_together() {
         h.await.unwrap().unwrap();
     }
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
-        .fetch_one(fresh.ledger.pool())
+        .fetch_one(fresh.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap();
     let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations"))

@@ -40,7 +40,7 @@ fn total(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_two_workers_every_fire_runs_exactly_once() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let counted = Counted::default();
     let registry = || Registry::builder().job(counted.clone()).build().unwrap();
     let stop_workers = CancellationToken::new();
@@ -196,7 +196,7 @@ async fn race(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_unreachable_the_database_alone_keeps_one_row_per_run_key() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let replicas = race(&env, Some(DEAD_REDIS_URL), "no-redis").await;
     // Every claim fell back to the database and the insert decided alone.
     assert_eq!(total(&replicas, |c| &c.lock_fallbacks), 15);
@@ -207,7 +207,7 @@ async fn redis_unreachable_the_database_alone_keeps_one_row_per_run_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_redis_the_lock_turns_losers_away_before_the_database() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let replicas = race(&env, Some(&redis_url()), "with-redis").await;
     assert_eq!(total(&replicas, |c| &c.lock_fallbacks), 0);
     assert_eq!(
@@ -222,7 +222,7 @@ async fn with_redis_the_lock_turns_losers_away_before_the_database() {
 async fn replicas_with_clocks_apart_agree_on_run_keys() {
     // Two replicas whose clocks differ by 1.5 s drive their timers with
     // their own notion of now; the run keys are the same nominal instants.
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use belfry_protocol::{run_key, ScheduleSpec};
 use belfry_runtime::metrics_server::{serve as serve_metrics, CONTENT_TYPE_OPENMETRICS};
 use belfry_scheduler::Schedule;
-use belfry_testkit::{redis_url, TestEnv};
+use belfry_testkit::redis_url;
 use belfry_tests::{every, replica, worker, RunningWorker};
 use belfry_worker::Registry;
 
@@ -42,7 +42,7 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_endpoints_count_a_fire_and_a_failure() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let stop = CancellationToken::new();
     let w = worker(
         &env,

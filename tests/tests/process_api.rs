@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use belfry_testkit::{eventually, terminate, TestEnv};
+use belfry_testkit::{eventually, terminate};
 use belfry_tests::fault::fleet::bin_dir;
 use serde_json::{json, Value};
 
@@ -21,7 +21,7 @@ fn log_lines(path: &std::path::Path) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_the_api_with_tokens_and_audits_every_change() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let dir = std::env::temp_dir().join(format!("belfry-api-{}", env.namespace));
     std::fs::create_dir_all(&dir).unwrap();
     let schedules = dir.join("schedules.toml");

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use belfry_testkit::{eventually, queue_consumed, terminate, TestEnv};
+use belfry_testkit::{eventually, queue_consumed, terminate};
 use belfry_tests::fault::fleet::bin_dir;
 use belfry_tests::otlp_sink::{contains, OtlpSink};
 
@@ -39,7 +39,7 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_binaries_serve_metrics_and_export_one_trace_per_run() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let sink = OtlpSink::start().await;
     let dir = std::env::temp_dir().join(format!("belfry-otel-{}", env.namespace));
     std::fs::create_dir_all(&dir).unwrap();
@@ -85,7 +85,7 @@ async fn both_binaries_serve_metrics_and_export_one_trace_per_run() {
         sqlx::query_scalar(
             "SELECT trace_id FROM job_runs WHERE status = 'succeeded' ORDER BY scheduled_at LIMIT 1",
         )
-        .fetch_optional(env.ledger.pool())
+        .fetch_optional(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .ok()
         .flatten()

@@ -11,15 +11,15 @@ use tokio_util::sync::CancellationToken;
 
 async fn count(env: &TestEnv, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
-        .fetch_one(env.ledger.pool())
+        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prunes_old_finished_runs_in_batches_and_keeps_what_matters() {
-    let env = TestEnv::new().await;
-    let pool = env.ledger.pool();
+    let env = belfry_testkit::service_env!();
+    let pool = env.ledger.pg_pool().expect("a Postgres ledger");
     // 2,500 old finished fires of "old" (PRUNE_BATCH is 1,000: three batches), whose
     // newest must survive; plus old ad-hoc and manual runs.
     sqlx::query(

@@ -39,7 +39,7 @@ async fn past_run(env: &TestEnv, schedule: &Schedule, at: DateTime<Utc>) {
     .bind(&schedule.name)
     .bind(belfry_protocol::run_key(&schedule.name, at).unwrap())
     .bind(at)
-    .execute(env.ledger.pool())
+    .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await
     .unwrap();
 }
@@ -53,7 +53,7 @@ fn fired(outcomes: &[FireOutcome]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misfire_policies_after_every_replica_was_down() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -114,48 +114,48 @@ async fn misfire_policies_after_every_replica_was_down() {
     env.teardown(&["default"]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_clock_guard_stops_claims_and_missed_fires_follow_the_policy() {
-    let env = TestEnv::new().await;
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
-    let r = replica(&env, "skewed", Some(&redis_url())).await;
-    let guard = r.clock_guard();
-    // 5 s ahead of the database: past the 2 s threshold.
-    let skewed: SharedClock = Arc::new(SkewedClock {
-        offset: chrono::Duration::seconds(5),
-    });
-    let skew = guard.check_once(&env.ledger, &skewed).await.unwrap();
-    assert!(skew > chrono::Duration::seconds(4), "{skew}");
-    assert!(!guard.allows_claims());
-    let s = schedule("guarded", "1s", None, |_| {});
-    let now = Utc::now().trunc_subsecs(0);
-    let t1 = now - chrono::Duration::seconds(3);
-    let t2 = now - chrono::Duration::seconds(2);
-    assert!(matches!(r.fire(&s, t1).await, FireOutcome::Skipped { .. }));
-    assert!(matches!(r.fire(&s, t2).await, FireOutcome::Skipped { .. }));
-    assert!(
-        env.all_runs().await.is_empty(),
-        "nothing claimed while skewed"
-    );
-    // While still skewed, recovery waits.
-    assert!(r.recover_missed_once(Utc::now()).await.is_empty());
-    // The clock is fixed: claims resume, and the two fires it could not
-    // claim are on time (within 10 s), so both fire now.
-    let fixed: SharedClock = Arc::new(SystemClock);
-    guard.check_once(&env.ledger, &fixed).await.unwrap();
-    assert!(guard.allows_claims());
-    let recovered = r.recover_missed_once(Utc::now()).await;
-    assert_eq!(fired(&recovered), 2, "{recovered:?}");
-    assert_eq!(FireCounters::get(&r.counters().skipped_clock_skew), 2);
-    env.teardown(&["default"]).await;
+belfry_testkit::both_backends! {
+    async fn the_clock_guard_stops_claims_and_missed_fires_follow_the_policy(env: TestEnv) {
+        env.broker
+            .declare_group("default", &["noop"])
+            .await
+            .unwrap();
+        let r = replica(&env, "skewed", Some(&redis_url())).await;
+        let guard = r.clock_guard();
+        // 5 s ahead of the database: past the 2 s threshold.
+        let skewed: SharedClock = Arc::new(SkewedClock {
+            offset: chrono::Duration::seconds(5),
+        });
+        let skew = guard.check_once(&env.ledger, &skewed).await.unwrap();
+        assert!(skew > chrono::Duration::seconds(4), "{skew}");
+        assert!(!guard.allows_claims());
+        let s = schedule("guarded", "1s", None, |_| {});
+        let now = Utc::now().trunc_subsecs(0);
+        let t1 = now - chrono::Duration::seconds(3);
+        let t2 = now - chrono::Duration::seconds(2);
+        assert!(matches!(r.fire(&s, t1).await, FireOutcome::Skipped { .. }));
+        assert!(matches!(r.fire(&s, t2).await, FireOutcome::Skipped { .. }));
+        assert!(
+            env.all_runs().await.is_empty(),
+            "nothing claimed while skewed"
+        );
+        // While still skewed, recovery waits.
+        assert!(r.recover_missed_once(Utc::now()).await.is_empty());
+        // The clock is fixed: claims resume, and the two fires it could not
+        // claim are on time (within 10 s), so both fire now.
+        let fixed: SharedClock = Arc::new(SystemClock);
+        guard.check_once(&env.ledger, &fixed).await.unwrap();
+        assert!(guard.allows_claims());
+        let recovered = r.recover_missed_once(Utc::now()).await;
+        assert_eq!(fired(&recovered), 2, "{recovered:?}");
+        assert_eq!(FireCounters::get(&r.counters().skipped_clock_skew), 2);
+        env.teardown(&["default"]).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlap_forbid_skips_while_the_previous_run_is_unfinished_decided_once() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -189,7 +189,7 @@ async fn overlap_forbid_skips_while_the_previous_run_is_unfinished_decided_once(
     );
     // Once the previous run finished, the next fire runs.
     sqlx::query("UPDATE job_runs SET status = 'succeeded', finished_at = now() WHERE job_name = 'exclusive'")
-        .execute(env.ledger.pool())
+        .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap();
     let (x, y) = tokio::join!(a.fire(&s, t3), b.fire(&s, t3));
@@ -198,25 +198,25 @@ async fn overlap_forbid_skips_while_the_previous_run_is_unfinished_decided_once(
     env.teardown(&["default"]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_timer_applies_the_policy_to_what_it_missed() {
-    let env = TestEnv::new().await;
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
-    let r = replica(&env, "sleepy", Some(&redis_url())).await;
-    let skip = schedule("late-skip", "1s", Some("skip"), |_| {});
-    let start: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
-    let mut timer = belfry_scheduler::Timer::new(vec![skip], start);
-    // The timer wakes 60 s late (a stalled process): with skip, only the
-    // fires within the 10 s threshold run; the other 50 are skipped.
-    let outcomes = r
-        .tick_once(&mut timer, start + chrono::Duration::milliseconds(60_200))
-        .await;
-    assert_eq!(fired(&outcomes), 10);
-    assert_eq!(FireCounters::get(&r.counters().misfires_skipped), 50);
-    env.teardown(&["default"]).await;
+belfry_testkit::both_backends! {
+    async fn a_late_timer_applies_the_policy_to_what_it_missed(env: TestEnv) {
+        env.broker
+            .declare_group("default", &["noop"])
+            .await
+            .unwrap();
+        let r = replica(&env, "sleepy", Some(&redis_url())).await;
+        let skip = schedule("late-skip", "1s", Some("skip"), |_| {});
+        let start: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
+        let mut timer = belfry_scheduler::Timer::new(vec![skip], start);
+        // The timer wakes 60 s late (a stalled process): with skip, only the
+        // fires within the 10 s threshold run; the other 50 are skipped.
+        let outcomes = r
+            .tick_once(&mut timer, start + chrono::Duration::milliseconds(60_200))
+            .await;
+        assert_eq!(fired(&outcomes), 10);
+        assert_eq!(FireCounters::get(&r.counters().misfires_skipped), 50);
+        env.teardown(&["default"]).await;
+    }
 }
 
 /// Runs a replica that follows the `schedules` table, as `belfry-scheduler` does.
@@ -246,7 +246,7 @@ async fn keys(env: &TestEnv, name: &str) -> Vec<DateTime<Utc>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_changes_reach_every_replica_without_double_or_lost_fires() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -322,75 +322,75 @@ async fn live_changes_reach_every_replica_without_double_or_lost_fires() {
     env.teardown(&["default"]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_one_shot_fires_once_even_if_every_replica_was_down_at_its_instant() {
-    let env = TestEnv::new().await;
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
-    let now = Utc::now().trunc_subsecs(0);
-    let once = |name: &str, at: DateTime<Utc>| {
-        Arc::new(
-            Schedule::from_spec(&ScheduleSpec {
-                name: name.into(),
-                at: Some(at.to_rfc3339()),
-                job_type: "noop".into(),
-                ..Default::default()
-            })
-            .unwrap(),
-        )
-    };
-    // Due 30 s ago while nothing ran: recovered once (fire_once).
-    let missed = once("once-missed", now - chrono::Duration::seconds(30));
-    let a = replica(&env, "a", Some(&redis_url())).await;
-    let b = replica(&env, "b", Some(&redis_url())).await;
-    assert_eq!(
-        fired(
-            &a.recover_after_downtime(std::slice::from_ref(&missed), now)
-                .await
+belfry_testkit::both_backends! {
+    async fn a_one_shot_fires_once_even_if_every_replica_was_down_at_its_instant(env: TestEnv) {
+        env.broker
+            .declare_group("default", &["noop"])
+            .await
+            .unwrap();
+        let now = Utc::now().trunc_subsecs(0);
+        let once = |name: &str, at: DateTime<Utc>| {
+            Arc::new(
+                Schedule::from_spec(&ScheduleSpec {
+                    name: name.into(),
+                    at: Some(at.to_rfc3339()),
+                    job_type: "noop".into(),
+                    ..Default::default()
+                })
+                .unwrap(),
+            )
+        };
+        // Due 30 s ago while nothing ran: recovered once (fire_once).
+        let missed = once("once-missed", now - chrono::Duration::seconds(30));
+        let a = replica(&env, "a", Some(&redis_url())).await;
+        let b = replica(&env, "b", Some(&redis_url())).await;
+        assert_eq!(
+            fired(
+                &a.recover_after_downtime(std::slice::from_ref(&missed), now)
+                    .await
+                    .unwrap()
+            ),
+            1
+        );
+        assert_eq!(
+            fired(
+                &b.recover_after_downtime(std::slice::from_ref(&missed), now)
+                    .await
+                    .unwrap()
+            ),
+            0
+        );
+        // Ahead: the timer fires it once, then never again.
+        let ahead = once("once-ahead", now + chrono::Duration::seconds(5));
+        let mut timer = belfry_scheduler::Timer::new(vec![ahead], now);
+        assert_eq!(
+            fired(
+                &a.tick_once(&mut timer, now + chrono::Duration::seconds(5))
+                    .await
+            ),
+            1
+        );
+        assert!(timer.next_at().is_none());
+        assert!(a
+            .tick_once(&mut timer, now + chrono::Duration::seconds(3600))
+            .await
+            .is_empty());
+        let runs = env.all_runs().await;
+        assert_eq!(runs.len(), 2);
+        assert_eq!(
+            runs.iter()
+                .find(|r| r.job_name == "once-missed")
                 .unwrap()
-        ),
-        1
-    );
-    assert_eq!(
-        fired(
-            &b.recover_after_downtime(std::slice::from_ref(&missed), now)
-                .await
-                .unwrap()
-        ),
-        0
-    );
-    // Ahead: the timer fires it once, then never again.
-    let ahead = once("once-ahead", now + chrono::Duration::seconds(5));
-    let mut timer = belfry_scheduler::Timer::new(vec![ahead], now);
-    assert_eq!(
-        fired(
-            &a.tick_once(&mut timer, now + chrono::Duration::seconds(5))
-                .await
-        ),
-        1
-    );
-    assert!(timer.next_at().is_none());
-    assert!(a
-        .tick_once(&mut timer, now + chrono::Duration::seconds(3600))
-        .await
-        .is_empty());
-    let runs = env.all_runs().await;
-    assert_eq!(runs.len(), 2);
-    assert_eq!(
-        runs.iter()
-            .find(|r| r.job_name == "once-missed")
-            .unwrap()
-            .scheduled_at,
-        now - chrono::Duration::seconds(30)
-    );
-    env.teardown(&["default"]).await;
+                .scheduled_at,
+            now - chrono::Duration::seconds(30)
+        );
+        env.teardown(&["default"]).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -436,7 +436,7 @@ async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
     }
     // They were claimed at their instants, two minutes ago.
     sqlx::query("UPDATE job_runs SET claimed_at = scheduled_at")
-        .execute(env.ledger.pool())
+        .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap();
     let r = replica(&env, "after-outage", Some(&redis_url())).await;
@@ -484,7 +484,7 @@ async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -544,7 +544,7 @@ async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_that_stopped_moving_are_reported_once() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -568,7 +568,7 @@ async fn runs_that_stopped_moving_are_reported_once() {
     )
     .bind(t + chrono::Duration::seconds(1))
     .bind(t + chrono::Duration::seconds(2))
-    .execute(env.ledger.pool())
+    .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await
     .unwrap();
     assert_eq!(r.report_stuck_once().await.unwrap(), 2);

@@ -89,7 +89,7 @@ async fn trace_with_process(trace_id: &str) -> HashMap<SpanId, SpanData> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fire_is_one_trace_from_tick_to_outcome() {
     exporter();
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let running = serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
     let r = replica(&env, "traced-r1", Some(&redis_url())).await;
     let schedule = every("traced", "1s", "noop");
@@ -106,7 +106,7 @@ async fn a_fire_is_one_trace_from_tick_to_outcome() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_fire_of_a_batch_is_a_trace_of_its_own() {
     exporter();
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let running = serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
     let r = replica(&env, "traced-batch", Some(&redis_url())).await;
     let at = Utc::now()
@@ -188,7 +188,7 @@ impl Job for Flaky {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_attempt_of_a_retried_run_is_in_its_trace() {
     exporter();
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let registry = Registry::builder().job(Flaky::default()).build().unwrap();
     let running = serve(&env, registry, &[("BELFRY_RETRY_INITIAL", "50ms")]).await;
     let r = replica(&env, "traced-r2", Some(&redis_url())).await;
@@ -223,7 +223,7 @@ async fn every_attempt_of_a_retried_run_is_in_its_trace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ad_hoc_job_joins_the_callers_trace_and_a_republished_run_keeps_its_trace() {
     exporter();
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let running = serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
     // A request span of the calling service.
     let request = tracing::info_span!("POST /invoices");

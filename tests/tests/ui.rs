@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use belfry_scheduler::api::Tokens;
-use belfry_testkit::{redis_url, TestEnv};
+use belfry_testkit::redis_url;
 use belfry_tests::{every, replica, TestApi};
 use chrono::{SubsecRound, Utc};
 use reqwest::redirect::Policy;
@@ -33,7 +33,7 @@ async fn get(url: &str, cookie: Option<&str>) -> (StatusCode, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_render_escape_and_act() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     env.broker
         .declare_group("default", &["noop"])
         .await
@@ -57,7 +57,7 @@ async fn pages_render_escape_and_act() {
         "INSERT INTO schedules (name, every_ms, job_type, payload, spec) VALUES \
          ('<script>alert(1)</script>', 1000, 'noop', '\"<img src=x onerror=alert(2)>\"', NULL)",
     )
-    .execute(env.ledger.pool())
+    .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await
     .unwrap();
 
@@ -211,13 +211,13 @@ async fn pages_render_escape_and_act() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_sign_in_as_cookies_and_readers_get_no_buttons() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let r = Arc::new(replica(&env, "ui-auth", Some(&redis_url())).await);
     let api = TestApi::serve(r, Tokens::parse(Some(ADMIN), Some(READ)).unwrap()).await;
     sqlx::query(
         "INSERT INTO schedules (name, every_ms, job_type, spec) VALUES ('s', 1000, 'noop', NULL)",
     )
-    .execute(env.ledger.pool())
+    .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await
     .unwrap();
     let (status, _) = get(&api.url("/ui"), None).await;

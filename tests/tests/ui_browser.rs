@@ -15,7 +15,6 @@ use std::time::Duration;
 use belfry_ledger::{AttemptEntry, NewRun, RunStatus};
 use belfry_runtime::Settings;
 use belfry_scheduler::SchedulerConfig;
-use belfry_testkit::TestEnv;
 use belfry_worker::Registry;
 use chrono::{SubsecRound, Utc};
 use tokio_util::sync::CancellationToken;
@@ -28,7 +27,7 @@ async fn the_web_view_works_in_headless_chromium() {
         root.join("ui-tests/node_modules/playwright-core").exists() && Path::new(&chromium).exists(),
         "browser test could not run: ui-tests/node_modules or {chromium} is missing; run scripts/ui-deps"
     );
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let worker =
         belfry_tests::serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
     let file = std::env::temp_dir().join(format!("belfry-ui-{}.toml", env.namespace));
@@ -91,7 +90,7 @@ async fn the_web_view_works_in_headless_chromium() {
         "INSERT INTO schedules (name, every_ms, job_type, paused) \
          VALUES ('<script>window.__belfry_xss = 1</script>', 1000, 'noop', true)",
     )
-    .execute(env.ledger.pool())
+    .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
     .await
     .unwrap();
 

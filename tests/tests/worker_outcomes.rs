@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use belfry_ledger::AttemptEntry;
 use belfry_scheduler::FireOutcome;
-use belfry_testkit::{redis_url, TestEnv};
+use belfry_testkit::redis_url;
 use belfry_tests::{every, replica, serve};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
 use chrono::{DateTime, Utc};
@@ -81,282 +81,282 @@ fn entries(run: &belfry_ledger::RunRecord) -> Vec<AttemptEntry> {
     run.attempt_entries().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fails_twice_then_succeeds_with_growing_delays() {
-    let env = TestEnv::new().await;
-    let job = flaky(2);
-    let running = serve(
-        &env,
-        registry(&job),
-        &[
-            ("BELFRY_MAX_ATTEMPTS", "5"),
-            ("BELFRY_RETRY_INITIAL", "150ms"),
-            ("BELFRY_RETRY_MULTIPLIER", "3"),
-        ],
-    )
-    .await;
-    let m = env
-        .enqueue(
-            "flaky-job",
-            "flaky",
-            json!(null),
-            at("2026-07-26T03:00:00Z"),
+belfry_testkit::both_backends! {
+    async fn fails_twice_then_succeeds_with_growing_delays(env: TestEnv) {
+        let job = flaky(2);
+        let running = serve(
+            &env,
+            registry(&job),
+            &[
+                ("BELFRY_MAX_ATTEMPTS", "5"),
+                ("BELFRY_RETRY_INITIAL", "150ms"),
+                ("BELFRY_RETRY_MULTIPLIER", "3"),
+            ],
         )
         .await;
-    let run = env
-        .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(20))
-        .await;
-    assert_eq!(run.status_text, "succeeded");
-    assert_eq!(run.attempts, 3);
-    assert_eq!(job.calls.load(Ordering::SeqCst), 3);
-    let log = entries(&run);
-    let outcomes: Vec<_> = log.iter().map(|e| e.outcome.as_str()).collect();
-    assert_eq!(outcomes, ["retry", "retry", "succeeded"]);
-    assert_eq!(log[0].error.as_deref(), Some("transient failure 1"));
-    let gap1 = log[1].started_at - log[0].finished_at;
-    let gap2 = log[2].started_at - log[1].finished_at;
-    // The policy asks for 150 ms, then 450 ms: the waits are at least that,
-    // and the second is longer than the first.
-    assert!(gap1 >= chrono::Duration::milliseconds(150), "{gap1}");
-    assert!(gap2 >= chrono::Duration::milliseconds(450), "{gap2}");
-    assert!(gap2 > gap1, "{gap1} then {gap2}");
-    assert!(run.last_error.is_none());
-    assert_eq!(run.worker.as_deref(), Some("w1"));
-    assert!(run.started_at.is_some() && run.finished_at.is_some());
-    running.stop().await;
-    env.teardown(&["default"]).await;
+        let m = env
+            .enqueue(
+                "flaky-job",
+                "flaky",
+                json!(null),
+                at("2026-07-26T03:00:00Z"),
+            )
+            .await;
+        let run = env
+            .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(20))
+            .await;
+        assert_eq!(run.status_text, "succeeded");
+        assert_eq!(run.attempts, 3);
+        assert_eq!(job.calls.load(Ordering::SeqCst), 3);
+        let log = entries(&run);
+        let outcomes: Vec<_> = log.iter().map(|e| e.outcome.as_str()).collect();
+        assert_eq!(outcomes, ["retry", "retry", "succeeded"]);
+        assert_eq!(log[0].error.as_deref(), Some("transient failure 1"));
+        let gap1 = log[1].started_at - log[0].finished_at;
+        let gap2 = log[2].started_at - log[1].finished_at;
+        // The policy asks for 150 ms, then 450 ms: the waits are at least that,
+        // and the second is longer than the first.
+        assert!(gap1 >= chrono::Duration::milliseconds(150), "{gap1}");
+        assert!(gap2 >= chrono::Duration::milliseconds(450), "{gap2}");
+        assert!(gap2 > gap1, "{gap1} then {gap2}");
+        assert!(run.last_error.is_none());
+        assert_eq!(run.worker.as_deref(), Some("w1"));
+        assert!(run.started_at.is_some() && run.finished_at.is_some());
+        running.stop().await;
+        env.teardown(&["default"]).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on() {
-    let env = TestEnv::new().await;
-    let job = flaky(u32::MAX);
-    let running = serve(
-        &env,
-        registry(&job),
-        &[
-            ("BELFRY_MAX_ATTEMPTS", "3"),
-            ("BELFRY_RETRY_INITIAL", "20ms"),
-        ],
-    )
-    .await;
-    let counters = running.counters.clone();
-    let bad = env
-        .enqueue(
-            "always-fails",
-            "flaky",
-            json!(null),
-            at("2026-07-26T03:00:00Z"),
+belfry_testkit::both_backends! {
+    async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on(env: TestEnv) {
+        let job = flaky(u32::MAX);
+        let running = serve(
+            &env,
+            registry(&job),
+            &[
+                ("BELFRY_MAX_ATTEMPTS", "3"),
+                ("BELFRY_RETRY_INITIAL", "20ms"),
+            ],
         )
         .await;
-    let run = env
-        .wait_terminal(&bad.job_name, &bad.run_key, Duration::from_secs(20))
-        .await;
-    assert_eq!(run.status_text, "dead");
-    assert_eq!(run.attempts, 3);
-    assert_eq!(job.calls.load(Ordering::SeqCst), 3);
-    let err = run.last_error.clone().unwrap();
-    assert!(
-        err.contains("retries exhausted after 3 attempts") && err.contains("transient failure 3"),
-        "{err}"
-    );
-    // The worker still serves other jobs.
-    let ok = env
-        .enqueue("after", "noop", json!({}), at("2026-07-26T03:00:01Z"))
-        .await;
-    let run = env
-        .wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(10))
-        .await;
-    assert_eq!(run.status_text, "succeeded");
-    let dead = env.drain_dead_letters().await;
-    assert_eq!(dead.len(), 1, "{dead:?}");
-    let body: serde_json::Value = serde_json::from_slice(&dead[0].0).unwrap();
-    assert_eq!(body["run_key"], bad.run_key.as_str());
-    assert!(dead[0].1.contains("retries exhausted"), "{}", dead[0].1);
-    assert_eq!(WorkerCounters::get(&counters.dead_lettered), 1);
-    running.stop().await;
-    env.teardown(&["default"]).await;
+        let counters = running.counters.clone();
+        let bad = env
+            .enqueue(
+                "always-fails",
+                "flaky",
+                json!(null),
+                at("2026-07-26T03:00:00Z"),
+            )
+            .await;
+        let run = env
+            .wait_terminal(&bad.job_name, &bad.run_key, Duration::from_secs(20))
+            .await;
+        assert_eq!(run.status_text, "dead");
+        assert_eq!(run.attempts, 3);
+        assert_eq!(job.calls.load(Ordering::SeqCst), 3);
+        let err = run.last_error.clone().unwrap();
+        assert!(
+            err.contains("retries exhausted after 3 attempts") && err.contains("transient failure 3"),
+            "{err}"
+        );
+        // The worker still serves other jobs.
+        let ok = env
+            .enqueue("after", "noop", json!({}), at("2026-07-26T03:00:01Z"))
+            .await;
+        let run = env
+            .wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(10))
+            .await;
+        assert_eq!(run.status_text, "succeeded");
+        let dead = env.drain_dead_letters().await;
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        let body: serde_json::Value = serde_json::from_slice(&dead[0].0).unwrap();
+        assert_eq!(body["run_key"], bad.run_key.as_str());
+        assert!(dead[0].1.contains("retries exhausted"), "{}", dead[0].1);
+        assert_eq!(WorkerCounters::get(&counters.dead_lettered), 1);
+        running.stop().await;
+        env.teardown(&["default"]).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_json_is_dead_lettered_and_consuming_goes_on() {
-    let env = TestEnv::new().await;
-    let running = serve(&env, registry(&flaky(0)), &[]).await;
-    let counters = running.counters.clone();
-    env.publish_raw("noop", b"{this is not json").await;
-    // A well-formed message of an unknown type, routed to this group by hand.
-    let unknown = json!({
-        "version": 1, "message_id": uuid::Uuid::new_v4(), "job_name": "ghost", "job_type": "mystery",
-        "run_key": "ghost@2026-07-26T03:00:00Z", "scheduled_at": "2026-07-26T03:00:00Z",
-        "published_at": "2026-07-26T03:00:00Z"
-    });
-    env.publish_raw("noop", unknown.to_string().as_bytes())
-        .await;
-    let ok = env
-        .enqueue("after", "noop", json!({}), at("2026-07-26T03:00:01Z"))
-        .await;
-    assert_eq!(
-        env.wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(10))
-            .await
-            .status_text,
-        "succeeded"
-    );
-    let ghost = env
-        .wait_terminal(
-            "ghost",
-            "ghost@2026-07-26T03:00:00Z",
-            Duration::from_secs(10),
+belfry_testkit::both_backends! {
+    async fn malformed_json_is_dead_lettered_and_consuming_goes_on(env: TestEnv) {
+        let running = serve(&env, registry(&flaky(0)), &[]).await;
+        let counters = running.counters.clone();
+        env.publish_raw("noop", b"{this is not json").await;
+        // A well-formed message of an unknown type, routed to this group by hand.
+        let unknown = json!({
+            "version": 1, "message_id": uuid::Uuid::new_v4(), "job_name": "ghost", "job_type": "mystery",
+            "run_key": "ghost@2026-07-26T03:00:00Z", "scheduled_at": "2026-07-26T03:00:00Z",
+            "published_at": "2026-07-26T03:00:00Z"
+        });
+        env.publish_raw("noop", unknown.to_string().as_bytes())
+            .await;
+        let ok = env
+            .enqueue("after", "noop", json!({}), at("2026-07-26T03:00:01Z"))
+            .await;
+        assert_eq!(
+            env.wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(10))
+                .await
+                .status_text,
+            "succeeded"
+        );
+        let ghost = env
+            .wait_terminal(
+                "ghost",
+                "ghost@2026-07-26T03:00:00Z",
+                Duration::from_secs(10),
+            )
+            .await;
+        assert_eq!(ghost.status_text, "dead");
+        assert!(
+            ghost
+                .last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("no handler for job type \"mystery\""),
+            "{ghost:?}"
+        );
+        let dead = env.drain_dead_letters().await;
+        assert_eq!(dead.len(), 2, "{dead:?}");
+        let garbage = dead
+            .iter()
+            .find(|(body, _)| body == b"{this is not json")
+            .expect("garbage dead-lettered as is");
+        assert!(
+            garbage.1.starts_with("undecodable message"),
+            "{}",
+            garbage.1
+        );
+        assert_eq!(WorkerCounters::get(&counters.dead_lettered), 2);
+        running.stop().await;
+        env.teardown(&["default"]).await;
+    }
+}
+
+belfry_testkit::both_backends! {
+    async fn permanent_errors_bad_payloads_and_panics(env: TestEnv) {
+        let running = serve(
+            &env,
+            registry(&flaky(0)),
+            &[
+                ("BELFRY_MAX_ATTEMPTS", "3"),
+                ("BELFRY_RETRY_INITIAL", "10ms"),
+            ],
         )
         .await;
-    assert_eq!(ghost.status_text, "dead");
-    assert!(
-        ghost
-            .last_error
+        let t = at("2026-07-26T03:00:00Z");
+        let refused = env.enqueue("refused", "refuses", json!(null), t).await;
+        let bad_payload = env
+            .enqueue("bad-payload", "sleep", json!({"duration": "soon"}), t)
+            .await;
+        let panicky = env.enqueue("panicky", "panics", json!(null), t).await;
+
+        let run = env
+            .wait_terminal(&refused.job_name, &refused.run_key, Duration::from_secs(10))
+            .await;
+        assert_eq!((run.status_text.as_str(), run.attempts), ("failed", 1));
+        assert_eq!(run.last_error.as_deref(), Some("customer account closed"));
+
+        let run = env
+            .wait_terminal(
+                &bad_payload.job_name,
+                &bad_payload.run_key,
+                Duration::from_secs(10),
+            )
+            .await;
+        assert_eq!(
+            (run.status_text.as_str(), run.attempts),
+            ("dead", 1),
+            "no retries wasted on a bad payload"
+        );
+        let err = run.last_error.unwrap();
+        assert!(
+            err.contains("payload does not match job type \"sleep\"") && err.contains("duration"),
+            "{err}"
+        );
+
+        let run = env
+            .wait_terminal(&panicky.job_name, &panicky.run_key, Duration::from_secs(10))
+            .await;
+        assert_eq!(
+            (run.status_text.as_str(), run.attempts),
+            ("succeeded", 2),
+            "the panic counted as a failed attempt"
+        );
+        let log = entries(&run);
+        assert_eq!(log[0].outcome, "panicked");
+        assert!(log[0]
+            .error
             .as_deref()
             .unwrap_or("")
-            .contains("no handler for job type \"mystery\""),
-        "{ghost:?}"
-    );
-    let dead = env.drain_dead_letters().await;
-    assert_eq!(dead.len(), 2, "{dead:?}");
-    let garbage = dead
-        .iter()
-        .find(|(body, _)| body == b"{this is not json")
-        .expect("garbage dead-lettered as is");
-    assert!(
-        garbage.1.starts_with("undecodable message"),
-        "{}",
-        garbage.1
-    );
-    assert_eq!(WorkerCounters::get(&counters.dead_lettered), 2);
-    running.stop().await;
-    env.teardown(&["default"]).await;
+            .contains("handler bug on attempt 1"));
+
+        let dead = env.drain_dead_letters().await;
+        assert_eq!(
+            dead.len(),
+            1,
+            "only the bad payload is dead-lettered: {dead:?}"
+        );
+        running.stop().await;
+        env.teardown(&["default"]).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn permanent_errors_bad_payloads_and_panics() {
-    let env = TestEnv::new().await;
-    let running = serve(
-        &env,
-        registry(&flaky(0)),
-        &[
-            ("BELFRY_MAX_ATTEMPTS", "3"),
-            ("BELFRY_RETRY_INITIAL", "10ms"),
-        ],
-    )
-    .await;
-    let t = at("2026-07-26T03:00:00Z");
-    let refused = env.enqueue("refused", "refuses", json!(null), t).await;
-    let bad_payload = env
-        .enqueue("bad-payload", "sleep", json!({"duration": "soon"}), t)
-        .await;
-    let panicky = env.enqueue("panicky", "panics", json!(null), t).await;
-
-    let run = env
-        .wait_terminal(&refused.job_name, &refused.run_key, Duration::from_secs(10))
-        .await;
-    assert_eq!((run.status_text.as_str(), run.attempts), ("failed", 1));
-    assert_eq!(run.last_error.as_deref(), Some("customer account closed"));
-
-    let run = env
-        .wait_terminal(
-            &bad_payload.job_name,
-            &bad_payload.run_key,
+belfry_testkit::both_backends! {
+    async fn a_redelivered_message_of_a_finished_run_is_dropped(env: TestEnv) {
+        let job = flaky(0);
+        let running = serve(&env, registry(&job), &[]).await;
+        let counters = running.counters.clone();
+        let m = env
+            .enqueue("once", "flaky", json!(null), at("2026-07-26T03:00:00Z"))
+            .await;
+        env.wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
+            .await;
+        // The same message again, as a broker redelivery or a republish would.
+        let outcome = env.publisher().await.publish(&m).await.unwrap();
+        assert_eq!(outcome, belfry_broker::PublishOutcome::Confirmed);
+        belfry_testkit::eventually(
+            "the duplicate delivery",
             Duration::from_secs(10),
+            || async { (WorkerCounters::get(&counters.duplicates) > 0).then_some(()) },
         )
         .await;
-    assert_eq!(
-        (run.status_text.as_str(), run.attempts),
-        ("dead", 1),
-        "no retries wasted on a bad payload"
-    );
-    let err = run.last_error.unwrap();
-    assert!(
-        err.contains("payload does not match job type \"sleep\"") && err.contains("duration"),
-        "{err}"
-    );
-
-    let run = env
-        .wait_terminal(&panicky.job_name, &panicky.run_key, Duration::from_secs(10))
-        .await;
-    assert_eq!(
-        (run.status_text.as_str(), run.attempts),
-        ("succeeded", 2),
-        "the panic counted as a failed attempt"
-    );
-    let log = entries(&run);
-    assert_eq!(log[0].outcome, "panicked");
-    assert!(log[0]
-        .error
-        .as_deref()
-        .unwrap_or("")
-        .contains("handler bug on attempt 1"));
-
-    let dead = env.drain_dead_letters().await;
-    assert_eq!(
-        dead.len(),
-        1,
-        "only the bad payload is dead-lettered: {dead:?}"
-    );
-    running.stop().await;
-    env.teardown(&["default"]).await;
+        assert_eq!(
+            job.calls.load(Ordering::SeqCst),
+            1,
+            "finished work ran again"
+        );
+        let run = env.run_of(&m).await;
+        assert_eq!((run.status_text.as_str(), run.attempts), ("succeeded", 1));
+        running.stop().await;
+        env.teardown(&["default"]).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redelivered_message_of_a_finished_run_is_dropped() {
-    let env = TestEnv::new().await;
-    let job = flaky(0);
-    let running = serve(&env, registry(&job), &[]).await;
-    let counters = running.counters.clone();
-    let m = env
-        .enqueue("once", "flaky", json!(null), at("2026-07-26T03:00:00Z"))
-        .await;
-    env.wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
-        .await;
-    // The same message again, as a broker redelivery or a republish would.
-    let outcome = env.publisher().await.publish(&m).await.unwrap();
-    assert_eq!(outcome, belfry_broker::PublishOutcome::Confirmed);
-    belfry_testkit::eventually(
-        "the duplicate delivery",
-        Duration::from_secs(10),
-        || async { (WorkerCounters::get(&counters.duplicates) > 0).then_some(()) },
-    )
-    .await;
-    assert_eq!(
-        job.calls.load(Ordering::SeqCst),
-        1,
-        "finished work ran again"
-    );
-    let run = env.run_of(&m).await;
-    assert_eq!((run.status_text.as_str(), run.attempts), ("succeeded", 1));
-    running.stop().await;
-    env.teardown(&["default"]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_type_no_group_serves_is_recorded_dead_not_dropped() {
-    let env = TestEnv::new().await;
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
-    let r = replica(&env, "sched-a", Some(&redis_url())).await;
-    let s = every("orphan", "1s", "nobody-serves-this");
-    let outcome = r.fire(&s, at("2026-07-26T03:00:00Z")).await;
-    assert!(
-        matches!(outcome, FireOutcome::Unroutable { .. }),
-        "{outcome:?}"
-    );
-    let run = env
-        .ledger
-        .run_by_key("orphan", "orphan@2026-07-26T03:00:00Z")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(run.status_text, "dead");
-    assert!(run
-        .last_error
-        .unwrap()
-        .contains("no worker group serves job type \"nobody-serves-this\""));
-    env.teardown(&["default"]).await;
+belfry_testkit::both_backends! {
+    async fn a_job_type_no_group_serves_is_recorded_dead_not_dropped(env: TestEnv) {
+        env.broker
+            .declare_group("default", &["noop"])
+            .await
+            .unwrap();
+        let r = replica(&env, "sched-a", Some(&redis_url())).await;
+        let s = every("orphan", "1s", "nobody-serves-this");
+        let outcome = r.fire(&s, at("2026-07-26T03:00:00Z")).await;
+        assert!(
+            matches!(outcome, FireOutcome::Unroutable { .. }),
+            "{outcome:?}"
+        );
+        let run = env
+            .ledger
+            .run_by_key("orphan", "orphan@2026-07-26T03:00:00Z")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(run.status_text, "dead");
+        assert!(run
+            .last_error
+            .unwrap()
+            .contains("no worker group serves job type \"nobody-serves-this\""));
+        env.teardown(&["default"]).await;
+    }
 }

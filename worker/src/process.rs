@@ -12,14 +12,12 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
 use belfry_broker::{DeadLetter, Delivery, PublishOutcome};
 use belfry_ledger::{AttemptEntry, AttemptStart, BeginRequest, EndRequest, LedgerError, RunStatus};
-use belfry_protocol::topology::HEADER_TRACEPARENT;
 use belfry_protocol::JobMessage;
 
 use crate::attempt::{run_attempt, AttemptResult};
@@ -545,17 +543,11 @@ impl Worker {
     }
 
     async fn dead_letter_and_ack(&self, delivery: &Delivery, id: Option<Uuid>, reason: &str) {
-        let traceparent = delivery
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.inner().get(HEADER_TRACEPARENT))
-            .and_then(|v| v.as_long_string())
-            .map(|s| s.to_string());
+        let traceparent = delivery.traceparent.clone();
         let dead = DeadLetter {
             body: &delivery.data,
             reason,
-            routing_key: delivery.routing_key.as_str(),
+            routing_key: &delivery.routing_key,
             by: &self.instance,
             message_id: id.map(|i| i.to_string()),
             traceparent,
@@ -568,11 +560,7 @@ impl Worker {
                 // the queue is gone): reject without requeue instead, and the
                 // group queue's own dead-letter exchange takes the message.
                 tracing::error!(result = ?other, "dead-letter publish not confirmed; rejecting to the queue's dead-letter exchange");
-                let nack = BasicNackOptions {
-                    requeue: false,
-                    ..BasicNackOptions::default()
-                };
-                if let Err(e) = delivery.acker.nack(nack).await {
+                if let Err(e) = delivery.reject(reason, &self.instance).await {
                     tracing::warn!(error = %e, "reject failed; the broker will redeliver");
                 }
             }
@@ -602,11 +590,7 @@ impl Worker {
             _ = tokio::time::sleep(pause) => {}
         }
         WorkerCounters::add(&self.counters.handed_back);
-        let nack = BasicNackOptions {
-            requeue: true,
-            ..BasicNackOptions::default()
-        };
-        if let Err(e) = delivery.acker.nack(nack).await {
+        if let Err(e) = delivery.requeue().await {
             tracing::warn!(error = %e, "nack failed; the broker requeues the delivery when the channel closes");
         }
         ProcessOutcome::HandedBack
@@ -614,7 +598,7 @@ impl Worker {
 
     async fn ack(&self, delivery: &Delivery) {
         belfry_runtime::failpoint::hit("before_ack");
-        if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
+        if let Err(e) = delivery.ack().await {
             // The outcome is already in the ledger: a redelivery will be
             // recognised as a duplicate.
             tracing::warn!(error = %e, "ack failed; a redelivery will be dropped as a duplicate");

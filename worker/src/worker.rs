@@ -9,8 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::BasicCancelOptions;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -50,11 +48,15 @@ impl Worker {
     /// Connects to the services of `config`, applies migrations, declares
     /// the topology and binds the group's queue to the registry's job types.
     ///
+    /// A `sqlite:` `DATABASE_URL` runs the worker on the embedded database
+    /// and its job queue (`AMQP_URL` is not used).
+    ///
     /// # Errors
     ///
     /// [`WorkerError`] naming the service (URL masked) or setting that is
     /// wrong.
     pub async fn start(config: &WorkerConfig, registry: Registry) -> Result<Self, WorkerError> {
+        // Settings are checked before any service is contacted.
         validate_name("worker group", &config.group)?;
         let registry = match &config.job_types {
             Some(types) => registry.restrict(types)?,
@@ -63,12 +65,39 @@ impl Worker {
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
         ledger.migrate().await?;
-        let broker = Broker::connect(
-            &config.amqp_url,
-            topology,
-            &format!("belfry-worker {} ({})", config.instance, config.group),
-        )
-        .await?;
+        let broker = match ledger.job_queue() {
+            Some(queue) => Broker::embedded(queue, topology),
+            None => {
+                Broker::connect(
+                    &config.amqp_url,
+                    topology,
+                    &format!("belfry-worker {} ({})", config.instance, config.group),
+                )
+                .await?
+            }
+        };
+        Self::start_on(config, registry, ledger, broker).await
+    }
+
+    /// [`Worker::start`] on a ledger and broker the caller opened (the
+    /// embedded single-process mode shares one database between the
+    /// scheduler and the worker). `config`'s URLs are not used.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError`] naming the setting that is wrong or the broker
+    /// operation that failed.
+    pub async fn start_on(
+        config: &WorkerConfig,
+        registry: Registry,
+        ledger: Ledger,
+        broker: Broker,
+    ) -> Result<Self, WorkerError> {
+        validate_name("worker group", &config.group)?;
+        let registry = match &config.job_types {
+            Some(types) => registry.restrict(types)?,
+            None => registry,
+        };
         broker.declare_core().await?;
         let queue = broker
             .declare_group(&config.group, &registry.types())
@@ -156,8 +185,8 @@ impl Worker {
         let hard_stop = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let mut backoff = Duration::from_secs(1);
-        // The live channel when shutdown starts (at most one).
-        let mut channels = Vec::new();
+        // The live consumer when shutdown starts (at most one).
+        let mut consumers = Vec::new();
         'connect: while !cancel.is_cancelled() {
             let tag = format!("{}-{}", this.instance, uuid::Uuid::new_v4().simple());
             // Re-declaring is idempotent and restores a queue deleted while
@@ -170,7 +199,7 @@ impl Worker {
                 Ok(_) => this.broker.consume(&this.queue, &tag, this.prefetch).await,
                 Err(e) => Err(e),
             };
-            let (channel, mut consumer) = match consumed {
+            let mut consumption = match consumed {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?backoff, "cannot consume; retrying");
@@ -194,14 +223,14 @@ impl Worker {
                 // deliveries beyond that wait in the prefetch buffer.
                 let permit = tokio::select! {
                     biased;
-                    _ = cancel.cancelled() => { channels.push((channel, tag)); break 'connect; }
-                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => { channels.push((channel, tag)); break 'connect; } },
+                    _ = cancel.cancelled() => { consumers.push(consumption); break 'connect; }
+                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => { consumers.push(consumption); break 'connect; } },
                 };
                 // Shutdown is checked first so no delivery is started after it.
                 let delivery = tokio::select! {
                     biased;
-                    _ = cancel.cancelled() => { channels.push((channel, tag)); break 'connect; }
-                    d = consumer.next() => d,
+                    _ = cancel.cancelled() => { consumers.push(consumption); break 'connect; }
+                    d = consumption.next() => d,
                 };
                 match delivery {
                     Some(Ok(delivery)) => {
@@ -226,20 +255,13 @@ impl Worker {
             // The lost channel's unacked deliveries are requeued by the
             // broker; nothing more can be done on it.
             channel_lost.cancel();
-            drop(channel);
+            consumption.close().await;
         }
         // Stop deliveries before waiting: the broker keeps prefetched but
         // unstarted deliveries unacked and requeues them when the channel
         // closes below.
-        for (channel, tag) in &channels {
-            if channel.status().connected() {
-                if let Err(e) = channel
-                    .basic_cancel(tag, BasicCancelOptions::default())
-                    .await
-                {
-                    tracing::warn!(error = %e, "consumer cancel failed");
-                }
-            }
+        for consumption in &consumers {
+            consumption.cancel().await;
         }
         let in_flight = tasks.len();
         tracing::info!(in_flight, deadline = ?this.shutdown_timeout, "worker stopping: finishing in-flight jobs");
@@ -262,8 +284,8 @@ impl Worker {
                 tasks.abort_all();
             }
         }
-        for (channel, _) in channels {
-            let _ = channel.close(200, "worker stopped").await;
+        for consumption in consumers {
+            consumption.close().await;
         }
         this.broker.close().await;
         tracing::info!(instance = %this.instance, "worker stopped");

@@ -5,7 +5,6 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use belfry_testkit::TestEnv;
 use chrono::Utc;
 use serde_json::json;
 
@@ -13,7 +12,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_belfry-worker");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let child = Command::new(BIN)
         .envs(env.process_env())
         .env("BELFRY_INSTANCE", "worker-under-test")

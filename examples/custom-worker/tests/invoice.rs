@@ -3,11 +3,11 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use belfry_testkit::{eventually, queue_consumed, TestEnv};
+use belfry_testkit::{eventually, queue_consumed};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_custom_worker_runs_invoices() {
-    let env = TestEnv::new().await;
+    let env = belfry_testkit::service_env!();
     let child = Command::new(env!("CARGO_BIN_EXE_custom-worker"))
         .envs(env.process_env())
         .env("BELFRY_INSTANCE", "invoicer")

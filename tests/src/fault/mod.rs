@@ -215,7 +215,7 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
         Duration::from_secs(60),
         || async {
             let n: i64 = sqlx::query_scalar("SELECT count(*) FROM job_runs")
-                .fetch_one(ledger.pool())
+                .fetch_one(ledger.pg_pool().expect("a Postgres ledger"))
                 .await
                 .ok()?;
             (n >= i64::try_from(config.schedules).unwrap_or(i64::MAX)).then_some(())
@@ -322,7 +322,7 @@ async fn inject(
             let holder: Option<String> = sqlx::query_scalar(
                 "SELECT claimed_by FROM job_runs ORDER BY claimed_at DESC NULLS LAST LIMIT 1",
             )
-            .fetch_optional(env.ledger.pool())
+            .fetch_optional(env.ledger.pg_pool().expect("a Postgres ledger"))
             .await
             .ok()
             .flatten()

@@ -82,7 +82,7 @@ pub async fn wait_settled(
         ))
         .bind(from)
         .bind(to)
-        .fetch_one(env.ledger.pool())
+        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .ok();
         let skipped: i64 = sqlx::query_scalar(
@@ -91,7 +91,7 @@ pub async fn wait_settled(
         )
         .bind(from)
         .bind(to)
-        .fetch_one(env.ledger.pool())
+        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap_or(0);
         if let Some((rows, open)) = counts {
@@ -114,7 +114,7 @@ pub async fn wait_all_terminal(env: &TestEnv, within: Duration) -> bool {
         let open: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT count(*) FROM job_runs WHERE status NOT IN {TERMINAL}"
         ))
-        .fetch_one(env.ledger.pool())
+        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .ok();
         if open == Some(0) {
@@ -158,12 +158,12 @@ impl Report {
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT id, job_name, scheduled_at, status, finished_at, last_error, claimed_by FROM job_runs",
         )
-        .fetch_all(env.ledger.pool())
+        .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap_or_else(|e| panic!("reading job_runs: {e}"));
         let skipped: Vec<(String, DateTime<Utc>)> =
             sqlx::query_as("SELECT job_name, scheduled_at FROM skipped_fires")
-                .fetch_all(env.ledger.pool())
+                .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
                 .await
                 .unwrap_or_else(|e| panic!("reading skipped_fires: {e}"));
 

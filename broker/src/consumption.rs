@@ -1,0 +1,291 @@
+//! Consuming a worker group's queue: deliveries with manual
+//! acknowledgement, from RabbitMQ or from the embedded queue, behind one
+//! shape ([`Consumption`], [`Delivery`]).
+//!
+//! The guarantees the worker builds on are the same on both: a delivery is
+//! gone from the queue only once acked; a requeued delivery comes back; a
+//! rejected one goes to the dead letters; a consumer that disappears
+//! (channel lost, process killed) gives its unacknowledged deliveries back
+//! to the queue.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions};
+use lapin::Channel;
+
+use belfry_ledger::JobQueue;
+use belfry_protocol::topology::HEADER_TRACEPARENT;
+
+use crate::BrokerError;
+
+/// How often an idle embedded consumer looks at its queue when no publish
+/// in this process woke it (messages requeued by a timer, say).
+const EMBEDDED_POLL: Duration = Duration::from_millis(250);
+
+/// One message delivered to a consumer, not yet acknowledged.
+pub struct Delivery {
+    /// The body, byte for byte.
+    pub data: Vec<u8>,
+    /// The routing key it was published with (its job type).
+    pub routing_key: String,
+    /// The W3C traceparent header it carried.
+    pub traceparent: Option<String>,
+    acker: Acker,
+}
+
+enum Acker {
+    Amqp(lapin::acker::Acker),
+    Embedded {
+        queue: JobQueue,
+        seq: i64,
+        consumer: String,
+    },
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("routing_key", &self.routing_key)
+            .field("bytes", &self.data.len())
+            .finish()
+    }
+}
+
+impl Delivery {
+    fn from_amqp(d: lapin::message::Delivery) -> Self {
+        let traceparent = d
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(HEADER_TRACEPARENT))
+            .and_then(|v| v.as_long_string())
+            .map(|s| s.to_string());
+        Self {
+            routing_key: d.routing_key.to_string(),
+            traceparent,
+            data: d.data,
+            acker: Acker::Amqp(d.acker),
+        }
+    }
+
+    /// Acknowledges the delivery: the queue forgets the message.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the ack could not be sent (the message will be
+    /// delivered again).
+    pub async fn ack(&self) -> Result<(), BrokerError> {
+        match &self.acker {
+            Acker::Amqp(a) => a
+                .ack(BasicAckOptions::default())
+                .await
+                .map_err(BrokerError::amqp("ack")),
+            Acker::Embedded {
+                queue,
+                seq,
+                consumer,
+            } => held(queue.ack(*seq, consumer).await),
+        }
+    }
+
+    /// Gives the delivery back to its queue, to be delivered again.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the requeue could not be sent (the message comes
+    /// back when the consumer closes instead).
+    pub async fn requeue(&self) -> Result<(), BrokerError> {
+        match &self.acker {
+            Acker::Amqp(a) => a
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await
+                .map_err(BrokerError::amqp("nack")),
+            Acker::Embedded {
+                queue,
+                seq,
+                consumer,
+            } => held(queue.requeue(*seq, consumer).await),
+        }
+    }
+
+    /// Rejects the delivery without requeueing: the queue's dead-letter
+    /// route takes it (`reason` and `by` are recorded where the route keeps
+    /// them: the embedded dead letters; RabbitMQ's dead-letter exchange adds
+    /// its own `x-death` header instead).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the reject could not be sent.
+    pub async fn reject(&self, reason: &str, by: &str) -> Result<(), BrokerError> {
+        match &self.acker {
+            Acker::Amqp(a) => a
+                .nack(BasicNackOptions {
+                    requeue: false,
+                    ..BasicNackOptions::default()
+                })
+                .await
+                .map_err(BrokerError::amqp("reject")),
+            Acker::Embedded {
+                queue,
+                seq,
+                consumer,
+            } => held(queue.reject(*seq, consumer, reason, by).await),
+        }
+    }
+}
+
+/// An embedded acknowledgement's answer: `false` means the consumer no
+/// longer held the message (it was closed and the message given back).
+fn held(answer: Result<bool, belfry_ledger::LedgerError>) -> Result<(), BrokerError> {
+    match answer {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(BrokerError::Embedded(
+            "the delivery is no longer held by this consumer (it was given back to the queue)"
+                .into(),
+        )),
+        Err(e) => Err(BrokerError::Embedded(e.to_string())),
+    }
+}
+
+/// A running consumer of one queue.
+pub struct Consumption {
+    kind: Kind,
+}
+
+enum Kind {
+    Amqp {
+        channel: Channel,
+        consumer: lapin::Consumer,
+        tag: String,
+    },
+    Embedded {
+        queue: JobQueue,
+        name: String,
+        tag: String,
+    },
+}
+
+impl std::fmt::Debug for Consumption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, tag) = match &self.kind {
+            Kind::Amqp { tag, .. } => ("amqp", tag),
+            Kind::Embedded { tag, .. } => ("embedded", tag),
+        };
+        f.debug_struct("Consumption")
+            .field("kind", &kind)
+            .field("tag", tag)
+            .finish()
+    }
+}
+
+impl Consumption {
+    pub(crate) fn amqp(channel: Channel, consumer: lapin::Consumer, tag: &str) -> Self {
+        Self {
+            kind: Kind::Amqp {
+                channel,
+                consumer,
+                tag: tag.to_owned(),
+            },
+        }
+    }
+
+    pub(crate) async fn embedded(
+        queue: JobQueue,
+        name: &str,
+        tag: &str,
+    ) -> Result<Self, BrokerError> {
+        let freed = queue
+            .open_consumer(name, tag)
+            .await
+            .map_err(|e| BrokerError::Embedded(e.to_string()))?;
+        if freed > 0 {
+            tracing::info!(queue = %name, freed, "gave back deliveries a stopped consumer never acknowledged");
+        }
+        Ok(Self {
+            kind: Kind::Embedded {
+                queue,
+                name: name.to_owned(),
+                tag: tag.to_owned(),
+            },
+        })
+    }
+
+    /// The next delivery; `None` when the broker ended the consumer, an
+    /// error when its channel or database failed (consume again).
+    pub async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
+        match &mut self.kind {
+            Kind::Amqp { consumer, .. } => consumer.next().await.map(|d| {
+                d.map(Delivery::from_amqp)
+                    .map_err(BrokerError::amqp("consume"))
+            }),
+            Kind::Embedded { queue, name, tag } => {
+                let ready = queue.ready();
+                loop {
+                    // Registered before looking, so a publish between the
+                    // look and the wait still wakes this consumer.
+                    let notified = ready.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    match queue.take(name, tag).await {
+                        Ok(Some(m)) => {
+                            return Some(Ok(Delivery {
+                                data: m.body,
+                                routing_key: m.routing_key,
+                                traceparent: m.traceparent,
+                                acker: Acker::Embedded {
+                                    queue: queue.clone(),
+                                    seq: m.seq,
+                                    consumer: tag.clone(),
+                                },
+                            }))
+                        }
+                        Ok(None) => {}
+                        Err(e) => return Some(Err(BrokerError::Embedded(e.to_string()))),
+                    }
+                    // Either wake-up is fine: both only lead to another look.
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep(EMBEDDED_POLL) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops new deliveries (`basic.cancel`); deliveries already received
+    /// can still be acked until [`Consumption::close`].
+    pub async fn cancel(&self) {
+        match &self.kind {
+            Kind::Amqp { channel, tag, .. } => {
+                if channel.status().connected() {
+                    if let Err(e) = channel
+                        .basic_cancel(tag, BasicCancelOptions::default())
+                        .await
+                    {
+                        tracing::warn!(error = %e, "consumer cancel failed");
+                    }
+                }
+            }
+            // An embedded consumer takes a message only when asked for one.
+            Kind::Embedded { .. } => {}
+        }
+    }
+
+    /// Closes the consumer: unacknowledged deliveries go back to the queue.
+    pub async fn close(self) {
+        match self.kind {
+            Kind::Amqp { channel, .. } => {
+                let _ = channel.close(200, "consumer closed").await;
+            }
+            Kind::Embedded { queue, tag, .. } => {
+                if let Err(e) = queue.close_consumer(&tag).await {
+                    tracing::warn!(error = %e, "cannot give back unacknowledged deliveries; the next consumer does");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Following changes to `schedules`: which schedule changed, as soon as it
+//! did. On Postgres a trigger sends `NOTIFY` and each replica `LISTEN`s; the
+//! embedded ledger announces its own writes in-process.
+
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::broadcast;
+
+use crate::LedgerError;
+
+/// A subscription to schedule changes; see the module docs.
+#[derive(Debug)]
+pub struct ScheduleListener {
+    source: Source,
+}
+
+#[derive(Debug)]
+enum Source {
+    Postgres(Box<PgListener>),
+    Local(broadcast::Receiver<String>),
+}
+
+impl ScheduleListener {
+    pub(crate) async fn postgres(pool: &PgPool, channel: &str) -> Result<Self, LedgerError> {
+        let mut listener = PgListener::connect_with(pool).await?;
+        listener.listen(channel).await?;
+        Ok(Self {
+            source: Source::Postgres(Box::new(listener)),
+        })
+    }
+
+    pub(crate) fn local(receiver: broadcast::Receiver<String>) -> Self {
+        Self {
+            source: Source::Local(receiver),
+        }
+    }
+
+    /// The name of the next schedule that changed.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when notifications were interrupted (the Postgres
+    /// connection dropped, or this subscriber fell behind): some changes
+    /// may have been missed, so the caller should compare everything. The
+    /// listener goes on working after an error.
+    pub async fn recv(&mut self) -> Result<String, LedgerError> {
+        match &mut self.source {
+            Source::Postgres(l) => Ok(l.recv().await?.payload().to_owned()),
+            Source::Local(rx) => match rx.recv().await {
+                Ok(name) => Ok(name),
+                Err(broadcast::error::RecvError::Lagged(n)) => Err(LedgerError::Corrupt(format!(
+                    "{n} schedule change announcements were missed"
+                ))),
+                // The ledger is gone: nothing will change any more.
+                Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+            },
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! A schedule's past fires on the embedded ledger: the statements of
+//! [`crate::fire_history`] in SQLite's dialect. Decisions that read and then
+//! write (an exclusive claim, skipping late claims) run in `BEGIN IMMEDIATE`
+//! transactions: the write lock is taken before the read, which serialises
+//! them as the Postgres advisory lock and row locks do.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{now, now_minus, ts, SqliteLedger};
+use crate::fire_history::{live_fire, ExclusiveClaim, LateClaim};
+use crate::runs::NewRun;
+use crate::LedgerError;
+
+impl SqliteLedger {
+    pub(crate) async fn last_fires(
+        &self,
+        job_names: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
+        let sql = format!(
+            "SELECT max(r.scheduled_at) FROM job_runs r WHERE r.job_name = ?1 AND {}",
+            live_fire("r")
+        );
+        let mut out = HashMap::with_capacity(job_names.len());
+        // One index probe per name, as on Postgres; no round trips to save.
+        for name in job_names {
+            let last: Option<DateTime<Utc>> = sqlx::query_scalar(&sql)
+                .bind(name)
+                .fetch_one(&self.pool)
+                .await?;
+            if let Some(last) = last {
+                out.insert(name.clone(), last);
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn claim_exclusive_with(
+        &self,
+        run: &NewRun,
+        record_skip: bool,
+    ) -> Result<ExclusiveClaim, LedgerError> {
+        // The write lock is held from the first statement to the commit:
+        // the overlap check and the insert are one decision.
+        let mut tx = self.write_tx().await?;
+        let taken: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM job_runs WHERE job_name = ?1 AND run_key = ?2) \
+                 OR EXISTS (SELECT 1 FROM skipped_fires WHERE job_name = ?1 AND run_key = ?2)",
+        )
+        .bind(&run.job_name)
+        .bind(&run.run_key)
+        .fetch_one(&mut *tx)
+        .await?;
+        if taken {
+            tx.commit().await?;
+            return Ok(ExclusiveClaim::Taken);
+        }
+        let at = now();
+        let running: Option<String> = sqlx::query_scalar(
+            "SELECT run_key FROM job_runs WHERE job_name = ?1 AND scheduled_at < ?2 \
+                 AND status IN ('claimed', 'dispatched', 'running', 'retrying') \
+                 AND NOT (status = 'running' AND lease_until < ?3) \
+             ORDER BY scheduled_at DESC LIMIT 1",
+        )
+        .bind(&run.job_name)
+        .bind(ts(run.scheduled_at))
+        .bind(&at)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(previous) = running {
+            if record_skip {
+                insert_skip(
+                    &mut tx,
+                    &run.job_name,
+                    &run.run_key,
+                    &ts(run.scheduled_at),
+                    &format!("overlap: previous run {previous} is not finished"),
+                    &run.claimed_by,
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            return Ok(ExclusiveClaim::Overlapped);
+        }
+        let won = super::runs::claim_in(&mut tx, run).await?;
+        tx.commit().await?;
+        Ok(if won {
+            ExclusiveClaim::Won
+        } else {
+            ExclusiveClaim::Taken
+        })
+    }
+
+    pub(crate) async fn late_claims(
+        &self,
+        older_than: Duration,
+        grace: Duration,
+        limit: i64,
+    ) -> Result<Vec<LateClaim>, LedgerError> {
+        let rows = sqlx::query(&format!(
+            "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
+                 EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
+                         AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
+                         AND {}) AS superseded \
+             FROM job_runs r JOIN schedules s ON s.name = r.job_name \
+             WHERE r.status = 'claimed' AND {} \
+               AND r.claimed_at < ?2 AND r.scheduled_at < ?1 \
+             ORDER BY r.job_name, r.scheduled_at LIMIT ?3",
+            live_fire("n"),
+            live_fire("r")
+        ))
+        .bind(now_minus(older_than))
+        .bind(now_minus(grace))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(LateClaim {
+                    id: r.try_get("id")?,
+                    job_name: r.try_get("job_name")?,
+                    scheduled_at: r.try_get("scheduled_at")?,
+                    superseded: r.try_get("superseded")?,
+                    spec: r.try_get("spec")?,
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) async fn skip_claimed(
+        &self,
+        ids: &[Uuid],
+        reason: &str,
+        by: &str,
+        grace: Duration,
+    ) -> Result<u64, LedgerError> {
+        let at = now();
+        let claimed_before = now_minus(grace);
+        let mut skipped = 0;
+        let mut tx = self.write_tx().await?;
+        for id in ids {
+            let row = sqlx::query(
+                "UPDATE job_runs SET status = 'dead', last_error = ?2, finished_at = ?3, \
+                     next_dispatch_at = NULL, updated_at = ?3 \
+                 WHERE id = ?1 AND status = 'claimed' \
+                   AND next_dispatch_at <= ?3 AND claimed_at < ?4 \
+                 RETURNING job_name, run_key, scheduled_at",
+            )
+            .bind(id)
+            .bind(reason)
+            .bind(&at)
+            .bind(&claimed_before)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(r) = row {
+                let name: String = r.try_get("job_name")?;
+                let key: String = r.try_get("run_key")?;
+                let instant: String = r.try_get("scheduled_at")?;
+                insert_skip(&mut tx, &name, &key, &instant, reason, by).await?;
+                skipped += 1;
+            }
+        }
+        tx.commit().await?;
+        Ok(skipped)
+    }
+
+    pub(crate) async fn recorded_keys(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<HashSet<String>, LedgerError> {
+        let mut found = HashSet::new();
+        for (name, key) in keys {
+            let recorded: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM job_runs WHERE job_name = ?1 AND run_key = ?2) \
+                     OR EXISTS (SELECT 1 FROM skipped_fires WHERE job_name = ?1 AND run_key = ?2)",
+            )
+            .bind(name)
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await?;
+            if recorded {
+                found.insert(key.clone());
+            }
+        }
+        Ok(found)
+    }
+
+    pub(crate) async fn mark_stuck(
+        &self,
+        after: Duration,
+        limit: i64,
+    ) -> Result<Vec<(String, String, String)>, LedgerError> {
+        let at = now();
+        let rows = sqlx::query(
+            "UPDATE job_runs SET last_error = 'stuck: no progress since ' || \
+                 substr(updated_at, 1, 19) || 'Z while ' || status || \
+                 CASE status WHEN 'dispatched' THEN ' (no worker took it: is a worker group serving ' || job_type || ' running?)' \
+                      WHEN 'running' THEN ' (its worker died and no redelivery took it up)' \
+                      ELSE ' (its retry never came: is a worker or a scheduler replica running?)' END \
+             WHERE id IN ( \
+                 SELECT id FROM job_runs \
+                 WHERE status IN ('dispatched', 'running', 'retrying') \
+                   AND updated_at < ?1 AND next_dispatch_at IS NULL \
+                   AND (status <> 'running' OR lease_until IS NULL OR lease_until < ?2) \
+                   AND (last_error IS NULL OR last_error NOT LIKE 'stuck:%') \
+                 LIMIT ?3) \
+             RETURNING run_key, status, last_error",
+        )
+        .bind(now_minus(after))
+        .bind(&at)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("run_key")?,
+                    r.try_get("status")?,
+                    r.try_get("last_error")?,
+                ))
+            })
+            .collect()
+    }
+
+    pub(crate) async fn skipped_fires(
+        &self,
+        job_name: &str,
+        limit: i64,
+    ) -> Result<Vec<(String, String)>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT run_key, reason FROM skipped_fires WHERE job_name = ?1 \
+             ORDER BY scheduled_at DESC LIMIT ?2",
+        )
+        .bind(job_name)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get("run_key")?, r.try_get("reason")?)))
+            .collect()
+    }
+}
+
+async fn insert_skip(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    job_name: &str,
+    run_key: &str,
+    scheduled_at: &str,
+    reason: &str,
+    by: &str,
+) -> Result<(), LedgerError> {
+    sqlx::query(
+        "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by, recorded_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+    )
+    .bind(job_name)
+    .bind(run_key)
+    .bind(scheduled_at)
+    .bind(reason)
+    .bind(by)
+    .bind(now())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

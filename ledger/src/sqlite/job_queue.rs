@@ -1,0 +1,403 @@
+//! The embedded job queue: what RabbitMQ does for belfry, in the embedded
+//! database (table `job_queue`).
+//!
+//! - **Routing**: a message goes to every queue bound to its routing key
+//!   (`queue_bindings`, written when a worker group starts); none bound is
+//!   "unroutable", as a `mandatory` publish returned by the broker.
+//! - **Delivery**: a consumer takes the oldest free row, marking it taken
+//!   by its session; ack deletes it, a requeue frees it, a reject moves it
+//!   to `dead_letters`. Each is one statement (or one transaction), so a
+//!   message is never both acked and requeued.
+//! - **Durability**: the row is committed before the publisher hears
+//!   "confirmed". A process killed with messages taken leaves them taken by
+//!   a session that no longer exists; the next process frees them
+//!   ([`JobQueue::open_consumer`]) before consuming, which is the broker
+//!   requeueing a dead connection's unacknowledged deliveries. Consumers
+//!   are named (`taken_by`), and only the consumer holding a message can
+//!   ack, requeue or reject it.
+
+use sqlx::Row;
+
+use super::{now, SqliteLedger};
+use crate::LedgerError;
+
+/// A message taken from a queue, not yet acknowledged.
+#[derive(Debug, Clone)]
+pub struct QueuedMessage {
+    /// Its position in the queue (the handle for ack, requeue, reject).
+    pub seq: i64,
+    /// The routing key it was published with (its job type).
+    pub routing_key: String,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+    /// The W3C traceparent it was published with.
+    pub traceparent: Option<String>,
+    /// How many times it has been taken, this time included.
+    pub deliveries: i64,
+}
+
+/// One message to publish.
+#[derive(Debug, Clone)]
+pub struct OutgoingMessage<'a> {
+    /// The routing key (job type).
+    pub routing_key: &'a str,
+    /// The body.
+    pub body: &'a [u8],
+    /// The message id, for operators reading the table.
+    pub message_id: Option<String>,
+    /// The W3C traceparent.
+    pub traceparent: Option<&'a str>,
+}
+
+/// The embedded job queue of one embedded ledger (cheap to clone); see the
+/// module docs. Obtained from [`crate::Ledger::job_queue`].
+#[derive(Debug, Clone)]
+pub struct JobQueue {
+    pub(crate) store: SqliteLedger,
+}
+
+impl JobQueue {
+    /// Binds `queue` to each of `job_types` (idempotent).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn bind(&self, queue: &str, job_types: &[String]) -> Result<(), LedgerError> {
+        self.store.queue_bind(queue, job_types).await
+    }
+
+    /// Publishes `messages` in one transaction; for each, how many queues
+    /// it went to (0: unroutable, nothing stored).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails (nothing stored).
+    pub async fn publish(&self, messages: &[OutgoingMessage<'_>]) -> Result<Vec<u64>, LedgerError> {
+        self.store.queue_publish(messages).await
+    }
+
+    /// Takes the oldest free message of `queue`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn take(
+        &self,
+        queue: &str,
+        consumer: &str,
+    ) -> Result<Option<QueuedMessage>, LedgerError> {
+        self.store.queue_take(queue, consumer).await
+    }
+
+    /// Acknowledges (deletes) a taken message; `false` when it was no
+    /// longer held by this process.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn ack(&self, seq: i64, consumer: &str) -> Result<bool, LedgerError> {
+        self.store.queue_ack(seq, consumer).await
+    }
+
+    /// Gives a taken message back to its queue.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn requeue(&self, seq: i64, consumer: &str) -> Result<bool, LedgerError> {
+        self.store.queue_requeue(seq, consumer).await
+    }
+
+    /// Moves a taken message to the dead letters with `reason`.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn reject(
+        &self,
+        seq: i64,
+        consumer: &str,
+        reason: &str,
+        by: &str,
+    ) -> Result<bool, LedgerError> {
+        self.store.queue_reject(seq, consumer, reason, by).await
+    }
+
+    /// Stores a dead letter.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn dead_letter(
+        &self,
+        message: &OutgoingMessage<'_>,
+        reason: &str,
+        by: &str,
+    ) -> Result<(), LedgerError> {
+        self.store.queue_dead_letter(message, reason, by).await
+    }
+
+    /// Registers `consumer` as a live consumer of this process and frees
+    /// the messages of `queue` held by consumers that are not live (closed,
+    /// or of a process that is gone); how many were freed.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn open_consumer(&self, queue: &str, consumer: &str) -> Result<u64, LedgerError> {
+        self.store.live_consumers_insert(consumer);
+        self.store.queue_release_stale(queue).await
+    }
+
+    /// Closes `consumer`: the messages it holds go back to their queue, as a
+    /// broker requeues a closed channel's unacknowledged deliveries.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails (the messages are
+    /// freed by the next consumer to open instead).
+    pub async fn close_consumer(&self, consumer: &str) -> Result<u64, LedgerError> {
+        self.store.live_consumers_remove(consumer);
+        let done = sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE taken_by = ?1")
+            .bind(consumer)
+            .execute(&self.store.pool)
+            .await?;
+        self.store.queue_ready.notify_waiters();
+        Ok(done.rows_affected())
+    }
+
+    /// Takes every dead letter: `(body, reason)`, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn drain_dead_letters(&self) -> Result<Vec<(Vec<u8>, String)>, LedgerError> {
+        self.store.queue_drain_dead_letters().await
+    }
+
+    /// Messages of `queue` ready for delivery (not taken), as a broker's
+    /// message count.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn depth(&self, queue: &str) -> Result<i64, LedgerError> {
+        self.store.queue_depth(queue).await
+    }
+
+    /// Notified after every publish and requeue (consumers wait on it
+    /// between polls).
+    pub fn ready(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.store.queue_ready.clone()
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> bool {
+        self.store.ping().await
+    }
+}
+
+impl SqliteLedger {
+    /// Binds `queue` to each of `job_types` (idempotent).
+    pub(crate) async fn queue_bind(
+        &self,
+        queue: &str,
+        job_types: &[String],
+    ) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        for job_type in job_types {
+            sqlx::query("INSERT INTO queue_bindings (job_type, queue) VALUES (?1, ?2) ON CONFLICT DO NOTHING")
+                .bind(job_type)
+                .bind(queue)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Publishes `messages` in one transaction; for each, how many queues
+    /// it went to (0: unroutable, nothing stored).
+    pub(crate) async fn queue_publish(
+        &self,
+        messages: &[OutgoingMessage<'_>],
+    ) -> Result<Vec<u64>, LedgerError> {
+        let at = now();
+        let mut routed = Vec::with_capacity(messages.len());
+        let mut tx = self.write_tx().await?;
+        for m in messages {
+            let done = sqlx::query(
+                "INSERT INTO job_queue (queue, routing_key, body, message_id, traceparent, enqueued_at) \
+                 SELECT queue, ?1, ?2, ?3, ?4, ?5 FROM queue_bindings WHERE job_type = ?1",
+            )
+            .bind(m.routing_key)
+            .bind(m.body)
+            .bind(&m.message_id)
+            .bind(m.traceparent)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await?;
+            routed.push(done.rows_affected());
+        }
+        tx.commit().await?;
+        // After the commit: a woken consumer must find the rows.
+        self.queue_ready.notify_waiters();
+        Ok(routed)
+    }
+
+    /// Takes the oldest free message of `queue` for this session.
+    pub(crate) async fn queue_take(
+        &self,
+        queue: &str,
+        consumer: &str,
+    ) -> Result<Option<QueuedMessage>, LedgerError> {
+        let row = sqlx::query(
+            "UPDATE job_queue SET taken_by = ?2, deliveries = deliveries + 1 \
+             WHERE seq = (SELECT seq FROM job_queue WHERE queue = ?1 AND taken_by IS NULL \
+                          ORDER BY seq LIMIT 1) \
+             RETURNING seq, routing_key, body, traceparent, deliveries",
+        )
+        .bind(queue)
+        .bind(consumer)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(QueuedMessage {
+                seq: r.try_get("seq")?,
+                routing_key: r.try_get("routing_key")?,
+                body: r.try_get("body")?,
+                traceparent: r.try_get("traceparent")?,
+                deliveries: r.try_get("deliveries")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Acknowledges (deletes) a message this session took.
+    pub(crate) async fn queue_ack(&self, seq: i64, consumer: &str) -> Result<bool, LedgerError> {
+        let done = sqlx::query("DELETE FROM job_queue WHERE seq = ?1 AND taken_by = ?2")
+            .bind(seq)
+            .bind(consumer)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Gives a message this session took back to its queue.
+    pub(crate) async fn queue_requeue(
+        &self,
+        seq: i64,
+        consumer: &str,
+    ) -> Result<bool, LedgerError> {
+        let done =
+            sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE seq = ?1 AND taken_by = ?2")
+                .bind(seq)
+                .bind(consumer)
+                .execute(&self.pool)
+                .await?;
+        self.queue_ready.notify_waiters();
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Moves a message this session took to the dead letters with `reason`.
+    pub(crate) async fn queue_reject(
+        &self,
+        seq: i64,
+        consumer: &str,
+        reason: &str,
+        by: &str,
+    ) -> Result<bool, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let moved = sqlx::query(
+            "INSERT INTO dead_letters (routing_key, body, reason, dead_by, message_id, traceparent, recorded_at) \
+             SELECT routing_key, body, ?3, ?4, message_id, traceparent, ?5 FROM job_queue \
+             WHERE seq = ?1 AND taken_by = ?2",
+        )
+        .bind(seq)
+        .bind(consumer)
+        .bind(reason)
+        .bind(by)
+        .bind(now())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM job_queue WHERE seq = ?1 AND taken_by = ?2")
+            .bind(seq)
+            .bind(consumer)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(moved.rows_affected() == 1)
+    }
+
+    /// Stores a dead letter.
+    pub(crate) async fn queue_dead_letter(
+        &self,
+        message: &OutgoingMessage<'_>,
+        reason: &str,
+        by: &str,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(
+            "INSERT INTO dead_letters (routing_key, body, reason, dead_by, message_id, traceparent, recorded_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )
+        .bind(message.routing_key)
+        .bind(message.body)
+        .bind(reason)
+        .bind(by)
+        .bind(&message.message_id)
+        .bind(message.traceparent)
+        .bind(now())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Frees the messages of `queue` held by consumers that are not live in
+    /// this process (one process owns the file, so they are closed or
+    /// belonged to a process that is gone). Returns how many.
+    pub(crate) async fn queue_release_stale(&self, queue: &str) -> Result<u64, LedgerError> {
+        let live = serde_json::to_string(&self.live_consumers())
+            .map_err(|e| LedgerError::Corrupt(format!("consumer names: {e}")))?;
+        let done = sqlx::query(
+            "UPDATE job_queue SET taken_by = NULL \
+             WHERE queue = ?1 AND taken_by IS NOT NULL \
+               AND taken_by NOT IN (SELECT value FROM json_each(?2))",
+        )
+        .bind(queue)
+        .bind(live)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Takes every dead letter: `(body, reason)`, oldest first.
+    pub(crate) async fn queue_drain_dead_letters(
+        &self,
+    ) -> Result<Vec<(Vec<u8>, String)>, LedgerError> {
+        let rows = sqlx::query("DELETE FROM dead_letters RETURNING seq, body, reason")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = rows
+            .into_iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<i64, _>("seq")?,
+                    r.try_get("body")?,
+                    r.try_get("reason")?,
+                ))
+            })
+            .collect::<Result<Vec<(i64, Vec<u8>, String)>, LedgerError>>()?;
+        out.sort_by_key(|(seq, _, _)| *seq);
+        Ok(out.into_iter().map(|(_, b, r)| (b, r)).collect())
+    }
+
+    /// Messages of `queue` ready for delivery (not taken).
+    pub(crate) async fn queue_depth(&self, queue: &str) -> Result<i64, LedgerError> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM job_queue WHERE queue = ?1 AND taken_by IS NULL",
+        )
+        .bind(queue)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}

@@ -1,0 +1,228 @@
+//! The embedded ledger: the same `job_runs`, `schedules` and
+//! `skipped_fires` rules on SQLite, for `belfry dev` and for programs that
+//! run belfry in one process without Postgres.
+//!
+//! What differs from Postgres, and why each is safe here:
+//!
+//! - **One process owns the file.** [`SqliteLedger::open`] takes an
+//!   exclusive lock on `<database>.lock` for the life of the handle, so a
+//!   second `belfry dev` on the same file refuses to start instead of
+//!   racing the first. Within the process, SQLite serialises writers: a
+//!   statement is atomic, and every read-then-write transaction starts with
+//!   `BEGIN IMMEDIATE` (it takes the write lock first), which is what the
+//!   Postgres code gets from `FOR UPDATE SKIP LOCKED` and advisory locks.
+//! - **Instants are fixed-width UTC text** ([`ts`]): ordering the text
+//!   orders the instants, and every instant, `now` included, comes from this
+//!   process's clock (there is no other clock to disagree with).
+//! - **Schedule changes are announced in-process** (a broadcast channel)
+//!   instead of `LISTEN/NOTIFY`.
+//! - **Durability**: WAL with `synchronous = NORMAL`: a committed
+//!   transaction survives the process being killed (the WAL is in the OS
+//!   before the commit returns); only a power loss can take the last
+//!   commits back.
+
+mod fire_history;
+mod job_queue;
+mod outbox;
+mod runs;
+mod schedules;
+mod views;
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::SqlitePool;
+use tokio::sync::{broadcast, Notify};
+
+pub use job_queue::{JobQueue, OutgoingMessage, QueuedMessage};
+
+use crate::LedgerError;
+
+/// The embedded migrations of `sqlite-migrations/`.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./sqlite-migrations");
+
+/// The text form of an instant in the embedded ledger: UTC, microseconds,
+/// fixed width, so text order is time order.
+pub(crate) fn ts(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// `now` in [`ts`] form.
+pub(crate) fn now() -> String {
+    ts(Utc::now())
+}
+
+/// `now + d` in [`ts`] form (saturating far in the future).
+pub(crate) fn now_plus(d: Duration) -> String {
+    ts(Utc::now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX / 2))
+}
+
+/// `now - d` in [`ts`] form.
+pub(crate) fn now_minus(d: Duration) -> String {
+    ts(Utc::now() - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX / 2))
+}
+
+/// The embedded ledger's handle (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct SqliteLedger {
+    pub(crate) pool: SqlitePool,
+    /// Names of schedules that changed, for this process's replicas.
+    pub(crate) schedule_changes: broadcast::Sender<String>,
+    /// Woken when a message is enqueued, so consumers do not wait out
+    /// their poll interval.
+    pub(crate) queue_ready: Arc<Notify>,
+    /// The queue consumers open in this process: rows of `job_queue` taken
+    /// by any other consumer belong to a closed consumer or a process that
+    /// is gone. A std mutex: held only to copy or change the set.
+    live_consumers: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Held for the life of the handle (and its clones); see the module
+    /// docs.
+    _owner: Option<Arc<File>>,
+}
+
+impl SqliteLedger {
+    /// Opens (creating it if needed) the SQLite database at `url`
+    /// (`sqlite://path/to/belfry.db`, `sqlite:belfry.db`) with at most
+    /// `max_connections`, and takes the file's ownership lock.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Connect`] when the URL is not a SQLite URL or the file
+    /// cannot be opened; [`LedgerError::InUse`] when another process has it
+    /// open.
+    pub async fn open(url: &str, max_connections: u32) -> Result<Self, LedgerError> {
+        let connect_err = |source| LedgerError::Connect {
+            url: belfry_runtime::masked(url),
+            source,
+        };
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(connect_err)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10));
+        let file = options.get_filename().to_path_buf();
+        let owner = if file.as_os_str().is_empty() || file.to_string_lossy().contains(":memory:") {
+            None
+        } else {
+            Some(Arc::new(own(&file)?))
+        };
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(connect_err)?;
+        let (schedule_changes, _) = broadcast::channel(1024);
+        Ok(Self {
+            pool,
+            schedule_changes,
+            queue_ready: Arc::new(Notify::new()),
+            live_consumers: Arc::default(),
+            _owner: owner,
+        })
+    }
+
+    /// Applies pending migrations of the embedded schema.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Migrate`] when a migration fails or the file holds a
+    /// migration this build does not know.
+    pub(crate) async fn migrate(&self) -> Result<(), LedgerError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Whether the database answers a trivial query.
+    pub(crate) async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    /// Starts a transaction that holds the write lock from its first
+    /// statement, for read-then-write decisions.
+    pub(crate) async fn write_tx(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, LedgerError> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    /// Announces a changed schedule to this process's replicas.
+    pub(crate) fn announce(&self, name: &str) {
+        // No receiver (no replica running) is fine: nothing to tell.
+        let _ = self.schedule_changes.send(name.to_owned());
+    }
+
+    pub(crate) fn live_consumers(&self) -> Vec<String> {
+        let live = self
+            .live_consumers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        live.iter().cloned().collect()
+    }
+
+    pub(crate) fn live_consumers_insert(&self, consumer: &str) {
+        let mut live = self
+            .live_consumers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        live.insert(consumer.to_owned());
+    }
+
+    pub(crate) fn live_consumers_remove(&self, consumer: &str) {
+        let mut live = self
+            .live_consumers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        live.remove(consumer);
+    }
+
+    /// Closes the pool (connections finish their statements first).
+    pub(crate) async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Takes the exclusive ownership lock of the database at `file`.
+fn own(file: &std::path::Path) -> Result<File, LedgerError> {
+    let mut lock_path: PathBuf = file.to_path_buf();
+    let mut name = lock_path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".lock");
+    lock_path.set_file_name(name);
+    if let Some(dir) = lock_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| LedgerError::InUse {
+            path: file.display().to_string(),
+            detail: format!("cannot create its directory: {e}"),
+        })?;
+    }
+    let handle = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| LedgerError::InUse {
+            path: file.display().to_string(),
+            detail: format!("cannot open {}: {e}", lock_path.display()),
+        })?;
+    match handle.try_lock() {
+        Ok(()) => Ok(handle),
+        Err(std::fs::TryLockError::WouldBlock) => Err(LedgerError::InUse {
+            path: file.display().to_string(),
+            detail: "another belfry process has it open (one process owns an embedded \
+                     database; stop the other one, or give this one its own file)"
+                .into(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(LedgerError::InUse {
+            path: file.display().to_string(),
+            detail: format!("cannot lock {}: {e}", lock_path.display()),
+        }),
+    }
+}

@@ -1,0 +1,371 @@
+//! `job_runs` transitions on the embedded ledger: the statements of
+//! [`crate::runs`] and [`crate::claim_batch`] in SQLite's dialect, with the
+//! same guards (each `WHERE` names the statuses a transition may leave).
+//! Batches run as one transaction of single-row statements: SQLite has no
+//! network round trip to save, and one transaction is one commit.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use uuid::Uuid;
+
+use belfry_protocol::JobMessage;
+
+use super::{now, now_plus, ts, SqliteLedger};
+use crate::attempt_batch::{BeginRequest, EndRequest};
+use crate::runs::{options_json, AttemptEntry, NewRun, OnRunConflict, RunRecord, RUN_COLUMNS};
+use crate::{LedgerError, RunStatus};
+
+/// The insert of a claim; one row.
+const CLAIM: &str = "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, \
+         scheduled_at, claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at, \
+         updated_at) \
+     VALUES (?1, ?2, ?3, ?4, 'claimed', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?8) \
+     ON CONFLICT (job_name, run_key) DO NOTHING \
+     RETURNING id";
+
+/// `claimed` → `dispatched`, or only `dispatched_at` for a run a fast worker
+/// already moved; every expression reads the row as it was.
+const MARK_DISPATCHED: &str = "UPDATE job_runs SET \
+         status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
+         next_dispatch_at = CASE WHEN status = 'claimed' THEN NULL ELSE next_dispatch_at END, \
+         updated_at = CASE WHEN status = 'claimed' THEN ?2 ELSE updated_at END, \
+         dispatched_at = COALESCE(dispatched_at, ?2) \
+     WHERE id = ?1 AND (status = 'claimed' OR dispatched_at IS NULL) \
+     RETURNING status";
+
+/// Starts an attempt of a startable run (see `Ledger::try_begin`).
+const BEGIN: &str = "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
+         started_at = COALESCE(started_at, ?4), worker = ?3, next_dispatch_at = NULL, \
+         lease_until = ?5, updated_at = ?4 \
+     WHERE job_name = ?1 AND run_key = ?2 \
+       AND (status IN ('claimed', 'dispatched', 'retrying') \
+            OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?4))) \
+     RETURNING id, attempts";
+
+/// Ends the attempt that holds the run (see `Ledger::end_attempt`).
+const END: &str = "UPDATE job_runs SET status = ?2, last_error = ?3, \
+         finished_at = CASE WHEN ?4 THEN ?8 ELSE NULL END, \
+         attempt_log = json_insert(attempt_log, '$[#]', json(?5)), \
+         next_dispatch_at = ?6, lease_until = NULL, updated_at = ?8 \
+     WHERE id = ?1 AND status = 'running' AND attempts = ?7";
+
+impl SqliteLedger {
+    pub(crate) async fn claim(&self, run: &NewRun) -> Result<bool, LedgerError> {
+        let mut tx = self.pool.begin().await?;
+        let won = claim_in(&mut tx, run).await?;
+        tx.commit().await?;
+        Ok(won)
+    }
+
+    pub(crate) async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
+        let mut won = HashSet::with_capacity(runs.len());
+        // One transaction: all of the batch or none of it, as the single
+        // Postgres statement.
+        let mut tx = self.write_tx().await?;
+        for run in runs {
+            if claim_in(&mut tx, run).await? {
+                won.insert(run.id);
+            }
+        }
+        tx.commit().await?;
+        Ok(won)
+    }
+
+    pub(crate) async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
+        let status: Option<String> = sqlx::query_scalar(MARK_DISPATCHED)
+            .bind(id)
+            .bind(now())
+            .fetch_optional(&self.pool)
+            .await?;
+        // The row moved only if this statement made it `dispatched` from
+        // `claimed`; a row a worker had already taken keeps its status.
+        Ok(status.as_deref() == Some("dispatched"))
+    }
+
+    pub(crate) async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError> {
+        let mut touched = 0;
+        let at = now();
+        let mut tx = self.write_tx().await?;
+        for id in ids {
+            let done = sqlx::query(MARK_DISPATCHED)
+                .bind(id)
+                .bind(&at)
+                .fetch_optional(&mut *tx)
+                .await?;
+            touched += u64::from(done.is_some());
+        }
+        tx.commit().await?;
+        Ok(touched)
+    }
+
+    pub(crate) async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
+        let done = sqlx::query(
+            "UPDATE job_runs SET status = 'dead', last_error = ?2, finished_at = ?3, \
+                 updated_at = ?3 \
+             WHERE id = ?1 AND status IN ('claimed', 'dispatched', 'retrying')",
+        )
+        .bind(id)
+        .bind(reason)
+        .bind(now())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(crate) async fn try_begin(
+        &self,
+        job_name: &str,
+        run_key: &str,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<(Uuid, i32)>, LedgerError> {
+        let row = sqlx::query(BEGIN)
+            .bind(job_name)
+            .bind(run_key)
+            .bind(worker)
+            .bind(now())
+            .bind(now_plus(lease))
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((r.try_get("id")?, r.try_get("attempts")?)))
+            .transpose()
+    }
+
+    pub(crate) async fn state_by_key(
+        &self,
+        job_name: &str,
+        run_key: &str,
+    ) -> Result<Option<(Uuid, String, Option<DateTime<Utc>>, DateTime<Utc>)>, LedgerError> {
+        let row = sqlx::query(
+            "SELECT id, status, lease_until FROM job_runs WHERE job_name = ?1 AND run_key = ?2",
+        )
+        .bind(job_name)
+        .bind(run_key)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok((
+                r.try_get("id")?,
+                r.try_get("status")?,
+                r.try_get("lease_until")?,
+                Utc::now(),
+            ))
+        })
+        .transpose()
+    }
+
+    pub(crate) async fn insert_from_message(
+        &self,
+        message: &JobMessage,
+        status: RunStatus,
+        last_error: Option<&str>,
+        on_conflict: OnRunConflict,
+    ) -> Result<u64, sqlx::Error> {
+        let action = match on_conflict {
+            OnRunConflict::Nothing => "DO NOTHING",
+            OnRunConflict::MarkDead => {
+                "DO UPDATE SET status = 'dead', last_error = excluded.last_error, \
+                 finished_at = excluded.updated_at, updated_at = excluded.updated_at \
+                 WHERE job_runs.status IN ('claimed', 'dispatched', 'retrying')"
+            }
+        };
+        let at = now();
+        let trace = message.trace.as_ref();
+        let options =
+            options_json(&message.options).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+        let done = sqlx::query(&format!(
+            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
+                 dispatched_at, last_error, finished_at, trace_id, traceparent, options, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, CASE WHEN ?10 THEN ?14 END, ?11, ?12, ?13, ?14) \
+             ON CONFLICT (job_name, run_key) {action}"
+        ))
+        .bind(message.message_id)
+        .bind(&message.job_name)
+        .bind(&message.run_key)
+        .bind(&message.job_type)
+        .bind(status.as_str())
+        .bind(&message.payload)
+        .bind(ts(message.scheduled_at))
+        .bind(ts(message.published_at))
+        .bind(last_error)
+        .bind(status.is_terminal())
+        .bind(trace.and_then(|t| t.trace_id()))
+        .bind(trace.map(|t| t.traceparent.as_str()))
+        .bind(options)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(crate) async fn end_attempt(
+        &self,
+        id: Uuid,
+        status: RunStatus,
+        entry: &AttemptEntry,
+        last_error: Option<&str>,
+        redispatch_at: Option<DateTime<Utc>>,
+    ) -> Result<bool, LedgerError> {
+        let mut tx = self.pool.begin().await?;
+        let done = end_in(&mut tx, id, status, entry, last_error, redispatch_at).await?;
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    pub(crate) async fn hand_back(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        reason: &str,
+    ) -> Result<bool, LedgerError> {
+        let done = sqlx::query(
+            "UPDATE job_runs SET status = 'retrying', last_error = ?2, lease_until = NULL, \
+                 updated_at = ?4 \
+             WHERE id = ?1 AND status = 'running' AND attempts = ?3",
+        )
+        .bind(id)
+        .bind(reason)
+        .bind(attempt)
+        .bind(now())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(crate) async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
+        Ok(
+            sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM job_runs WHERE id = ?1"))
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    pub(crate) async fn run_by_key(
+        &self,
+        job_name: &str,
+        run_key: &str,
+    ) -> Result<Option<RunRecord>, LedgerError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = ?1 AND run_key = ?2"
+        ))
+        .bind(job_name)
+        .bind(run_key)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn runs_of(
+        &self,
+        job_name: &str,
+        limit: i64,
+    ) -> Result<Vec<RunRecord>, LedgerError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = ?1 \
+             ORDER BY scheduled_at ASC LIMIT ?2"
+        ))
+        .bind(job_name)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn begin_batch(
+        &self,
+        batch: Vec<BeginRequest>,
+    ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
+        let at = now();
+        let mut out = Vec::with_capacity(batch.len());
+        let mut tx = self.write_tx().await?;
+        for r in &batch {
+            // Row by row, the guard of `try_begin`: a run named twice in one
+            // batch starts once; the second request gets `None` and the
+            // slow path sees the run held.
+            let row = sqlx::query(BEGIN)
+                .bind(&r.job_name)
+                .bind(&r.run_key)
+                .bind(&r.worker)
+                .bind(&at)
+                .bind(now_plus(r.lease))
+                .fetch_optional(&mut *tx)
+                .await?;
+            out.push(
+                row.map(|row| -> Result<_, LedgerError> {
+                    Ok((row.try_get("id")?, row.try_get("attempts")?))
+                })
+                .transpose()?,
+            );
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    pub(crate) async fn end_batch(&self, batch: Vec<EndRequest>) -> Result<Vec<bool>, LedgerError> {
+        let mut out = Vec::with_capacity(batch.len());
+        let mut tx = self.write_tx().await?;
+        for r in &batch {
+            out.push(
+                end_in(
+                    &mut tx,
+                    r.id,
+                    r.status,
+                    &r.entry,
+                    r.last_error.as_deref(),
+                    r.redispatch_at,
+                )
+                .await?,
+            );
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+}
+
+pub(super) async fn claim_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    run: &NewRun,
+) -> Result<bool, LedgerError> {
+    let inserted: Option<Uuid> = sqlx::query_scalar(CLAIM)
+        .bind(run.id)
+        .bind(&run.job_name)
+        .bind(&run.run_key)
+        .bind(&run.job_type)
+        .bind(&run.payload)
+        .bind(ts(run.scheduled_at))
+        .bind(&run.claimed_by)
+        .bind(now())
+        .bind(&run.trace_id)
+        .bind(&run.traceparent)
+        .bind(options_json(&run.options)?)
+        .bind(ts(run.next_dispatch_at))
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(inserted.is_some())
+}
+
+async fn end_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    id: Uuid,
+    status: RunStatus,
+    entry: &AttemptEntry,
+    last_error: Option<&str>,
+    redispatch_at: Option<DateTime<Utc>>,
+) -> Result<bool, LedgerError> {
+    let entry_json = serde_json::to_string(entry)
+        .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
+    let done = sqlx::query(END)
+        .bind(id)
+        .bind(status.as_str())
+        .bind(last_error)
+        .bind(status.is_terminal())
+        .bind(entry_json)
+        .bind(redispatch_at.map(ts))
+        .bind(entry.attempt)
+        .bind(now())
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,215 @@
+//! What operators read on the embedded ledger (run listing, the web view's
+//! numbers) and retention: the statements of [`crate::run_query`],
+//! [`crate::dashboard`] and [`crate::retention`] in SQLite's dialect, on the
+//! same indexes.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use sqlx::Row;
+
+use super::{now, ts, SqliteLedger};
+use crate::dashboard::{MinuteCount, Overview, RecentFire};
+use crate::fire_history::live_fire;
+use crate::run_query::{RunCursor, RunFilter};
+use crate::runs::{RunRecord, RUN_COLUMNS};
+use crate::LedgerError;
+
+impl SqliteLedger {
+    pub(crate) async fn list_runs(
+        &self,
+        filter: &RunFilter,
+        cursor: Option<RunCursor>,
+        limit: i64,
+    ) -> Result<Vec<RunRecord>, LedgerError> {
+        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(format!(
+            "SELECT {RUN_COLUMNS} FROM job_runs WHERE 1"
+        ));
+        if let Some(name) = &filter.job_name {
+            q.push(" AND job_name = ").push_bind(name.clone());
+        }
+        if let Some(job_type) = &filter.job_type {
+            q.push(" AND job_type = ").push_bind(job_type.clone());
+        }
+        if !filter.statuses.is_empty() {
+            // The crate's own constants, as literals (partial indexes).
+            let list: Vec<String> = filter
+                .statuses
+                .iter()
+                .map(|s| format!("'{}'", s.as_str()))
+                .collect();
+            q.push(format!(" AND status IN ({})", list.join(", ")));
+        }
+        if let Some(from) = filter.from {
+            q.push(" AND scheduled_at >= ").push_bind(ts(from));
+        }
+        if let Some(to) = filter.to {
+            q.push(" AND scheduled_at < ").push_bind(ts(to));
+        }
+        if let Some(c) = cursor {
+            q.push(" AND (scheduled_at, id) < (")
+                .push_bind(ts(c.scheduled_at))
+                .push(", ")
+                .push_bind(c.id)
+                .push(")");
+        }
+        q.push(" ORDER BY scheduled_at DESC, id DESC LIMIT ")
+            .push_bind(limit);
+        Ok(q.build_query_as().fetch_all(&self.pool).await?)
+    }
+
+    pub(crate) async fn runs_per_minute(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<MinuteCount>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT substr(scheduled_at, 1, 16) AS minute, status, count(*) AS n \
+             FROM job_runs WHERE scheduled_at >= ?1 AND scheduled_at <= ?2 \
+             GROUP BY 1, 2 ORDER BY 1",
+        )
+        .bind(ts(since))
+        .bind(now())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                let minute: String = r.try_get("minute")?;
+                let minute = NaiveDateTime::parse_from_str(&minute, "%Y-%m-%dT%H:%M")
+                    .map_err(|e| LedgerError::Corrupt(format!("minute {minute:?}: {e}")))?
+                    .and_utc();
+                Ok(MinuteCount {
+                    minute,
+                    status: r.try_get("status")?,
+                    count: r.try_get("n")?,
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) async fn overview(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> Result<Overview, LedgerError> {
+        let day_ago = ts(Utc::now() - chrono::Duration::days(1));
+        let counts = sqlx::query(
+            "SELECT \
+               (SELECT count(*) FROM job_runs \
+                  WHERE status IN ('claimed', 'dispatched', 'running', 'retrying')) AS in_flight, \
+               (SELECT count(*) FROM job_runs \
+                  WHERE status IN ('claimed', 'dispatched', 'running', 'retrying') \
+                    AND last_error LIKE 'stuck:%') AS stuck, \
+               (SELECT count(*) FROM job_runs \
+                  WHERE finished_at > ?1 AND status = 'dead') AS dead, \
+               (SELECT count(*) FROM job_runs \
+                  WHERE finished_at > ?1 AND status = 'failed') AS failed",
+        )
+        .bind(&day_ago)
+        .fetch_one(&self.pool)
+        .await?;
+        let since = ts(seen_since);
+        let mut seen = Vec::with_capacity(2);
+        for sql in [
+            "SELECT claimed_by AS who, max(claimed_at) AS last FROM job_runs \
+             WHERE scheduled_at >= ?1 AND claimed_by IS NOT NULL AND claimed_at IS NOT NULL \
+             GROUP BY 1 ORDER BY 2 DESC LIMIT 50",
+            "SELECT worker AS who, max(started_at) AS last FROM job_runs \
+             WHERE scheduled_at >= ?1 AND worker IS NOT NULL AND started_at IS NOT NULL \
+             GROUP BY 1 ORDER BY 2 DESC LIMIT 50",
+        ] {
+            let rows = sqlx::query(sql).bind(&since).fetch_all(&self.pool).await?;
+            seen.push(
+                rows.into_iter()
+                    .map(|r| {
+                        let last: String = r.try_get("last")?;
+                        let last = DateTime::parse_from_rfc3339(&last)
+                            .map_err(|e| LedgerError::Corrupt(format!("instant {last:?}: {e}")))?
+                            .with_timezone(&Utc);
+                        Ok((r.try_get::<String, _>("who")?, last))
+                    })
+                    .collect::<Result<Vec<_>, LedgerError>>()?,
+            );
+        }
+        let workers = seen.pop().unwrap_or_default();
+        let replicas = seen.pop().unwrap_or_default();
+        Ok(Overview {
+            in_flight: counts.try_get("in_flight")?,
+            stuck: counts.try_get("stuck")?,
+            dead_last_day: counts.try_get("dead")?,
+            failed_last_day: counts.try_get("failed")?,
+            replicas,
+            workers,
+        })
+    }
+
+    pub(crate) async fn recent_fires(
+        &self,
+        names: &[String],
+        per: i64,
+    ) -> Result<Vec<RecentFire>, LedgerError> {
+        let mut out = Vec::new();
+        // One indexed probe per schedule on each table, as LATERAL does on
+        // Postgres.
+        for name in names {
+            let rows = sqlx::query(
+                "SELECT scheduled_at, status FROM ( \
+                     SELECT * FROM (SELECT scheduled_at, status FROM job_runs WHERE job_name = ?1 \
+                                    ORDER BY scheduled_at DESC LIMIT ?2) \
+                     UNION ALL \
+                     SELECT * FROM (SELECT scheduled_at, 'skipped' AS status FROM skipped_fires \
+                                    WHERE job_name = ?1 ORDER BY scheduled_at DESC LIMIT ?2)) \
+                 ORDER BY scheduled_at DESC LIMIT ?2",
+            )
+            .bind(name)
+            .bind(per)
+            .fetch_all(&self.pool)
+            .await?;
+            for r in rows {
+                out.push(RecentFire {
+                    job_name: name.clone(),
+                    scheduled_at: r.try_get("scheduled_at")?,
+                    status: r.try_get("status")?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn prune_finished_runs(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        let done = sqlx::query(&format!(
+            "DELETE FROM job_runs WHERE id IN ( \
+                 SELECT r.id FROM job_runs r \
+                 WHERE r.finished_at < ?1 \
+                   AND (NOT COALESCE({}, 0) \
+                        OR EXISTS (SELECT 1 FROM job_runs n \
+                                   WHERE n.job_name = r.job_name AND n.scheduled_at > r.scheduled_at \
+                                     AND {})) \
+                 ORDER BY r.finished_at LIMIT ?2)",
+            live_fire("r"),
+            live_fire("n")
+        ))
+        .bind(ts(cutoff))
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(crate) async fn prune_skipped_fires(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        let done = sqlx::query(
+            "DELETE FROM skipped_fires WHERE rowid IN ( \
+                 SELECT rowid FROM skipped_fires WHERE recorded_at < ?1 \
+                 ORDER BY recorded_at LIMIT ?2)",
+        )
+        .bind(ts(cutoff))
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
