@@ -38,6 +38,13 @@ pub enum Command {
     /// Ad-hoc jobs.
     #[command(subcommand)]
     Jobs(JobCommand),
+    /// Runs a whole belfry in this process (scheduler, worker with the
+    /// built-in job types, REST API and web view) on an embedded SQLite
+    /// database (`.belfry/dev.db`, or `DATABASE_URL=sqlite:...`); with a
+    /// Postgres `DATABASE_URL`, `AMQP_URL` and `REDIS_URL` it runs on those
+    /// services instead. Schedules come from `BELFRY_SCHEDULES`
+    /// (`examples/schedules.toml`). Stops on Ctrl-C.
+    Dev,
 }
 
 /// Schedule commands.

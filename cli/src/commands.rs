@@ -19,6 +19,10 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Schedules(c) => schedules(&api, &out, c).await,
         Command::Runs(c) => runs(&api, &out, c).await,
         Command::Jobs(c) => jobs(&api, &out, c).await,
+        // A server, not an API call: the binary starts it (see main.rs).
+        Command::Dev => Err(CliError::Usage(
+            "`belfry dev` runs a server; start it from the belfry binary".into(),
+        )),
     }
 }
 
