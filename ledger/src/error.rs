@@ -6,9 +6,18 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum LedgerError {
     /// The database could not be reached at start.
-    #[error("cannot connect to the database at {url}: {source}")]
+    #[error("cannot connect to Postgres at {url}: {source}")]
     Connect {
         /// The URL tried, password masked.
+        url: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The embedded database could not be opened.
+    #[error("cannot open the embedded database {url}: {source}")]
+    OpenEmbedded {
+        /// The URL tried.
         url: String,
         /// The driver's error.
         #[source]

@@ -56,6 +56,31 @@ pub fn services_required() -> bool {
     std::env::var("BELFRY_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
 }
 
+/// Records that the calling test is skipped because `why` (a missing
+/// service or tool, and how to get it): printed to stderr and appended to
+/// the file named by `BELFRY_SKIP_LOG` (which `scripts/test` summarises).
+///
+/// # Panics
+///
+/// When `BELFRY_REQUIRE_SERVICES=1`: there, a test that cannot run fails.
+pub fn skip(why: &str) {
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    if services_required() {
+        panic!("{test} could not run (BELFRY_REQUIRE_SERVICES=1): {why}");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+    if let Ok(path) = std::env::var("BELFRY_SKIP_LOG") {
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{test}: {why}");
+        }
+    }
+}
+
 /// A [`TestEnv`] on the real services, or `return` from the calling test
 /// after saying why it was skipped (see the crate docs).
 #[macro_export]

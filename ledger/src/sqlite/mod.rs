@@ -80,6 +80,8 @@ pub struct SqliteLedger {
     /// by any other consumer belong to a closed consumer or a process that
     /// is gone. A std mutex: held only to copy or change the set.
     live_consumers: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Whether runs left by a previous owner of the file were taken over.
+    taken_over: Arc<std::sync::atomic::AtomicBool>,
     /// Held for the life of the handle (and its clones); see the module
     /// docs.
     _owner: Option<Arc<File>>,
@@ -92,11 +94,11 @@ impl SqliteLedger {
     ///
     /// # Errors
     ///
-    /// [`LedgerError::Connect`] when the URL is not a SQLite URL or the file
-    /// cannot be opened; [`LedgerError::InUse`] when another process has it
+    /// [`LedgerError::OpenEmbedded`] when the URL is not a SQLite URL or the
+    /// file cannot be opened; [`LedgerError::InUse`] when another process has it
     /// open.
     pub async fn open(url: &str, max_connections: u32) -> Result<Self, LedgerError> {
-        let connect_err = |source| LedgerError::Connect {
+        let connect_err = |source| LedgerError::OpenEmbedded {
             url: belfry_runtime::masked(url),
             source,
         };
@@ -124,6 +126,7 @@ impl SqliteLedger {
             schedule_changes,
             queue_ready: Arc::new(Notify::new()),
             live_consumers: Arc::default(),
+            taken_over: Arc::default(),
             _owner: owner,
         })
     }
@@ -136,6 +139,40 @@ impl SqliteLedger {
     /// migration this build does not know.
     pub(crate) async fn migrate(&self) -> Result<(), LedgerError> {
         MIGRATOR.run(&self.pool).await?;
+        // Once per opening of the file: later calls (a replica and a worker
+        // of this process migrating in turn) must not end this process's
+        // own live leases.
+        if self
+            .taken_over
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        self.take_over_from_previous_owner().await
+    }
+
+    /// A run left `running` in the file belongs to a process that is gone
+    /// (this one owns the file, and has not started anything yet): its
+    /// lease is ended now instead of when it would have run out, so the
+    /// run's redelivered message takes it over at once, its attempt count
+    /// intact. (On Postgres another worker may be alive, so only the lease
+    /// running out can say it is not.)
+    async fn take_over_from_previous_owner(&self) -> Result<(), LedgerError> {
+        let at = now();
+        let ended = sqlx::query(
+            "UPDATE job_runs SET lease_until = ?1 \
+             WHERE status = 'running' AND (lease_until IS NULL OR lease_until > ?1)",
+        )
+        .bind(&at)
+        .execute(&self.pool)
+        .await?;
+        if ended.rows_affected() > 0 {
+            tracing::warn!(
+                runs = ended.rows_affected(),
+                "runs were left running by a process that stopped without finishing them; \
+                 their redelivered messages take them over"
+            );
+        }
         Ok(())
     }
 

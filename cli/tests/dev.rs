@@ -1,0 +1,268 @@
+//! `belfry dev`, the real binary, in embedded mode: no Postgres, RabbitMQ or
+//! Redis. It fires the schedules of its file, answers the CLI, and survives
+//! `kill -9` in the middle of a running job: after a restart the run ends
+//! exactly once and the fires missed while it was down follow each
+//! schedule's misfire policy.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use belfry_ledger::{Ledger, RunRecord};
+use chrono::{DateTime, Timelike, Utc};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_belfry");
+
+const SCHEDULES: &str = r#"
+[[schedule]]
+name = "long"
+after = "2s"
+job_type = "sleep"
+payload = { duration_ms = 5000 }
+
+[[schedule]]
+name = "tick-skip"
+every = "2s"
+job_type = "noop"
+misfire = "skip"
+
+[[schedule]]
+name = "tick-once"
+every = "2s"
+job_type = "noop"
+misfire = "fire_once"
+"#;
+
+/// A running `belfry dev` and the API address it printed.
+struct Dev {
+    child: Child,
+    api: String,
+}
+
+async fn start(dir: &std::path::Path) -> Dev {
+    let mut child = Command::new(BIN)
+        .arg("dev")
+        .env_remove("AMQP_URL")
+        .env_remove("REDIS_URL")
+        .env(
+            "DATABASE_URL",
+            format!("sqlite://{}", dir.join("dev.db").display()),
+        )
+        .env("BELFRY_SCHEDULES", dir.join("schedules.toml"))
+        .env("BELFRY_API_ADDR", "127.0.0.1:0")
+        .env("BELFRY_MISFIRE_THRESHOLD", "1s")
+        .env("BELFRY_RETRY_JITTER", "false")
+        .env("RUST_LOG", "info")
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // Drained for the life of the process (logs go to stdout too), so the
+    // pipe never fills; the banner's API line is handed over once.
+    tokio::spawn(async move {
+        let mut tx = Some(tx);
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(rest) = line.trim_start().strip_prefix("API") {
+                if let Some(url) = rest.split_whitespace().next() {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(url.trim_end_matches("/v1").to_owned());
+                    }
+                }
+            }
+        }
+    });
+    let api = tokio::time::timeout(Duration::from_secs(60), rx)
+        .await
+        .expect("belfry dev printed its API address")
+        .unwrap();
+    Dev { child, api }
+}
+
+async fn runs(api: &str, schedule: &str) -> Vec<Value> {
+    let body: Value = reqwest::get(format!("{api}/v1/runs?schedule={schedule}&limit=100"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["runs"].as_array().cloned().unwrap_or_default()
+}
+
+/// Sleeps until the next instant whose second is odd and whose
+/// milliseconds are `millis`: as far as possible from the even seconds the
+/// 2 s schedules fire at.
+async fn until_odd_second_plus(millis: u32) {
+    let now = Utc::now();
+    let mut at = now.with_nanosecond(millis * 1_000_000).unwrap();
+    while at <= now || at.second() % 2 == 0 {
+        at += chrono::Duration::seconds(1);
+    }
+    tokio::time::sleep((at - now).to_std().unwrap()).await;
+}
+
+fn between<'a>(
+    runs: &'a [RunRecord],
+    after: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Vec<&'a RunRecord> {
+    runs.iter()
+        .filter(|r| r.scheduled_at > after && r.scheduled_at <= until)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_job_then_restart_ends_the_run_once_and_applies_misfire_policies() {
+    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("schedules.toml"), SCHEDULES).unwrap();
+
+    let mut first = start(&dir).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let running = runs(&first.api, "long").await;
+        let ticked = !runs(&first.api, "tick-once").await.is_empty();
+        if ticked && running.first().is_some_and(|r| r["status"] == "running") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the long job never started: {running:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The CLI sees the runs.
+    let listed = Command::new(BIN)
+        .args(["--api", &first.api, "runs", "ls", "--schedule", "tick-once"])
+        .output()
+        .await
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("  tick-once  "),
+        "{listed:?}"
+    );
+
+    // kill -9 while the 5 s job runs, away from a tick.
+    until_odd_second_plus(500).await;
+    let killed_at = Utc::now();
+    first.child.kill().await.unwrap();
+
+    // Down for three ticks; restarted shortly after an odd second.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    until_odd_second_plus(100).await;
+    let restarted_at = Utc::now();
+    let mut second = start(&dir).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let long = runs(&second.api, "long").await;
+        if long.first().is_some_and(|r| r["status"] == "succeeded") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the interrupted run never finished: {long:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // A graceful stop this time.
+    let pid = second.child.id().unwrap().to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let exit = tokio::time::timeout(Duration::from_secs(40), second.child.wait())
+        .await
+        .expect("belfry dev stops on SIGTERM")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+
+    // The process is gone, so the file can be opened here.
+    let url = format!("sqlite://{}", dir.join("dev.db").display());
+    let ledger = Ledger::connect(&url, 2).await.unwrap();
+
+    let long = ledger.runs_of("long", 100).await.unwrap();
+    assert_eq!(long.len(), 1, "{long:?}");
+    let run = &long[0];
+    assert_eq!(run.status_text, "succeeded", "{run:?}");
+    assert_eq!(run.attempts, 2, "the killed attempt stays counted: {run:?}");
+    let log = run.attempt_entries().unwrap();
+    assert_eq!(log.len(), 1, "only the second attempt finished: {log:?}");
+    assert_eq!((log[0].attempt, log[0].outcome.as_str()), (2, "succeeded"));
+
+    let skip = ledger.runs_of("tick-skip", 1000).await.unwrap();
+    let once = ledger.runs_of("tick-once", 1000).await.unwrap();
+    for r in skip.iter().chain(&once) {
+        if r.scheduled_at <= restarted_at + chrono::Duration::milliseconds(500) {
+            assert_eq!(r.status_text, "succeeded", "{r:?}");
+        }
+    }
+    assert!(
+        skip.iter().any(|r| r.scheduled_at < killed_at),
+        "fired before the kill"
+    );
+    assert!(
+        skip.iter().any(|r| r.scheduled_at > restarted_at),
+        "fired after the restart"
+    );
+    let missed_skip = between(
+        &skip,
+        killed_at,
+        restarted_at - chrono::Duration::milliseconds(1500),
+    );
+    assert!(
+        missed_skip.is_empty(),
+        "misfire = skip fired missed instants: {missed_skip:?}"
+    );
+    let missed_once = between(
+        &once,
+        killed_at,
+        restarted_at + chrono::Duration::milliseconds(500),
+    );
+    assert_eq!(
+        missed_once.len(),
+        1,
+        "misfire = fire_once fires one of the missed instants: {missed_once:?}"
+    );
+    ledger.close().await;
+    drop(ledger);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_the_same_file_is_refused_with_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("schedules.toml"), "").unwrap();
+    let first = start(&dir).await;
+    let second = Command::new(BIN)
+        .arg("dev")
+        .env_remove("AMQP_URL")
+        .env_remove("REDIS_URL")
+        .env(
+            "DATABASE_URL",
+            format!("sqlite://{}", dir.join("dev.db").display()),
+        )
+        .env("BELFRY_SCHEDULES", dir.join("schedules.toml"))
+        .env("BELFRY_API_ADDR", "127.0.0.1:0")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("another belfry process has it open"),
+        "{stderr}"
+    );
+    drop(first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
