@@ -101,17 +101,13 @@ async fn runs(api: &str, schedule: &str) -> Vec<Value> {
 async fn until_odd_second_plus(millis: u32) {
     let now = Utc::now();
     let mut at = now.with_nanosecond(millis * 1_000_000).unwrap();
-    while at <= now || at.second() % 2 == 0 {
+    while at <= now || at.second().is_multiple_of(2) {
         at += chrono::Duration::seconds(1);
     }
     tokio::time::sleep((at - now).to_std().unwrap()).await;
 }
 
-fn between<'a>(
-    runs: &'a [RunRecord],
-    after: DateTime<Utc>,
-    until: DateTime<Utc>,
-) -> Vec<&'a RunRecord> {
+fn between(runs: &[RunRecord], after: DateTime<Utc>, until: DateTime<Utc>) -> Vec<&RunRecord> {
     runs.iter()
         .filter(|r| r.scheduled_at > after && r.scheduled_at <= until)
         .collect()
