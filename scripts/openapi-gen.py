@@ -72,7 +72,7 @@ doc = {
  "paths": {
   "/healthz": {"get": {"operationId": "healthz", "security": [], "summary": "Liveness",
       "responses": {"200": ok("The process serves requests", {"type": "object", "properties": {"status": {"type": "string", "enum": ["ok"]}}, "required": ["status"]})}}},
-  "/readyz": {"get": {"operationId": "readyz", "security": [], "summary": "Readiness: Postgres and RabbitMQ required, Redis reported",
+  "/readyz": {"get": {"operationId": "readyz", "security": [], "summary": "Readiness: Postgres and RabbitMQ required, Redis reported (embedded mode: its database)",
       "responses": {"200": ok("Ready (or degraded: Redis down, claims exact through Postgres)", ref("Readiness")),
                     "503": ok("Not ready: Postgres or RabbitMQ down", ref("Readiness"))}}},
   "/openapi.json": {"get": {"operationId": "openapi", "security": [], "summary": "This document",
@@ -130,9 +130,13 @@ doc = {
    "Error": {"type": "object", "required": ["error", "message"], "properties": {
        "error": {"type": "string", "enum": ["bad_request", "unauthorized", "forbidden", "not_found", "method_not_allowed", "conflict", "payload_too_large", "invalid", "unavailable"]},
        "message": {"type": "string"}, "field": {"type": "string"}}},
-   "Readiness": {"type": "object", "required": ["status", "postgres", "rabbitmq", "redis"], "properties": {
+   "Readiness": {"type": "object", "required": ["status", "mode", "redis"], "properties": {
        "status": {"type": "string", "enum": ["ready", "degraded", "not_ready"]}, "instance": {"type": "string"},
-       "postgres": {"type": "string", "enum": ["up", "down"]}, "rabbitmq": {"type": "string", "enum": ["up", "down"]},
+       "mode": {"type": "string", "enum": ["distributed", "embedded"]},
+       "postgres": {"type": "string", "enum": ["up", "down"], "description": "distributed mode"},
+       "rabbitmq": {"type": "string", "enum": ["up", "down"], "description": "distributed mode"},
+       "database": {"type": "string", "enum": ["up", "down"], "description": "embedded mode: the SQLite file (ledger and queue)"},
+       "queue": {"type": "string", "enum": ["up", "down"], "description": "embedded mode: the job queue in that file"},
        "redis": {"type": "string", "enum": ["up", "down", "disabled"]}}},
    "Retry": {"type": "object", "additionalProperties": False, "properties": {
        "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000}, "initial_delay": {"type": "string"},

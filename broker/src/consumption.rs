@@ -22,6 +22,8 @@ use crate::BrokerError;
 /// How often an idle embedded consumer looks at its queue when no publish
 /// in this process woke it (messages requeued by a timer, say).
 const EMBEDDED_POLL: Duration = Duration::from_millis(250);
+/// How long an embedded ack, requeue or reject retries a failing database.
+const SETTLE_FOR: Duration = Duration::from_secs(60);
 
 /// One message delivered to a consumer, not yet acknowledged.
 pub struct Delivery {
@@ -85,7 +87,7 @@ impl Delivery {
                 queue,
                 seq,
                 consumer,
-            } => held(queue.ack(*seq, consumer).await),
+            } => settle("ack", || queue.ack(*seq, consumer)).await,
         }
     }
 
@@ -108,7 +110,7 @@ impl Delivery {
                 queue,
                 seq,
                 consumer,
-            } => held(queue.requeue(*seq, consumer).await),
+            } => settle("requeue", || queue.requeue(*seq, consumer)).await,
         }
     }
 
@@ -133,21 +135,39 @@ impl Delivery {
                 queue,
                 seq,
                 consumer,
-            } => held(queue.reject(*seq, consumer, reason, by).await),
+            } => settle("reject", || queue.reject(*seq, consumer, reason, by)).await,
         }
     }
 }
 
-/// An embedded acknowledgement's answer: `false` means the consumer no
-/// longer held the message (it was closed and the message given back).
-fn held(answer: Result<bool, belfry_ledger::LedgerError>) -> Result<(), BrokerError> {
-    match answer {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(BrokerError::Embedded(
-            "the delivery is no longer held by this consumer (it was given back to the queue)"
-                .into(),
-        )),
-        Err(e) => Err(BrokerError::Embedded(e.to_string())),
+/// Runs an embedded acknowledgement, retrying while the database fails
+/// (busy, pool exhausted) for up to [`SETTLE_FOR`]: unlike a broken AMQP
+/// channel, nothing else would give the message back while this process
+/// runs. `Ok(false)` from the queue means the consumer no longer held the
+/// message (it was closed and the message given back).
+async fn settle<F, Fut>(what: &'static str, op: F) -> Result<(), BrokerError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<bool, belfry_ledger::LedgerError>>,
+{
+    let deadline = tokio::time::Instant::now() + SETTLE_FOR;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match op().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {
+                return Err(BrokerError::Embedded(format!(
+                    "{what}: the delivery is no longer held by this consumer (it was given \
+                     back to the queue)"
+                )))
+            }
+            Err(e) if tokio::time::Instant::now() + pause < deadline => {
+                tracing::warn!(error = %e, retry_in = ?pause, "embedded queue {what} failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(BrokerError::Embedded(format!("{what}: {e}"))),
+        }
     }
 }
 
@@ -215,7 +235,8 @@ impl Consumption {
     }
 
     /// The next delivery; `None` when the broker ended the consumer, an
-    /// error when its channel or database failed (consume again).
+    /// error when its channel failed (consume again). The embedded queue
+    /// waits out database failures here instead.
     pub async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
         match &mut self.kind {
             Kind::Amqp { consumer, .. } => consumer.next().await.map(|d| {
@@ -224,6 +245,7 @@ impl Consumption {
             }),
             Kind::Embedded { queue, name, tag } => {
                 let ready = queue.ready();
+                let mut failing = Duration::ZERO;
                 loop {
                     // Registered before looking, so a publish between the
                     // look and the wait still wakes this consumer.
@@ -243,8 +265,18 @@ impl Consumption {
                                 },
                             }))
                         }
-                        Ok(None) => {}
-                        Err(e) => return Some(Err(BrokerError::Embedded(e.to_string()))),
+                        Ok(None) => failing = Duration::ZERO,
+                        Err(e) => {
+                            // A busy or briefly failing database is waited
+                            // out here: ending the consumer would give back
+                            // every delivery in flight (a broker does that
+                            // only when the channel is really gone).
+                            failing = (failing * 2).clamp(EMBEDDED_POLL, Duration::from_secs(5));
+                            tracing::warn!(error = %e, retry_in = ?failing, queue = %name,
+                                "cannot take from the embedded queue; retrying");
+                            tokio::time::sleep(failing).await;
+                            continue;
+                        }
                     }
                     // Either wake-up is fine: both only lead to another look.
                     tokio::select! {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use belfry_ledger::{Ledger, RunRecord};
 use chrono::{DateTime, Timelike, Utc};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -155,6 +155,27 @@ async fn kill_9_mid_job_then_restart_ends_the_run_once_and_applies_misfire_polic
     until_odd_second_plus(100).await;
     let restarted_at = Utc::now();
     let mut second = start(&dir).await;
+    let ready: Value = reqwest::get(format!("{}/readyz", second.api))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &ready["status"],
+            &ready["mode"],
+            &ready["database"],
+            &ready["queue"]
+        ),
+        (
+            &json!("ready"),
+            &json!("embedded"),
+            &json!("up"),
+            &json!("up")
+        ),
+        "{ready}"
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
     loop {
         let long = runs(&second.api, "long").await;

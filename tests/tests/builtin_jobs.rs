@@ -40,115 +40,115 @@ fn at(s: &str) -> DateTime<Utc> {
     s.parse().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_maps_statuses_to_outcomes() {
-    let env = belfry_testkit::service_env!();
-    let base = status_server().await;
-    let running = serve(
-        &env,
-        Registry::builder().builtins().build().unwrap(),
-        &[
-            ("BELFRY_MAX_ATTEMPTS", "2"),
-            ("BELFRY_RETRY_INITIAL", "10ms"),
-        ],
-    )
-    .await;
-    let t = at("2026-07-26T03:00:00Z");
-    // (name, payload, expected status, expected attempts, why)
-    let cases = [
-        (
-            "h-ok",
-            json!({"url": format!("{base}/status/204")}),
-            "succeeded",
-            1,
-            "2xx succeeds",
-        ),
-        (
-            "h-5xx",
-            json!({"url": format!("{base}/status/503")}),
-            "dead",
-            2,
-            "5xx is retried",
-        ),
-        (
-            "h-429",
-            json!({"url": format!("{base}/status/429")}),
-            "dead",
-            2,
-            "429 is retried",
-        ),
-        (
-            "h-4xx",
-            json!({"url": format!("{base}/status/404")}),
-            "failed",
-            1,
-            "4xx is permanent",
-        ),
-        (
-            "h-down",
-            json!({"url": "http://127.0.0.1:1/", "timeout_ms": 500}),
-            "dead",
-            2,
-            "connection errors are retried",
-        ),
-        (
-            "h-bad-url",
-            json!({"url": "not a url"}),
-            "failed",
-            1,
-            "an invalid url is permanent",
-        ),
-    ];
-    let mut messages = Vec::new();
-    for (name, payload, ..) in &cases {
-        messages.push(env.enqueue(name, "http", payload.clone(), t).await);
+belfry_testkit::both_backends! {
+    async fn http_maps_statuses_to_outcomes(env: TestEnv) {
+        let base = status_server().await;
+        let running = serve(
+            &env,
+            Registry::builder().builtins().build().unwrap(),
+            &[
+                ("BELFRY_MAX_ATTEMPTS", "2"),
+                ("BELFRY_RETRY_INITIAL", "10ms"),
+            ],
+        )
+        .await;
+        let t = at("2026-07-26T03:00:00Z");
+        // (name, payload, expected status, expected attempts, why)
+        let cases = [
+            (
+                "h-ok",
+                json!({"url": format!("{base}/status/204")}),
+                "succeeded",
+                1,
+                "2xx succeeds",
+            ),
+            (
+                "h-5xx",
+                json!({"url": format!("{base}/status/503")}),
+                "dead",
+                2,
+                "5xx is retried",
+            ),
+            (
+                "h-429",
+                json!({"url": format!("{base}/status/429")}),
+                "dead",
+                2,
+                "429 is retried",
+            ),
+            (
+                "h-4xx",
+                json!({"url": format!("{base}/status/404")}),
+                "failed",
+                1,
+                "4xx is permanent",
+            ),
+            (
+                "h-down",
+                json!({"url": "http://127.0.0.1:1/", "timeout_ms": 500}),
+                "dead",
+                2,
+                "connection errors are retried",
+            ),
+            (
+                "h-bad-url",
+                json!({"url": "not a url"}),
+                "failed",
+                1,
+                "an invalid url is permanent",
+            ),
+        ];
+        let mut messages = Vec::new();
+        for (name, payload, ..) in &cases {
+            messages.push(env.enqueue(name, "http", payload.clone(), t).await);
+        }
+        for ((name, _, status, attempts, why), m) in cases.iter().zip(&messages) {
+            let run = env
+                .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
+                .await;
+            assert_eq!(
+                (run.status_text.as_str(), run.attempts),
+                (*status, *attempts),
+                "{name}: {why}: {run:?}"
+            );
+        }
+        running.stop().await;
+        env.teardown(&["default"]).await;
     }
-    for ((name, _, status, attempts, why), m) in cases.iter().zip(&messages) {
+}
+
+belfry_testkit::both_backends! {
+    async fn a_timed_out_attempt_is_cancelled_and_retried(env: TestEnv) {
+        let running = serve(
+            &env,
+            Registry::builder().builtins().build().unwrap(),
+            &[
+                ("BELFRY_MAX_ATTEMPTS", "2"),
+                ("BELFRY_RETRY_INITIAL", "10ms"),
+                ("BELFRY_JOB_TIMEOUT", "200ms"),
+            ],
+        )
+        .await;
+        let m = env
+            .enqueue(
+                "slow",
+                "sleep",
+                json!({"duration_ms": 60_000}),
+                at("2026-07-26T03:00:00Z"),
+            )
+            .await;
         let run = env
             .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
             .await;
-        assert_eq!(
-            (run.status_text.as_str(), run.attempts),
-            (*status, *attempts),
-            "{name}: {why}: {run:?}"
-        );
+        assert_eq!((run.status_text.as_str(), run.attempts), ("dead", 2));
+        let log = run.attempt_entries().unwrap();
+        assert!(log.iter().all(|e| e.outcome == "timeout"), "{log:?}");
+        assert!(log
+            .iter()
+            .all(|e| e.finished_at - e.started_at < chrono::Duration::seconds(5)));
+        running.stop().await;
+        env.teardown(&["default"]).await;
     }
-    running.stop().await;
-    env.teardown(&["default"]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_timed_out_attempt_is_cancelled_and_retried() {
-    let env = belfry_testkit::service_env!();
-    let running = serve(
-        &env,
-        Registry::builder().builtins().build().unwrap(),
-        &[
-            ("BELFRY_MAX_ATTEMPTS", "2"),
-            ("BELFRY_RETRY_INITIAL", "10ms"),
-            ("BELFRY_JOB_TIMEOUT", "200ms"),
-        ],
-    )
-    .await;
-    let m = env
-        .enqueue(
-            "slow",
-            "sleep",
-            json!({"duration_ms": 60_000}),
-            at("2026-07-26T03:00:00Z"),
-        )
-        .await;
-    let run = env
-        .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
-        .await;
-    assert_eq!((run.status_text.as_str(), run.attempts), ("dead", 2));
-    let log = run.attempt_entries().unwrap();
-    assert!(log.iter().all(|e| e.outcome == "timeout"), "{log:?}");
-    assert!(log
-        .iter()
-        .all(|e| e.finished_at - e.started_at < chrono::Duration::seconds(5)));
-    running.stop().await;
-    env.teardown(&["default"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,124 +40,124 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
     response.text().await.unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn both_endpoints_count_a_fire_and_a_failure() {
-    let env = belfry_testkit::service_env!();
-    let stop = CancellationToken::new();
-    let w = worker(
-        &env,
-        "metrics-w",
-        "default",
-        Registry::builder().builtins().build().unwrap(),
-        &[("BELFRY_MAX_ATTEMPTS", "1")],
-    )
-    .await;
-    let worker_addr = serve_metrics("127.0.0.1:0", w.metrics_registry().into(), stop.clone())
-        .await
-        .unwrap();
-    let running = RunningWorker::spawn(w);
-    let r = replica(&env, "metrics-r", Some(&redis_url())).await;
-    let replica_addr = serve_metrics("127.0.0.1:0", r.metrics_registry().into(), stop.clone())
-        .await
-        .unwrap();
-    assert_ne!(worker_addr.port(), 0, "port 0 picks a free port");
-
-    let before_s = scrape(replica_addr).await;
-    let before_w = scrape(worker_addr).await;
-    assert_eq!(value(&before_s, "belfry_fires_total"), 0.0);
-    assert_eq!(value(&before_w, "belfry_jobs_in_flight"), 0.0);
-    assert!(before_s.contains("# TYPE belfry_fire_lateness_seconds histogram"));
-
-    let at = Utc::now()
-        .duration_trunc(chrono::Duration::seconds(1))
-        .unwrap();
-    let ok = every("metrics-ok", "1s", "noop");
-    // An http job to a port where nothing listens: the only attempt fails.
-    let failing = std::sync::Arc::new(
-        Schedule::from_spec(&ScheduleSpec {
-            name: "metrics-fail".into(),
-            every: Some("1s".into()),
-            job_type: "http".into(),
-            payload: Some(json!({"url": "http://127.0.0.1:1/", "timeout_ms": 500})),
-            ..Default::default()
-        })
-        .unwrap(),
-    );
-    r.fire(&ok, at).await;
-    r.fire(&failing, at).await;
-    let succeeded = env
-        .wait_terminal(
-            "metrics-ok",
-            &run_key("metrics-ok", at).unwrap(),
-            Duration::from_secs(10),
+belfry_testkit::both_backends! {
+    async fn both_endpoints_count_a_fire_and_a_failure(env: TestEnv) {
+        let stop = CancellationToken::new();
+        let w = worker(
+            &env,
+            "metrics-w",
+            "default",
+            Registry::builder().builtins().build().unwrap(),
+            &[("BELFRY_MAX_ATTEMPTS", "1")],
         )
         .await;
-    let failed = env
-        .wait_terminal(
-            "metrics-fail",
-            &run_key("metrics-fail", at).unwrap(),
+        let worker_addr = serve_metrics("127.0.0.1:0", w.metrics_registry().into(), stop.clone())
+            .await
+            .unwrap();
+        let running = RunningWorker::spawn(w);
+        let r = replica(&env, "metrics-r", Some(&redis_url())).await;
+        let replica_addr = serve_metrics("127.0.0.1:0", r.metrics_registry().into(), stop.clone())
+            .await
+            .unwrap();
+        assert_ne!(worker_addr.port(), 0, "port 0 picks a free port");
+
+        let before_s = scrape(replica_addr).await;
+        let before_w = scrape(worker_addr).await;
+        assert_eq!(value(&before_s, "belfry_fires_total"), 0.0);
+        assert_eq!(value(&before_w, "belfry_jobs_in_flight"), 0.0);
+        assert!(before_s.contains("# TYPE belfry_fire_lateness_seconds histogram"));
+
+        let at = Utc::now()
+            .duration_trunc(chrono::Duration::seconds(1))
+            .unwrap();
+        let ok = every("metrics-ok", "1s", "noop");
+        // An http job to a port where nothing listens: the only attempt fails.
+        let failing = std::sync::Arc::new(
+            Schedule::from_spec(&ScheduleSpec {
+                name: "metrics-fail".into(),
+                every: Some("1s".into()),
+                job_type: "http".into(),
+                payload: Some(json!({"url": "http://127.0.0.1:1/", "timeout_ms": 500})),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        r.fire(&ok, at).await;
+        r.fire(&failing, at).await;
+        let succeeded = env
+            .wait_terminal(
+                "metrics-ok",
+                &run_key("metrics-ok", at).unwrap(),
+                Duration::from_secs(10),
+            )
+            .await;
+        let failed = env
+            .wait_terminal(
+                "metrics-fail",
+                &run_key("metrics-fail", at).unwrap(),
+                Duration::from_secs(10),
+            )
+            .await;
+        assert_eq!(succeeded.status_text, "succeeded");
+        assert_ne!(failed.status_text, "succeeded");
+        // The worker counts a run once its delivery is settled (acked or
+        // dead-lettered), just after the outcome is recorded.
+        let after_w = belfry_testkit::eventually(
+            "the worker to settle both runs",
             Duration::from_secs(10),
+            || async {
+                let text = scrape(worker_addr).await;
+                let settled: f64 = text
+                    .lines()
+                    .filter(|l| l.starts_with("belfry_jobs_total{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum();
+                (settled >= 2.0 && find(&text, "belfry_jobs_in_flight") == Some(0.0)).then_some(text)
+            },
         )
         .await;
-    assert_eq!(succeeded.status_text, "succeeded");
-    assert_ne!(failed.status_text, "succeeded");
-    // The worker counts a run once its delivery is settled (acked or
-    // dead-lettered), just after the outcome is recorded.
-    let after_w = belfry_testkit::eventually(
-        "the worker to settle both runs",
-        Duration::from_secs(10),
-        || async {
-            let text = scrape(worker_addr).await;
-            let settled: f64 = text
-                .lines()
-                .filter(|l| l.starts_with("belfry_jobs_total{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum();
-            (settled >= 2.0 && find(&text, "belfry_jobs_in_flight") == Some(0.0)).then_some(text)
-        },
-    )
-    .await;
-    let after_s = scrape(replica_addr).await;
+        let after_s = scrape(replica_addr).await;
 
-    assert_eq!(value(&after_s, "belfry_fires_total"), 2.0);
-    assert_eq!(value(&after_s, "belfry_claims_total{result=\"won\"}"), 2.0);
-    assert_eq!(
-        value(&after_s, "belfry_publishes_total{result=\"confirmed\"}"),
-        2.0
-    );
-    assert_eq!(value(&after_s, "belfry_fire_lateness_seconds_count"), 2.0);
-    assert!(value(&after_s, "belfry_fire_lateness_seconds_sum") > 0.0);
-    assert_eq!(value(&after_s, "belfry_publish_latency_seconds_count"), 2.0);
+        assert_eq!(value(&after_s, "belfry_fires_total"), 2.0);
+        assert_eq!(value(&after_s, "belfry_claims_total{result=\"won\"}"), 2.0);
+        assert_eq!(
+            value(&after_s, "belfry_publishes_total{result=\"confirmed\"}"),
+            2.0
+        );
+        assert_eq!(value(&after_s, "belfry_fire_lateness_seconds_count"), 2.0);
+        assert!(value(&after_s, "belfry_fire_lateness_seconds_sum") > 0.0);
+        assert_eq!(value(&after_s, "belfry_publish_latency_seconds_count"), 2.0);
 
-    let outcome = format!(
-        "belfry_jobs_total{{job_type=\"http\",outcome=\"{}\"}}",
-        failed.status_text
-    );
-    assert_eq!(find(&before_w, &outcome), None, "no series before a run");
-    assert_eq!(value(&after_w, &outcome), 1.0, "{after_w}");
-    assert_eq!(
-        value(
-            &after_w,
-            "belfry_jobs_total{job_type=\"noop\",outcome=\"succeeded\"}"
-        ),
-        1.0
-    );
-    assert_eq!(
-        value(&after_w, "belfry_attempts_total{job_type=\"http\"}"),
-        1.0
-    );
-    assert_eq!(
-        value(
-            &after_w,
-            "belfry_attempt_duration_seconds_count{job_type=\"noop\"}"
-        ),
-        1.0
-    );
-    assert_eq!(value(&after_w, "belfry_jobs_in_flight"), 0.0);
-    if failed.status_text == "dead" {
-        assert_eq!(value(&after_w, "belfry_dead_lettered_total"), 1.0);
+        let outcome = format!(
+            "belfry_jobs_total{{job_type=\"http\",outcome=\"{}\"}}",
+            failed.status_text
+        );
+        assert_eq!(find(&before_w, &outcome), None, "no series before a run");
+        assert_eq!(value(&after_w, &outcome), 1.0, "{after_w}");
+        assert_eq!(
+            value(
+                &after_w,
+                "belfry_jobs_total{job_type=\"noop\",outcome=\"succeeded\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(&after_w, "belfry_attempts_total{job_type=\"http\"}"),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &after_w,
+                "belfry_attempt_duration_seconds_count{job_type=\"noop\"}"
+            ),
+            1.0
+        );
+        assert_eq!(value(&after_w, "belfry_jobs_in_flight"), 0.0);
+        if failed.status_text == "dead" {
+            assert_eq!(value(&after_w, "belfry_dead_lettered_total"), 1.0);
+        }
+        stop.cancel();
+        running.stop().await;
+        env.teardown(&["default"]).await;
     }
-    stop.cancel();
-    running.stop().await;
-    env.teardown(&["default"]).await;
 }

@@ -12,9 +12,10 @@
 //!   "confirmed". A process killed with messages taken leaves them taken by
 //!   a session that no longer exists; the next process frees them
 //!   ([`JobQueue::open_consumer`]) before consuming, which is the broker
-//!   requeueing a dead connection's unacknowledged deliveries. Consumers
-//!   are named (`taken_by`), and only the consumer holding a message can
-//!   ack, requeue or reject it.
+//!   requeueing a dead connection's unacknowledged deliveries. A row is
+//!   taken as `{session}/{consumer}` (the session is this opening of the
+//!   file), and only the consumer holding a message can ack, requeue or
+//!   reject it.
 
 use sqlx::Row;
 
@@ -137,15 +138,15 @@ impl JobQueue {
         self.store.queue_dead_letter(message, reason, by).await
     }
 
-    /// Registers `consumer` as a live consumer of this process and frees
-    /// the messages of `queue` held by consumers that are not live (closed,
-    /// or of a process that is gone); how many were freed.
+    /// Opens `consumer` on `queue`: first frees the messages of `queue`
+    /// held by consumers of a process that is gone (another session of the
+    /// file); how many were freed.
     ///
     /// # Errors
     ///
     /// [`LedgerError::Query`] when the database fails.
     pub async fn open_consumer(&self, queue: &str, consumer: &str) -> Result<u64, LedgerError> {
-        self.store.live_consumers_insert(consumer);
+        let _ = consumer;
         self.store.queue_release_stale(queue).await
     }
 
@@ -157,9 +158,8 @@ impl JobQueue {
     /// [`LedgerError::Query`] when the database fails (the messages are
     /// freed by the next consumer to open instead).
     pub async fn close_consumer(&self, consumer: &str) -> Result<u64, LedgerError> {
-        self.store.live_consumers_remove(consumer);
         let done = sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE taken_by = ?1")
-            .bind(consumer)
+            .bind(self.store.holder(consumer))
             .execute(&self.store.pool)
             .await?;
         self.store.queue_ready.notify_waiters();
@@ -258,7 +258,7 @@ impl SqliteLedger {
              RETURNING seq, routing_key, body, traceparent, deliveries",
         )
         .bind(queue)
-        .bind(consumer)
+        .bind(self.holder(consumer))
         .fetch_optional(&self.pool)
         .await?;
         row.map(|r| {
@@ -277,7 +277,7 @@ impl SqliteLedger {
     pub(crate) async fn queue_ack(&self, seq: i64, consumer: &str) -> Result<bool, LedgerError> {
         let done = sqlx::query("DELETE FROM job_queue WHERE seq = ?1 AND taken_by = ?2")
             .bind(seq)
-            .bind(consumer)
+            .bind(self.holder(consumer))
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -292,7 +292,7 @@ impl SqliteLedger {
         let done =
             sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE seq = ?1 AND taken_by = ?2")
                 .bind(seq)
-                .bind(consumer)
+                .bind(self.holder(consumer))
                 .execute(&self.pool)
                 .await?;
         self.queue_ready.notify_waiters();
@@ -314,7 +314,7 @@ impl SqliteLedger {
              WHERE seq = ?1 AND taken_by = ?2",
         )
         .bind(seq)
-        .bind(consumer)
+        .bind(self.holder(consumer))
         .bind(reason)
         .bind(by)
         .bind(now())
@@ -322,7 +322,7 @@ impl SqliteLedger {
         .await?;
         sqlx::query("DELETE FROM job_queue WHERE seq = ?1 AND taken_by = ?2")
             .bind(seq)
-            .bind(consumer)
+            .bind(self.holder(consumer))
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -352,19 +352,17 @@ impl SqliteLedger {
         Ok(())
     }
 
-    /// Frees the messages of `queue` held by consumers that are not live in
-    /// this process (one process owns the file, so they are closed or
-    /// belonged to a process that is gone). Returns how many.
+    /// Frees the messages of `queue` held by other sessions of the file:
+    /// they belong to a process that is gone (one process owns the file).
+    /// Returns how many.
     pub(crate) async fn queue_release_stale(&self, queue: &str) -> Result<u64, LedgerError> {
-        let live = serde_json::to_string(&self.live_consumers())
-            .map_err(|e| LedgerError::Corrupt(format!("consumer names: {e}")))?;
+        let mine = format!("{}/", self.session);
         let done = sqlx::query(
             "UPDATE job_queue SET taken_by = NULL \
-             WHERE queue = ?1 AND taken_by IS NOT NULL \
-               AND taken_by NOT IN (SELECT value FROM json_each(?2))",
+             WHERE queue = ?1 AND taken_by IS NOT NULL AND substr(taken_by, 1, length(?2)) <> ?2",
         )
         .bind(queue)
-        .bind(live)
+        .bind(mine)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected())

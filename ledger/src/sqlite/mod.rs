@@ -57,14 +57,29 @@ pub(crate) fn now() -> String {
     ts(Utc::now())
 }
 
-/// `now + d` in [`ts`] form (saturating far in the future).
-pub(crate) fn now_plus(d: Duration) -> String {
-    ts(Utc::now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX / 2))
+/// The latest instant [`ts`] writes: later ones would not be fixed-width.
+fn latest() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("9999-12-31T23:59:59.999999Z")
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
-/// `now - d` in [`ts`] form.
+/// `now + d` in [`ts`] form, saturating at the latest writable instant.
+pub(crate) fn now_plus(d: Duration) -> String {
+    let later = chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| Utc::now().checked_add_signed(d))
+        .unwrap_or_else(latest);
+    ts(later.min(latest()))
+}
+
+/// `now - d` in [`ts`] form, saturating at the Unix epoch.
 pub(crate) fn now_minus(d: Duration) -> String {
-    ts(Utc::now() - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX / 2))
+    let earlier = chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| Utc::now().checked_sub_signed(d))
+        .unwrap_or(DateTime::UNIX_EPOCH);
+    ts(earlier.max(DateTime::UNIX_EPOCH))
 }
 
 /// The embedded ledger's handle (cheap to clone).
@@ -76,10 +91,10 @@ pub struct SqliteLedger {
     /// Woken when a message is enqueued, so consumers do not wait out
     /// their poll interval.
     pub(crate) queue_ready: Arc<Notify>,
-    /// The queue consumers open in this process: rows of `job_queue` taken
-    /// by any other consumer belong to a closed consumer or a process that
-    /// is gone. A std mutex: held only to copy or change the set.
-    live_consumers: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// This opening of the file: queue rows are taken as
+    /// `{session}/{consumer}`, so rows of any other session belong to a
+    /// process that is gone (one process owns the file).
+    pub(crate) session: String,
     /// Whether runs left by a previous owner of the file were taken over.
     taken_over: Arc<std::sync::atomic::AtomicBool>,
     /// Held for the life of the handle (and its clones); see the module
@@ -107,9 +122,13 @@ impl SqliteLedger {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(Duration::from_secs(10))
+            // As Postgres: `LIKE 'stuck:%'` and the `claimed_by` prefixes of
+            // `live_fire` must not match other cases.
+            .pragma("case_sensitive_like", "ON");
         let file = options.get_filename().to_path_buf();
-        let owner = if file.as_os_str().is_empty() || file.to_string_lossy().contains(":memory:") {
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let owner = if in_memory || file.as_os_str().is_empty() {
             None
         } else {
             Some(Arc::new(own(&file)?))
@@ -125,7 +144,7 @@ impl SqliteLedger {
             pool,
             schedule_changes,
             queue_ready: Arc::new(Notify::new()),
-            live_consumers: Arc::default(),
+            session: uuid::Uuid::new_v4().simple().to_string(),
             taken_over: Arc::default(),
             _owner: owner,
         })
@@ -195,28 +214,9 @@ impl SqliteLedger {
         let _ = self.schedule_changes.send(name.to_owned());
     }
 
-    pub(crate) fn live_consumers(&self) -> Vec<String> {
-        let live = self
-            .live_consumers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        live.iter().cloned().collect()
-    }
-
-    pub(crate) fn live_consumers_insert(&self, consumer: &str) {
-        let mut live = self
-            .live_consumers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        live.insert(consumer.to_owned());
-    }
-
-    pub(crate) fn live_consumers_remove(&self, consumer: &str) {
-        let mut live = self
-            .live_consumers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        live.remove(consumer);
+    /// The `taken_by` value of `consumer` in this session.
+    pub(crate) fn holder(&self, consumer: &str) -> String {
+        format!("{}/{consumer}", self.session)
     }
 
     /// Closes the pool (connections finish their statements first).

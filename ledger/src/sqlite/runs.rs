@@ -27,7 +27,8 @@ const CLAIM: &str = "INSERT INTO job_runs (id, job_name, run_key, job_type, stat
      RETURNING id";
 
 /// `claimed` → `dispatched`, or only `dispatched_at` for a run a fast worker
-/// already moved; every expression reads the row as it was.
+/// already moved; every expression reads the row as it was (the batched
+/// form, one statement per run).
 const MARK_DISPATCHED: &str = "UPDATE job_runs SET \
          status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
          next_dispatch_at = CASE WHEN status = 'claimed' THEN NULL ELSE next_dispatch_at END, \
@@ -75,14 +76,33 @@ impl SqliteLedger {
     }
 
     pub(crate) async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
-        let status: Option<String> = sqlx::query_scalar(MARK_DISPATCHED)
+        let at = now();
+        // The two statements of the Postgres version, in one transaction:
+        // only a `claimed` row moves (that is the answer); a row a fast
+        // worker already took still gets its `dispatched_at`.
+        let mut tx = self.write_tx().await?;
+        let moved = sqlx::query(
+            "UPDATE job_runs SET status = 'dispatched', dispatched_at = ?2, \
+                 next_dispatch_at = NULL, updated_at = ?2 \
+             WHERE id = ?1 AND status = 'claimed'",
+        )
+        .bind(id)
+        .bind(&at)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !moved {
+            sqlx::query(
+                "UPDATE job_runs SET dispatched_at = ?2 WHERE id = ?1 AND dispatched_at IS NULL",
+            )
             .bind(id)
-            .bind(now())
-            .fetch_optional(&self.pool)
+            .bind(&at)
+            .execute(&mut *tx)
             .await?;
-        // The row moved only if this statement made it `dispatched` from
-        // `claimed`; a row a worker had already taken keeps its status.
-        Ok(status.as_deref() == Some("dispatched"))
+        }
+        tx.commit().await?;
+        Ok(moved)
     }
 
     pub(crate) async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError> {

@@ -42,16 +42,28 @@ pub async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        code,
-        Json(json!({
+    // The embedded mode has one database holding ledger and queue; its
+    // answer names what it runs on instead of services it does not use.
+    let body = if state.ledger().is_embedded() {
+        json!({
             "status": status,
             "instance": state.replica().instance(),
+            "mode": "embedded",
+            "database": up(postgres),
+            "queue": up(rabbitmq),
+            "redis": redis.map_or("disabled", up),
+        })
+    } else {
+        json!({
+            "status": status,
+            "instance": state.replica().instance(),
+            "mode": "distributed",
             "postgres": up(postgres),
             "rabbitmq": up(rabbitmq),
             "redis": redis.map_or("disabled", up),
-        })),
-    )
+        })
+    };
+    (code, Json(body))
 }
 
 /// `GET /openapi.json`.
