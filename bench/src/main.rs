@@ -8,9 +8,11 @@
 //! cargo run --release -p belfry-bench -- traces [--fires 3000] [--rounds 5]
 //! cargo run --release -p belfry-bench -- dispatch [--raw-fires 8000] [--steady-seconds 10]
 //! cargo run --release -p belfry-bench -- ui [--schedules 1000] [--runs 1000000] [--rounds 20]
+//! cargo run --release -p belfry-bench -- embedded [--fires 2000] [--jobs 5000] [--rounds 3]
 //! ```
 
 mod dispatch_burst;
+mod embedded_mode;
 mod timer_lateness;
 mod trace_export;
 mod ui_pages;
@@ -46,6 +48,14 @@ async fn main() -> anyhow::Result<()> {
             worker_throughput::run(
                 flag("--jobs", 5000)?,
                 flag("--sleep-jobs", 240)?,
+                flag("--rounds", 3)?,
+            )
+            .await
+        }
+        Some("embedded") => {
+            embedded_mode::run(
+                flag("--fires", 2000)?,
+                flag("--jobs", 5000)?,
                 flag("--rounds", 3)?,
             )
             .await

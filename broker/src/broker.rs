@@ -307,8 +307,9 @@ impl Broker {
     }
 
     /// Starts consuming `queue` as `consumer_tag` with manual acks and at
-    /// most `prefetch` unacknowledged deliveries (embedded: one message is
-    /// taken per [`Consumption::next`]).
+    /// most `prefetch` unacknowledged deliveries (embedded: up to `prefetch`
+    /// messages are taken per statement when [`Consumption::next`] finds
+    /// none taken).
     ///
     /// # Errors
     ///
@@ -322,7 +323,9 @@ impl Broker {
     ) -> Result<Consumption, BrokerError> {
         let inner = match self.amqp() {
             Ok(inner) => inner,
-            Err(e) => return Consumption::embedded(e.queue.clone(), queue, consumer_tag).await,
+            Err(e) => {
+                return Consumption::embedded(e.queue.clone(), queue, consumer_tag, prefetch).await
+            }
         };
         let channel = inner.channel().await?;
         channel

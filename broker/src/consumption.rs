@@ -186,6 +186,10 @@ enum Kind {
         queue: JobQueue,
         name: String,
         tag: String,
+        /// Most messages taken at once (the prefetch).
+        prefetch: u16,
+        /// Taken, not yet handed out: given back by `close`.
+        taken: std::collections::VecDeque<belfry_ledger::QueuedMessage>,
     },
 }
 
@@ -217,6 +221,7 @@ impl Consumption {
         queue: JobQueue,
         name: &str,
         tag: &str,
+        prefetch: u16,
     ) -> Result<Self, BrokerError> {
         let freed = queue
             .open_consumer(name, tag)
@@ -230,6 +235,8 @@ impl Consumption {
                 queue,
                 name: name.to_owned(),
                 tag: tag.to_owned(),
+                prefetch: prefetch.max(1),
+                taken: std::collections::VecDeque::new(),
             },
         })
     }
@@ -243,29 +250,43 @@ impl Consumption {
                 d.map(Delivery::from_amqp)
                     .map_err(BrokerError::amqp("consume"))
             }),
-            Kind::Embedded { queue, name, tag } => {
+            Kind::Embedded {
+                queue,
+                name,
+                tag,
+                prefetch,
+                taken,
+            } => {
                 let ready = queue.ready();
                 let mut failing = Duration::ZERO;
                 loop {
+                    if let Some(m) = taken.pop_front() {
+                        return Some(Ok(Delivery {
+                            data: m.body,
+                            routing_key: m.routing_key,
+                            traceparent: m.traceparent,
+                            acker: Acker::Embedded {
+                                queue: queue.clone(),
+                                seq: m.seq,
+                                consumer: tag.clone(),
+                            },
+                        }));
+                    }
                     // Registered before looking, so a publish between the
                     // look and the wait still wakes this consumer.
                     let notified = ready.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();
-                    match queue.take(name, tag).await {
-                        Ok(Some(m)) => {
-                            return Some(Ok(Delivery {
-                                data: m.body,
-                                routing_key: m.routing_key,
-                                traceparent: m.traceparent,
-                                acker: Acker::Embedded {
-                                    queue: queue.clone(),
-                                    seq: m.seq,
-                                    consumer: tag.clone(),
-                                },
-                            }))
+                    // Up to a prefetch's worth in one statement: the caller
+                    // asks only when it has room to run one, and what it has
+                    // not asked for yet is given back by `close`.
+                    match queue.take(name, tag, *prefetch).await {
+                        Ok(batch) if !batch.is_empty() => {
+                            failing = Duration::ZERO;
+                            taken.extend(batch);
+                            continue;
                         }
-                        Ok(None) => failing = Duration::ZERO,
+                        Ok(_) => failing = Duration::ZERO,
                         Err(e) => {
                             // A busy or briefly failing database is waited
                             // out here: ending the consumer would give back

@@ -139,6 +139,27 @@ impl Ledger {
         })
     }
 
+    /// How many runs are in each status (statuses with none are absent).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn count_by_status(
+        &self,
+    ) -> Result<std::collections::HashMap<String, i64>, LedgerError> {
+        let rows = match self.pg() {
+            Ok(pool) => {
+                sqlx::query_as::<_, (String, i64)>(
+                    "SELECT status, count(*) FROM job_runs GROUP BY status",
+                )
+                .fetch_all(pool)
+                .await?
+            }
+            Err(lite) => lite.count_by_status().await?,
+        };
+        Ok(rows.into_iter().collect())
+    }
+
     /// The last `per` fires (runs and skipped fires) of each of `names`,
     /// newest first per schedule.
     ///

@@ -213,7 +213,7 @@ impl SqliteLedger {
         .bind(now_minus(after))
         .bind(&at)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.writer)
         .await?;
         rows.into_iter()
             .map(|r| {

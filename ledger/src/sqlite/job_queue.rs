@@ -77,7 +77,8 @@ impl JobQueue {
         self.store.queue_publish(messages).await
     }
 
-    /// Takes the oldest free message of `queue`.
+    /// Takes up to `limit` of the oldest free messages of `queue` for
+    /// `consumer`, oldest first.
     ///
     /// # Errors
     ///
@@ -86,8 +87,9 @@ impl JobQueue {
         &self,
         queue: &str,
         consumer: &str,
-    ) -> Result<Option<QueuedMessage>, LedgerError> {
-        self.store.queue_take(queue, consumer).await
+        limit: u16,
+    ) -> Result<Vec<QueuedMessage>, LedgerError> {
+        self.store.queue_take(queue, consumer, limit).await
     }
 
     /// Acknowledges (deletes) a taken message; `false` when it was no
@@ -160,7 +162,7 @@ impl JobQueue {
     pub async fn close_consumer(&self, consumer: &str) -> Result<u64, LedgerError> {
         let done = sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE taken_by = ?1")
             .bind(self.store.holder(consumer))
-            .execute(&self.store.pool)
+            .execute(&self.store.writer)
             .await?;
         self.store.queue_ready.notify_waiters();
         Ok(done.rows_affected())
@@ -250,27 +252,34 @@ impl SqliteLedger {
         &self,
         queue: &str,
         consumer: &str,
-    ) -> Result<Option<QueuedMessage>, LedgerError> {
-        let row = sqlx::query(
+        limit: u16,
+    ) -> Result<Vec<QueuedMessage>, LedgerError> {
+        let rows = sqlx::query(
             "UPDATE job_queue SET taken_by = ?2, deliveries = deliveries + 1 \
-             WHERE seq = (SELECT seq FROM job_queue WHERE queue = ?1 AND taken_by IS NULL \
-                          ORDER BY seq LIMIT 1) \
+             WHERE seq IN (SELECT seq FROM job_queue WHERE queue = ?1 AND taken_by IS NULL \
+                           ORDER BY seq LIMIT ?3) \
              RETURNING seq, routing_key, body, traceparent, deliveries",
         )
         .bind(queue)
         .bind(self.holder(consumer))
-        .fetch_optional(&self.pool)
+        .bind(i64::from(limit.max(1)))
+        .fetch_all(&self.writer)
         .await?;
-        row.map(|r| {
-            Ok(QueuedMessage {
-                seq: r.try_get("seq")?,
-                routing_key: r.try_get("routing_key")?,
-                body: r.try_get("body")?,
-                traceparent: r.try_get("traceparent")?,
-                deliveries: r.try_get("deliveries")?,
+        let mut taken = rows
+            .into_iter()
+            .map(|r| {
+                Ok(QueuedMessage {
+                    seq: r.try_get("seq")?,
+                    routing_key: r.try_get("routing_key")?,
+                    body: r.try_get("body")?,
+                    traceparent: r.try_get("traceparent")?,
+                    deliveries: r.try_get("deliveries")?,
+                })
             })
-        })
-        .transpose()
+            .collect::<Result<Vec<_>, LedgerError>>()?;
+        // RETURNING has no order of its own.
+        taken.sort_by_key(|m| m.seq);
+        Ok(taken)
     }
 
     /// Acknowledges (deletes) a message this session took.
@@ -278,7 +287,7 @@ impl SqliteLedger {
         let done = sqlx::query("DELETE FROM job_queue WHERE seq = ?1 AND taken_by = ?2")
             .bind(seq)
             .bind(self.holder(consumer))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -293,7 +302,7 @@ impl SqliteLedger {
             sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE seq = ?1 AND taken_by = ?2")
                 .bind(seq)
                 .bind(self.holder(consumer))
-                .execute(&self.pool)
+                .execute(&self.writer)
                 .await?;
         self.queue_ready.notify_waiters();
         Ok(done.rows_affected() == 1)
@@ -347,7 +356,7 @@ impl SqliteLedger {
         .bind(&message.message_id)
         .bind(message.traceparent)
         .bind(now())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
@@ -363,7 +372,7 @@ impl SqliteLedger {
         )
         .bind(queue)
         .bind(mine)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected())
     }
@@ -373,7 +382,7 @@ impl SqliteLedger {
         &self,
     ) -> Result<Vec<(Vec<u8>, String)>, LedgerError> {
         let rows = sqlx::query("DELETE FROM dead_letters RETURNING seq, body, reason")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.writer)
             .await?;
         let mut out = rows
             .into_iter()

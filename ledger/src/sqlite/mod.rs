@@ -7,10 +7,12 @@
 //! - **One process owns the file.** [`SqliteLedger::open`] takes an
 //!   exclusive lock on `<database>.lock` for the life of the handle, so a
 //!   second `belfry dev` on the same file refuses to start instead of
-//!   racing the first. Within the process, SQLite serialises writers: a
-//!   statement is atomic, and every read-then-write transaction starts with
-//!   `BEGIN IMMEDIATE` (it takes the write lock first), which is what the
-//!   Postgres code gets from `FOR UPDATE SKIP LOCKED` and advisory locks.
+//!   racing the first. Within the process every write goes through one
+//!   connection (`writer`), so writes are serialised in order: a statement
+//!   is atomic, and every read-then-write transaction starts with `BEGIN
+//!   IMMEDIATE` on that connection, which is what the Postgres code gets
+//!   from `FOR UPDATE SKIP LOCKED` and advisory locks. Readers have their
+//!   own connections and, with WAL, never wait for the writer.
 //! - **Instants are fixed-width UTC text** ([`ts`]): ordering the text
 //!   orders the instants, and every instant, `now` included, comes from this
 //!   process's clock (there is no other clock to disagree with).
@@ -85,7 +87,12 @@ pub(crate) fn now_minus(d: Duration) -> String {
 /// The embedded ledger's handle (cheap to clone).
 #[derive(Debug, Clone)]
 pub struct SqliteLedger {
+    /// Readers (WAL lets them run beside the writer).
     pub(crate) pool: SqlitePool,
+    /// The one writing connection: writers queue here, in order, instead
+    /// of contending for SQLite's write lock (which would put them in its
+    /// busy handler's sleeps). Every statement that writes uses it.
+    pub(crate) writer: SqlitePool,
     /// Names of schedules that changed, for this process's replicas.
     pub(crate) schedule_changes: broadcast::Sender<String>,
     /// Woken when a message is enqueued, so consumers do not wait out
@@ -133,6 +140,13 @@ impl SqliteLedger {
         } else {
             Some(Arc::new(own(&file)?))
         };
+        // The writer first: it creates the file and switches it to WAL.
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+            .await
+            .map_err(connect_err)?;
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
@@ -142,6 +156,7 @@ impl SqliteLedger {
         let (schedule_changes, _) = broadcast::channel(1024);
         Ok(Self {
             pool,
+            writer,
             schedule_changes,
             queue_ready: Arc::new(Notify::new()),
             session: uuid::Uuid::new_v4().simple().to_string(),
@@ -157,7 +172,7 @@ impl SqliteLedger {
     /// [`LedgerError::Migrate`] when a migration fails or the file holds a
     /// migration this build does not know.
     pub(crate) async fn migrate(&self) -> Result<(), LedgerError> {
-        MIGRATOR.run(&self.pool).await?;
+        MIGRATOR.run(&self.writer).await?;
         // Once per opening of the file: later calls (a replica and a worker
         // of this process migrating in turn) must not end this process's
         // own live leases.
@@ -183,7 +198,7 @@ impl SqliteLedger {
              WHERE status = 'running' AND (lease_until IS NULL OR lease_until > ?1)",
         )
         .bind(&at)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         if ended.rows_affected() > 0 {
             tracing::warn!(
@@ -205,7 +220,7 @@ impl SqliteLedger {
     pub(crate) async fn write_tx(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, LedgerError> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 
     /// Announces a changed schedule to this process's replicas.
@@ -222,6 +237,7 @@ impl SqliteLedger {
     /// Closes the pool (connections finish their statements first).
     pub(crate) async fn close(&self) {
         self.pool.close().await;
+        self.writer.close().await;
     }
 }
 

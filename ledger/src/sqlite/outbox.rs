@@ -28,7 +28,7 @@ impl SqliteLedger {
         .bind(limit)
         .bind(now())
         .bind(now_plus(lease))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.writer)
         .await?)
     }
 
@@ -46,7 +46,7 @@ impl SqliteLedger {
         .bind(id)
         .bind(ts(lease))
         .bind(now())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -64,7 +64,7 @@ impl SqliteLedger {
         .bind(id)
         .bind(ts(at))
         .bind(ts(lease))
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }

@@ -55,7 +55,7 @@ const END: &str = "UPDATE job_runs SET status = ?2, last_error = ?3, \
 
 impl SqliteLedger {
     pub(crate) async fn claim(&self, run: &NewRun) -> Result<bool, LedgerError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let won = claim_in(&mut tx, run).await?;
         tx.commit().await?;
         Ok(won)
@@ -63,13 +63,41 @@ impl SqliteLedger {
 
     pub(crate) async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
         let mut won = HashSet::with_capacity(runs.len());
-        // One transaction: all of the batch or none of it, as the single
-        // Postgres statement.
+        let at = now();
+        // Multi-row inserts of at most 256 rows (13 parameters each, far
+        // below SQLite's limit), all in one transaction: all of the batch or
+        // none of it, as the single Postgres statement. Each row is still
+        // decided on its own by the unique constraint.
         let mut tx = self.write_tx().await?;
-        for run in runs {
-            if claim_in(&mut tx, run).await? {
-                won.insert(run.id);
+        for chunk in runs.chunks(256) {
+            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, \
+                     scheduled_at, claimed_by, claimed_at, trace_id, traceparent, options, \
+                     next_dispatch_at, updated_at) ",
+            );
+            let mut rows = Vec::with_capacity(chunk.len());
+            for run in chunk {
+                rows.push((run, options_json(&run.options)?));
             }
+            q.push_values(rows, |mut b, (run, options)| {
+                b.push_bind(run.id)
+                    .push_bind(run.job_name.clone())
+                    .push_bind(run.run_key.clone())
+                    .push_bind(run.job_type.clone())
+                    .push("'claimed'")
+                    .push_bind(run.payload.clone())
+                    .push_bind(ts(run.scheduled_at))
+                    .push_bind(run.claimed_by.clone())
+                    .push_bind(at.clone())
+                    .push_bind(run.trace_id.clone())
+                    .push_bind(run.traceparent.clone())
+                    .push_bind(options)
+                    .push_bind(ts(run.next_dispatch_at))
+                    .push_bind(at.clone());
+            });
+            q.push(" ON CONFLICT (job_name, run_key) DO NOTHING RETURNING id");
+            let inserted: Vec<Uuid> = q.build_query_scalar().fetch_all(&mut *tx).await?;
+            won.extend(inserted);
         }
         tx.commit().await?;
         Ok(won)
@@ -130,7 +158,7 @@ impl SqliteLedger {
         .bind(id)
         .bind(reason)
         .bind(now())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -148,7 +176,7 @@ impl SqliteLedger {
             .bind(worker)
             .bind(now())
             .bind(now_plus(lease))
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.writer)
             .await?;
         row.map(|r| Ok((r.try_get("id")?, r.try_get("attempts")?)))
             .transpose()
@@ -216,7 +244,7 @@ impl SqliteLedger {
         .bind(trace.map(|t| t.traceparent.as_str()))
         .bind(options)
         .bind(at)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected())
     }
@@ -229,7 +257,7 @@ impl SqliteLedger {
         last_error: Option<&str>,
         redispatch_at: Option<DateTime<Utc>>,
     ) -> Result<bool, LedgerError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let done = end_in(&mut tx, id, status, entry, last_error, redispatch_at).await?;
         tx.commit().await?;
         Ok(done)
@@ -250,7 +278,7 @@ impl SqliteLedger {
         .bind(reason)
         .bind(attempt)
         .bind(now())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }

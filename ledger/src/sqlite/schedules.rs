@@ -53,7 +53,7 @@ impl SqliteLedger {
         .bind(&row.options)
         .bind(&row.spec)
         .bind(now())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         if done.rows_affected() > 0 {
             self.announce(&row.name);
@@ -82,7 +82,7 @@ impl SqliteLedger {
         .bind(&row.spec)
         .bind(paused)
         .bind(now())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         if done.rows_affected() == 1 {
             self.announce(&row.name);
@@ -93,7 +93,7 @@ impl SqliteLedger {
     pub(crate) async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError> {
         let done = sqlx::query("DELETE FROM schedules WHERE name = ?1")
             .bind(name)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         if done.rows_affected() == 1 {
             self.announce(name);
@@ -149,7 +149,7 @@ impl SqliteLedger {
             .bind(name)
             .bind(paused)
             .bind(now())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         if done.rows_affected() == 1 {
             self.announce(name);
@@ -168,7 +168,7 @@ impl SqliteLedger {
              RETURNING name",
         )
         .bind(keep_json)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.writer)
         .await?;
         for name in &gone {
             self.announce(name);

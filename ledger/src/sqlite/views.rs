@@ -139,6 +139,14 @@ impl SqliteLedger {
         })
     }
 
+    pub(crate) async fn count_by_status(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+        Ok(
+            sqlx::query_as("SELECT status, count(*) FROM job_runs GROUP BY status")
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
     pub(crate) async fn recent_fires(
         &self,
         names: &[String],
@@ -191,7 +199,7 @@ impl SqliteLedger {
         ))
         .bind(ts(cutoff))
         .bind(batch)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected())
     }
@@ -208,7 +216,7 @@ impl SqliteLedger {
         )
         .bind(ts(cutoff))
         .bind(batch)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected())
     }
