@@ -122,6 +122,15 @@ impl Broker {
         matches!(self.link, Link::Embedded(_))
     }
 
+    /// The OpenTelemetry `messaging.system` of its spans: `rabbitmq`, or
+    /// `belfry-embedded` for the embedded queue.
+    pub fn messaging_system(&self) -> &'static str {
+        match self.link {
+            Link::Amqp(_) => "rabbitmq",
+            Link::Embedded(_) => "belfry-embedded",
+        }
+    }
+
     /// The names this broker handle uses.
     pub fn topology(&self) -> &Topology {
         match &self.link {

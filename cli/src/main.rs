@@ -51,7 +51,7 @@ async fn dev() -> anyhow::Result<()> {
     match dev.api_addr {
         Some(addr) => {
             println!("  API       http://{addr}/v1   (web view: http://{addr}/ui)");
-            println!("  try       cargo run -p belfry -- --api http://{addr} runs ls   (in another terminal)");
+            println!("  try       cargo run --release -p belfry -- --api http://{addr} runs ls   (in another terminal)");
         }
         None => println!("  API       off (BELFRY_API_ADDR=off)"),
     }

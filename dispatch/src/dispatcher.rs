@@ -32,6 +32,8 @@ pub enum DispatchOutcome {
 pub struct Dispatcher {
     ledger: Ledger,
     publishers: PublisherSlot,
+    /// `messaging.system` of the publish spans.
+    system: &'static str,
 }
 
 /// The error text recorded for a job type no worker group serves.
@@ -47,6 +49,7 @@ impl Dispatcher {
     pub fn new(broker: Broker, ledger: Ledger) -> Self {
         Self {
             ledger,
+            system: broker.messaging_system(),
             publishers: PublisherSlot::new(broker),
         }
     }
@@ -93,7 +96,7 @@ impl Dispatcher {
         let spans: Vec<tracing::Span> = messages
             .iter()
             .zip(parents)
-            .map(|(message, parent)| publish_span(message, parent.id()))
+            .map(|(message, parent)| publish_span(self.system, message, parent.id()))
             .collect();
         // With OpenTelemetry on, each message carries its publish span's
         // context, as a single publish does.
@@ -213,7 +216,7 @@ impl Dispatcher {
     }
 
     async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, String> {
-        let span = publish_span(message, tracing::Span::current().id());
+        let span = publish_span(self.system, message, tracing::Span::current().id());
         // The publish span belongs to the run's trace. Under a `fire` or a
         // caller's span that already is the case; otherwise (an ad-hoc job
         // enqueued outside any span) it is parented on the run's stored
@@ -257,9 +260,13 @@ impl Dispatcher {
 }
 
 /// The `publish` span of `message`, under `parent` (none: a root).
-fn publish_span(message: &JobMessage, parent: Option<tracing::Id>) -> tracing::Span {
+fn publish_span(
+    system: &'static str,
+    message: &JobMessage,
+    parent: Option<tracing::Id>,
+) -> tracing::Span {
     tracing::info_span!(parent: parent, "publish", otel.kind = "producer",
-        messaging.system = "rabbitmq", messaging.operation.type = "send",
+        messaging.system = system, messaging.operation.type = "send",
         messaging.rabbitmq.destination.routing_key = %message.job_type,
         messaging.message.id = %message.message_id, belfry.publish = tracing::field::Empty)
 }

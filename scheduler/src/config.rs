@@ -2,7 +2,7 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused) |
 //! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; empty string `-` disables it |
 //! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ |
 //! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.claimed_by` |

@@ -2,7 +2,7 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused) |
 //! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ |
 //! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.worker` |
 //! | `BELFRY_NAMESPACE` | `belfry` | prefix of every exchange and queue |

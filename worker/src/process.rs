@@ -210,7 +210,7 @@ impl Worker {
         };
         let trace = message.trace.as_ref();
         let span = tracing::info_span!("process", otel.kind = "consumer",
-            messaging.system = "rabbitmq", messaging.operation.type = "process",
+            messaging.system = self.broker.messaging_system(), messaging.operation.type = "process",
             messaging.rabbitmq.destination.routing_key = %delivery.routing_key,
             messaging.message.id = %message.message_id, job.name = %message.job_name,
             job.type = %message.job_type, belfry.run_key = %message.run_key,
