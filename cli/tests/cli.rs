@@ -59,9 +59,10 @@ fn fails(out: &Out, code: i32, mentions: &str) {
 /// The CLI only talks HTTP to an API: it is tested on the real services
 /// when they answer, on the embedded backends otherwise.
 async fn setup() -> (TestEnv, TestApi) {
-    let env = match TestEnv::connect().await {
-        Some(env) => env,
-        None => TestEnv::embedded().await,
+    let env = if TestEnv::services_reachable().await || belfry_testkit::services_required() {
+        TestEnv::new().await
+    } else {
+        TestEnv::embedded().await
     };
     env.broker
         .declare_group("default", &["noop"])

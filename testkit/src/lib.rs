@@ -56,6 +56,39 @@ pub fn services_required() -> bool {
     std::env::var("BELFRY_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
 }
 
+/// Whether something accepts TCP connections at `addr` (within 5 s); the
+/// error names `service`.
+async fn answers(service: &str, addr: &str) -> Result<(), String> {
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect(addr.to_owned()),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("{service} at {addr} is not reachable: {e}")),
+        Err(_) => Err(format!("{service} at {addr} did not answer within 5 s")),
+    }
+}
+
+/// Whether Postgres, RabbitMQ and Redis answer; when they do not, the
+/// calling test is recorded as skipped (see [`skip`]) and `false` returned.
+///
+/// # Panics
+///
+/// When a service does not answer and `BELFRY_REQUIRE_SERVICES=1`.
+pub async fn services_available() -> bool {
+    match TestEnv::reach_services().await {
+        Ok(()) => true,
+        Err(why) => {
+            skip(&format!(
+                "{why}; start the services (scripts/services-up) to run it"
+            ));
+            false
+        }
+    }
+}
+
 /// Records that the calling test is skipped because `why` (a missing
 /// service or tool, and how to get it): printed to stderr and appended to
 /// the file named by `BELFRY_SKIP_LOG` (which `scripts/test` summarises).
@@ -153,31 +186,27 @@ impl TestEnv {
         }
     }
 
-    /// [`TestEnv::new`], or `None` (after printing why) when Postgres or
-    /// RabbitMQ does not answer and services are not required.
+    /// [`TestEnv::new`], or `None` (after printing why) when Postgres,
+    /// RabbitMQ or Redis does not answer and services are not required.
     ///
     /// # Panics
     ///
     /// When a service does not answer and `BELFRY_REQUIRE_SERVICES=1`.
     pub async fn connect() -> Option<Self> {
-        match Self::reach_services().await {
-            Ok(()) => Some(Self::create().await),
-            Err(why) if services_required() => {
-                panic!("service-backed test could not run (BELFRY_REQUIRE_SERVICES=1): {why}")
-            }
-            Err(why) => {
-                let test = std::thread::current().name().unwrap_or("a test").to_owned();
-                eprintln!(
-                    "SKIPPED {test}: {why}; start the services (scripts/services-up) to run it"
-                );
-                println!("SKIPPED {test}: {why}");
-                None
-            }
+        if services_available().await {
+            Some(Self::create().await)
+        } else {
+            None
         }
     }
 
-    /// Checks that Postgres and RabbitMQ answer; the error names the one
-    /// that does not.
+    /// Whether Postgres, RabbitMQ and Redis answer (nothing recorded).
+    pub async fn services_reachable() -> bool {
+        Self::reach_services().await.is_ok()
+    }
+
+    /// Checks that Postgres, RabbitMQ and Redis answer; the error names the
+    /// one that does not.
     async fn reach_services() -> Result<(), String> {
         let admin = admin_database_url();
         let pg = tokio::time::timeout(Duration::from_secs(5), PgConnection::connect(&admin)).await;
@@ -205,16 +234,16 @@ impl TestEnv {
             .and_then(|rest| rest.split('/').next())
             .unwrap_or("127.0.0.1:5672")
             .to_owned();
-        match tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio::net::TcpStream::connect(addr.clone()),
-        )
-        .await
-        {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("RabbitMQ at {addr} is not reachable: {e}")),
-            Err(_) => Err(format!("RabbitMQ at {addr} did not answer within 5 s")),
-        }
+        answers("RabbitMQ", &addr).await?;
+        let redis = redis_url();
+        let addr = redis
+            .trim_start_matches("redis://")
+            .split(['/', '?'])
+            .next()
+            .map(|hostport| hostport.rsplit('@').next().unwrap_or(hostport))
+            .unwrap_or("127.0.0.1:6379")
+            .to_owned();
+        answers("Redis", &addr).await
     }
 
     /// The same environment on the embedded backends: a fresh SQLite

@@ -14,6 +14,9 @@ use belfry_tests::fault::{run_suite, FaultConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_fire_lost_and_no_finished_run_executed_again_under_faults() {
+    if !belfry_testkit::services_available().await {
+        return;
+    }
     let config = FaultConfig::from_env();
     let report = run_suite(&config).await;
     println!("{report}");
