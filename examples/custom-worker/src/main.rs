@@ -1,6 +1,10 @@
 //! A worker binary with its own job type, `invoice`: the whole program a
 //! belfry user writes. Run it like `belfry-worker` (same environment
 //! variables); schedules with `job_type = "invoice"` are routed to it.
+//!
+//! `custom-worker dev` runs the same job type in belfry's embedded mode
+//! instead: scheduler, this worker and the API in one process on a SQLite
+//! file, no services (see `belfry_embedded`).
 
 use belfry_runtime::{init_telemetry, shutdown_token, Settings};
 use belfry_worker::{Job, JobContext, JobError, Registry, Worker, WorkerConfig};
@@ -34,6 +38,9 @@ impl Job for SendInvoice {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("dev") {
+        return dev().await;
+    }
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
     let telemetry = init_telemetry("custom-worker", &config.instance, config.log_format)?;
     let served = serve(&config).await;
@@ -49,4 +56,31 @@ async fn serve(config: &WorkerConfig) -> anyhow::Result<()> {
         .serve(config.metrics_addr.as_deref(), shutdown_token())
         .await?;
     Ok(())
+}
+
+/// Everything in one process, with `invoice` registered beside the
+/// built-in job types.
+async fn dev() -> anyhow::Result<()> {
+    let cancel = shutdown_token();
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let telemetry = init_telemetry(
+        "custom-worker",
+        &belfry_runtime::default_instance(),
+        belfry_runtime::LogFormat::Text,
+    )?;
+    let registry = Registry::builder().builtins().job(SendInvoice).build()?;
+    let dev = match belfry_embedded::start(env, registry, cancel).await {
+        Ok(dev) => dev,
+        Err(e) => {
+            telemetry.shutdown().await;
+            return Err(e.into());
+        }
+    };
+    println!("custom-worker dev: {}", dev.mode.describe());
+    if let Some(addr) = dev.api_addr {
+        println!("  API       http://{addr}/v1");
+    }
+    let waited = dev.wait().await;
+    telemetry.shutdown().await;
+    Ok(waited?)
 }

@@ -1,0 +1,104 @@
+//! The user's own job type in embedded mode: `custom-worker dev` (the real
+//! binary, no services) fires schedules of type `invoice` and its handler's
+//! outcomes are recorded: a good invoice `succeeded`, a 0-cent one `failed`
+//! (a permanent error, not retried).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const BIN: &str = env!("CARGO_BIN_EXE_custom-worker");
+
+async fn first_run(api: &str, schedule: &str) -> Option<Value> {
+    let body: Value = reqwest::get(format!("{api}/v1/runs?schedule={schedule}"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    body["runs"].as_array()?.first().cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoice_runs_in_embedded_mode() {
+    let dir = std::env::temp_dir().join(format!("belfry-custom-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("schedules.toml"),
+        r#"
+[[schedule]]
+name = "invoice-ok"
+every = "1s"
+job_type = "invoice"
+payload = { customer = "c-42", cents = 1999 }
+
+[[schedule]]
+name = "invoice-zero"
+every = "1s"
+job_type = "invoice"
+payload = { customer = "c-0", cents = 0 }
+"#,
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("dev")
+        .env_remove("AMQP_URL")
+        .env_remove("REDIS_URL")
+        .env(
+            "DATABASE_URL",
+            format!("sqlite://{}", dir.join("dev.db").display()),
+        )
+        .env("BELFRY_SCHEDULES", dir.join("schedules.toml"))
+        .env("BELFRY_API_ADDR", "127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let api = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(rest) = line.trim_start().strip_prefix("API") {
+                return rest
+                    .split_whitespace()
+                    .next()
+                    .map(|u| u.trim_end_matches("/v1").to_owned());
+            }
+        }
+        None
+    })
+    .await
+    .expect("the API address is printed")
+    .expect("an API line");
+    // Keep draining the logs so the pipe never fills.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (ok, zero) = loop {
+        let ok = first_run(&api, "invoice-ok").await;
+        let zero = first_run(&api, "invoice-zero").await;
+        let done = |r: &Option<Value>| {
+            r.as_ref().is_some_and(|r| {
+                ["succeeded", "failed", "dead"].contains(&r["status"].as_str().unwrap_or(""))
+            })
+        };
+        if done(&ok) && done(&zero) {
+            break (ok.unwrap(), zero.unwrap());
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no finished invoice runs: {ok:?} {zero:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(ok["status"], "succeeded", "{ok}");
+    assert_eq!(zero["status"], "failed", "{zero}");
+    assert_eq!(
+        zero["attempts"], 1,
+        "a permanent error is not retried: {zero}"
+    );
+    child.kill().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
