@@ -42,14 +42,18 @@ struct Dev {
 }
 
 async fn start(dir: &std::path::Path) -> Dev {
+    let db = format!("sqlite://{}", dir.join("dev.db").display());
+    start_with(dir, &[("DATABASE_URL".to_owned(), db)]).await
+}
+
+/// `belfry dev` with `env` added (embedded unless it names Postgres).
+async fn start_with(dir: &std::path::Path, env: &[(String, String)]) -> Dev {
     let mut child = Command::new(BIN)
         .arg("dev")
+        .env_remove("DATABASE_URL")
         .env_remove("AMQP_URL")
         .env_remove("REDIS_URL")
-        .env(
-            "DATABASE_URL",
-            format!("sqlite://{}", dir.join("dev.db").display()),
-        )
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env("BELFRY_SCHEDULES", dir.join("schedules.toml"))
         .env("BELFRY_API_ADDR", "127.0.0.1:0")
         .env("BELFRY_MISFIRE_THRESHOLD", "1s")
@@ -282,4 +286,65 @@ async fn a_second_process_on_the_same_file_is_refused_with_a_clear_error() {
     );
     drop(first);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_command_runs_the_distributed_mode_on_the_real_services() {
+    let env = belfry_testkit::service_env!();
+    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("schedules.toml"),
+        "[[schedule]]\nname = \"tick\"\nevery = \"1s\"\njob_type = \"noop\"\n",
+    )
+    .unwrap();
+    // DATABASE_URL (Postgres), AMQP_URL, REDIS_URL and a namespace of this
+    // test's own.
+    let dev = start_with(&dir, &env.process_env()).await;
+    let ready: Value = reqwest::get(format!("{}/readyz", dev.api))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &ready["mode"],
+            &ready["postgres"],
+            &ready["rabbitmq"],
+            &ready["redis"]
+        ),
+        (
+            &json!("distributed"),
+            &json!("up"),
+            &json!("up"),
+            &json!("up")
+        ),
+        "{ready}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ticks = runs(&dev.api, "tick").await;
+        if ticks.iter().any(|r| r["status"] == "succeeded") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no tick ran: {ticks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The runs are in Postgres, where every other replica sees them.
+    let stored = env.ledger.runs_of("tick", 100).await.unwrap();
+    assert!(
+        stored.iter().any(|r| r.status_text == "succeeded"),
+        "{stored:?}"
+    );
+    drop(dev);
+    assert!(
+        !dir.join(".belfry").exists(),
+        "no embedded database was made"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    env.teardown(&["default"]).await;
 }
