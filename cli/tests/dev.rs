@@ -348,3 +348,46 @@ async fn the_same_command_runs_the_distributed_mode_on_the_real_services() {
     let _ = std::fs::remove_dir_all(&dir);
     env.teardown(&["default"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_view_reads_the_embedded_database() {
+    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("schedules.toml"),
+        "[[schedule]]\nname = \"tick\"\nevery = \"1s\"\njob_type = \"noop\"\n",
+    )
+    .unwrap();
+    let dev = start(&dir).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (id, key) = loop {
+        let ticks = runs(&dev.api, "tick").await;
+        if let Some(done) = ticks.iter().find(|r| r["status"] == "succeeded") {
+            break (
+                done["id"].as_str().unwrap().to_owned(),
+                done["run_key"].as_str().unwrap().to_owned(),
+            );
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no tick ran: {ticks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Every page is built from the embedded database's queries (the
+    // overview's chart and counts, the strips of recent fires, run lists).
+    for (path, expect) in [
+        ("/ui".to_owned(), "<rect class=\"ok\""),
+        ("/ui/schedules".to_owned(), "tick"),
+        ("/ui/schedules/tick".to_owned(), "every 1s"),
+        ("/ui/runs?schedule=tick".to_owned(), "succeeded"),
+        (format!("/ui/runs/{id}"), key.as_str()),
+    ] {
+        let page = reqwest::get(format!("{}{path}", dev.api)).await.unwrap();
+        assert_eq!(page.status(), 200, "{path}");
+        let html = page.text().await.unwrap();
+        assert!(html.contains(expect), "{path} lacks {expect:?}: {html}");
+    }
+    drop(dev);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -114,3 +114,90 @@ async fn prunes_old_finished_runs_in_batches_and_keeps_what_matters() {
     assert_eq!((again.runs, again.skipped_fires), (0, 0));
     env.teardown(&[]).await;
 }
+
+/// A run of `job_name` at `at`, claimed by `by`, finished `succeeded`
+/// through the ledger's own transitions.
+async fn finished(env: &TestEnv, job_name: &str, at: chrono::DateTime<Utc>, by: &str) {
+    let run = belfry_ledger::NewRun {
+        id: uuid::Uuid::now_v7(),
+        job_name: job_name.into(),
+        run_key: belfry_protocol::run_key(job_name, at).unwrap(),
+        job_type: "noop".into(),
+        payload: serde_json::Value::Null,
+        scheduled_at: at,
+        claimed_by: by.into(),
+        trace_id: None,
+        traceparent: None,
+        options: Default::default(),
+        next_dispatch_at: Utc::now(),
+    };
+    assert!(env.ledger.claim(&run).await.unwrap());
+    let started = env
+        .ledger
+        .begin_attempt(&run.to_message(), "w", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let belfry_ledger::AttemptStart::Started { id, attempt } = started else {
+        panic!("{started:?}")
+    };
+    let entry = belfry_ledger::AttemptEntry {
+        attempt,
+        worker: "w".into(),
+        started_at: Utc::now(),
+        finished_at: Utc::now(),
+        outcome: "succeeded".into(),
+        error: None,
+    };
+    assert!(env
+        .ledger
+        .end_attempt(id, belfry_ledger::RunStatus::Succeeded, &entry, None, None)
+        .await
+        .unwrap());
+}
+
+belfry_testkit::both_backends! {
+    async fn pruning_keeps_unfinished_runs_and_each_schedules_newest_fire(env: TestEnv) {
+        env.broker.declare_group("default", &["noop"]).await.unwrap();
+        let base = chrono::SubsecRound::trunc_subsecs(Utc::now(), 0) - chrono::Duration::days(3);
+        for i in 0..5 {
+            finished(&env, "daily", base + chrono::Duration::minutes(i), "sched-a").await;
+        }
+        for i in 0..3 {
+            finished(&env, "manual-only", base + chrono::Duration::minutes(i), "manual:sched-a").await;
+        }
+        // An unfinished run of its own schedule.
+        let open = env
+            .enqueue("open", "noop", serde_json::Value::Null, base)
+            .await;
+        // Everything finished before the cutoff (just ahead of now), in
+        // batches of 2.
+        let cutoff = Utc::now() + chrono::Duration::seconds(1);
+        let mut pruned = 0;
+        loop {
+            let n = env.ledger.prune_finished_runs(cutoff, 2).await.unwrap();
+            assert!(n <= 2, "a batch is at most its size: {n}");
+            if n == 0 {
+                break;
+            }
+            pruned += n;
+        }
+        // 4 of "daily" (its newest fire stays) and all 3 manual runs (not
+        // fires of a timetable).
+        assert_eq!(pruned, 7);
+        let daily = env.ledger.runs_of("daily", 10).await.unwrap();
+        assert_eq!(daily.len(), 1);
+        assert_eq!(daily[0].scheduled_at, base + chrono::Duration::minutes(4));
+        assert!(env.ledger.runs_of("manual-only", 10).await.unwrap().is_empty());
+        assert_eq!(env.run_of(&open).await.status_text, "claimed");
+        // Newer finished runs stay with an older cutoff.
+        finished(&env, "daily", base + chrono::Duration::minutes(5), "sched-a").await;
+        assert_eq!(
+            env.ledger
+                .prune_finished_runs(Utc::now() - chrono::Duration::hours(1), 100)
+                .await
+                .unwrap(),
+            0
+        );
+        env.teardown(&["default"]).await;
+    }
+}

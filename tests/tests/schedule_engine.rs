@@ -153,49 +153,68 @@ belfry_testkit::both_backends! {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overlap_forbid_skips_while_the_previous_run_is_unfinished_decided_once() {
-    let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
-    let s = schedule("exclusive", "1m", None, |s| {
-        s.overlap = Some("forbid".into())
-    });
-    let a = replica(&env, "sched-a", Some(&redis_url())).await;
-    let b = replica(&env, "sched-b", None).await;
-    let t1: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
-    let t2 = t1 + chrono::Duration::minutes(1);
-    let t3 = t2 + chrono::Duration::minutes(1);
-    let (x, y) = tokio::join!(a.fire(&s, t1), b.fire(&s, t1));
-    assert_eq!(fired(&[x, y]), 1);
-    // The first run is still `dispatched` (no worker): the next fire is
-    // skipped, recorded once even with two replicas deciding.
-    let (x, y) = tokio::join!(a.fire(&s, t2), b.fire(&s, t2));
-    let skipped = [&x, &y]
-        .iter()
-        .filter(|o| matches!(o, FireOutcome::Skipped { .. }))
-        .count();
-    assert_eq!(fired(&[x.clone(), y.clone()]), 0, "{x:?} {y:?}");
-    assert!(skipped >= 1);
-    let skips = env.ledger.skipped_fires("exclusive", 10).await.unwrap();
-    assert_eq!(skips.len(), 1);
-    assert_eq!(skips[0].0, "exclusive@2026-07-26T03:01:00Z");
-    assert!(
-        skips[0].1.contains("exclusive@2026-07-26T03:00:00Z"),
-        "{}",
-        skips[0].1
-    );
-    // Once the previous run finished, the next fire runs.
-    sqlx::query("UPDATE job_runs SET status = 'succeeded', finished_at = now() WHERE job_name = 'exclusive'")
-        .execute(env.ledger.pg_pool().expect("a Postgres ledger"))
-        .await
-        .unwrap();
-    let (x, y) = tokio::join!(a.fire(&s, t3), b.fire(&s, t3));
-    assert_eq!(fired(&[x, y]), 1);
-    assert_eq!(env.all_runs().await.len(), 2);
-    env.teardown(&["default"]).await;
+belfry_testkit::both_backends! {
+    async fn overlap_forbid_skips_while_the_previous_run_is_unfinished_decided_once(env: TestEnv) {
+        env.broker
+            .declare_group("default", &["noop"])
+            .await
+            .unwrap();
+        let s = schedule("exclusive", "1m", None, |s| {
+            s.overlap = Some("forbid".into())
+        });
+        let a = replica(&env, "sched-a", Some(&redis_url())).await;
+        let b = replica(&env, "sched-b", None).await;
+        let t1: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
+        let t2 = t1 + chrono::Duration::minutes(1);
+        let t3 = t2 + chrono::Duration::minutes(1);
+        let (x, y) = tokio::join!(a.fire(&s, t1), b.fire(&s, t1));
+        assert_eq!(fired(&[x, y]), 1);
+        // The first run is still `dispatched` (no worker): the next fire is
+        // skipped, recorded once even with two replicas deciding.
+        let (x, y) = tokio::join!(a.fire(&s, t2), b.fire(&s, t2));
+        let skipped = [&x, &y]
+            .iter()
+            .filter(|o| matches!(o, FireOutcome::Skipped { .. }))
+            .count();
+        assert_eq!(fired(&[x.clone(), y.clone()]), 0, "{x:?} {y:?}");
+        assert!(skipped >= 1);
+        let skips = env.ledger.skipped_fires("exclusive", 10).await.unwrap();
+        assert_eq!(skips.len(), 1);
+        assert_eq!(skips[0].0, "exclusive@2026-07-26T03:01:00Z");
+        assert!(
+            skips[0].1.contains("exclusive@2026-07-26T03:00:00Z"),
+            "{}",
+            skips[0].1
+        );
+        // Once the previous run finished, the next fire runs.
+        for run in env.ledger.runs_of("exclusive", 10).await.unwrap() {
+            let started = env
+                .ledger
+                .begin_attempt(&run.to_message(), "test-worker", std::time::Duration::from_secs(60))
+                .await
+                .unwrap();
+            let belfry_ledger::AttemptStart::Started { id, attempt } = started else {
+                panic!("{started:?}")
+            };
+            let entry = belfry_ledger::AttemptEntry {
+                attempt,
+                worker: "test-worker".into(),
+                started_at: Utc::now(),
+                finished_at: Utc::now(),
+                outcome: "succeeded".into(),
+                error: None,
+            };
+            assert!(env
+                .ledger
+                .end_attempt(id, belfry_ledger::RunStatus::Succeeded, &entry, None, None)
+                .await
+                .unwrap());
+        }
+        let (x, y) = tokio::join!(a.fire(&s, t3), b.fire(&s, t3));
+        assert_eq!(fired(&[x, y]), 1);
+        assert_eq!(env.all_runs().await.len(), 2);
+        env.teardown(&["default"]).await;
+    }
 }
 
 belfry_testkit::both_backends! {
