@@ -8,9 +8,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use belfry_ledger::{Ledger, RunRecord};
+use belfry_testkit::eventually;
 use chrono::{DateTime, Timelike, Utc};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_belfry");
@@ -48,7 +48,15 @@ async fn start(dir: &std::path::Path) -> Dev {
 
 /// `belfry dev` with `env` added (embedded unless it names Postgres).
 async fn start_with(dir: &std::path::Path, env: &[(String, String)]) -> Dev {
-    let mut child = Command::new(BIN)
+    let (child, api) = belfry_testkit::spawn_with_api(dev_command(dir, env)).await;
+    Dev { child, api }
+}
+
+/// The `belfry dev` command of `dir` (its `schedules.toml`), with `env`
+/// added.
+fn dev_command(dir: &std::path::Path, env: &[(String, String)]) -> Command {
+    let mut command = Command::new(BIN);
+    command
         .arg("dev")
         .env_remove("DATABASE_URL")
         .env_remove("AMQP_URL")
@@ -60,33 +68,8 @@ async fn start_with(dir: &std::path::Path, env: &[(String, String)]) -> Dev {
         .env("BELFRY_RETRY_JITTER", "false")
         .env("RUST_LOG", "info")
         .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    // Drained for the life of the process (logs go to stdout too), so the
-    // pipe never fills; the banner's API line is handed over once.
-    tokio::spawn(async move {
-        let mut tx = Some(tx);
-        let mut lines = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(rest) = line.trim_start().strip_prefix("API") {
-                if let Some(url) = rest.split_whitespace().next() {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(url.trim_end_matches("/v1").to_owned());
-                    }
-                }
-            }
-        }
-    });
-    let api = tokio::time::timeout(Duration::from_secs(60), rx)
-        .await
-        .expect("belfry dev printed its API address")
-        .unwrap();
-    Dev { child, api }
+        .stderr(Stdio::inherit());
+    command
 }
 
 async fn runs(api: &str, schedule: &str) -> Vec<Value> {
@@ -97,6 +80,14 @@ async fn runs(api: &str, schedule: &str) -> Vec<Value> {
         .await
         .unwrap();
     body["runs"].as_array().cloned().unwrap_or_default()
+}
+
+/// The newest `succeeded` run of `schedule`, if any.
+async fn succeeded(api: &str, schedule: &str) -> Option<Value> {
+    runs(api, schedule)
+        .await
+        .into_iter()
+        .find(|r| r["status"] == "succeeded")
 }
 
 /// Sleeps until the next instant whose second is odd and whose
@@ -124,19 +115,16 @@ async fn kill_9_mid_job_then_restart_ends_the_run_once_and_applies_misfire_polic
     std::fs::write(dir.join("schedules.toml"), SCHEDULES).unwrap();
 
     let mut first = start(&dir).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let running = runs(&first.api, "long").await;
-        let ticked = !runs(&first.api, "tick-once").await.is_empty();
-        if ticked && running.first().is_some_and(|r| r["status"] == "running") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the long job never started: {running:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the long job running, and a tick",
+        Duration::from_secs(30),
+        || async {
+            let running = runs(&first.api, "long").await;
+            let ticked = !runs(&first.api, "tick-once").await.is_empty();
+            (ticked && running.first().is_some_and(|r| r["status"] == "running")).then_some(())
+        },
+    )
+    .await;
     // The CLI sees the runs.
     let listed = Command::new(BIN)
         .args(["--api", &first.api, "runs", "ls", "--schedule", "tick-once"])
@@ -180,18 +168,12 @@ async fn kill_9_mid_job_then_restart_ends_the_run_once_and_applies_misfire_polic
         ),
         "{ready}"
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-    loop {
-        let long = runs(&second.api, "long").await;
-        if long.first().is_some_and(|r| r["status"] == "succeeded") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the interrupted run never finished: {long:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        "the interrupted run to finish",
+        Duration::from_secs(40),
+        || async { succeeded(&second.api, "long").await },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // A graceful stop this time.
@@ -265,16 +247,9 @@ async fn a_second_process_on_the_same_file_is_refused_with_a_clear_error() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("schedules.toml"), "").unwrap();
     let first = start(&dir).await;
-    let second = Command::new(BIN)
-        .arg("dev")
-        .env_remove("AMQP_URL")
-        .env_remove("REDIS_URL")
-        .env(
-            "DATABASE_URL",
-            format!("sqlite://{}", dir.join("dev.db").display()),
-        )
-        .env("BELFRY_SCHEDULES", dir.join("schedules.toml"))
-        .env("BELFRY_API_ADDR", "127.0.0.1:0")
+    let db = format!("sqlite://{}", dir.join("dev.db").display());
+    let second = dev_command(&dir, &[("DATABASE_URL".to_owned(), db)])
+        .stderr(Stdio::piped())
         .output()
         .await
         .unwrap();
@@ -322,18 +297,10 @@ async fn the_same_command_runs_the_distributed_mode_on_the_real_services() {
         ),
         "{ready}"
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let ticks = runs(&dev.api, "tick").await;
-        if ticks.iter().any(|r| r["status"] == "succeeded") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no tick ran: {ticks:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("a tick to run", Duration::from_secs(30), || async {
+        succeeded(&dev.api, "tick").await
+    })
+    .await;
     // The runs are in Postgres, where every other replica sees them.
     let stored = env.ledger.runs_of("tick", 100).await.unwrap();
     assert!(
@@ -359,21 +326,12 @@ async fn the_web_view_reads_the_embedded_database() {
     )
     .unwrap();
     let dev = start(&dir).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let (id, key) = loop {
-        let ticks = runs(&dev.api, "tick").await;
-        if let Some(done) = ticks.iter().find(|r| r["status"] == "succeeded") {
-            break (
-                done["id"].as_str().unwrap().to_owned(),
-                done["run_key"].as_str().unwrap().to_owned(),
-            );
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no tick ran: {ticks:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let done = eventually("a tick to run", Duration::from_secs(30), || async {
+        succeeded(&dev.api, "tick").await
+    })
+    .await;
+    let id = done["id"].as_str().unwrap().to_owned();
+    let key = done["run_key"].as_str().unwrap().to_owned();
     // Every page is built from the embedded database's queries (the
     // overview's chart and counts, the strips of recent fires, run lists).
     for (path, expect) in [

@@ -11,7 +11,7 @@ use crate::runs::NewRun;
 use crate::{Ledger, LedgerError};
 
 /// A claimed run that never reached the broker and is now late.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct LateClaim {
     /// The run.
     pub id: uuid::Uuid,
@@ -189,7 +189,7 @@ impl Ledger {
             Ok(pool) => pool,
             Err(lite) => return lite.late_claims(older_than, grace, limit).await,
         };
-        let rows = sqlx::query(&format!(
+        Ok(sqlx::query_as(&format!(
             "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
                  EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
                          AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
@@ -206,18 +206,7 @@ impl Ledger {
         .bind(grace.as_secs_f64())
         .bind(limit)
         .fetch_all(pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(LateClaim {
-                    id: r.try_get("id")?,
-                    job_name: r.try_get("job_name")?,
-                    scheduled_at: r.try_get("scheduled_at")?,
-                    superseded: r.try_get("superseded")?,
-                    spec: r.try_get("spec")?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     /// Gives up claimed runs that their schedule's misfire policy skips:

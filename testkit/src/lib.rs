@@ -510,6 +510,51 @@ impl TestEnv {
         }
     }
 
+    /// Ends attempt `attempt` of run `id`, held by `worker`, with `status`,
+    /// as that worker would; whether the ledger recorded it.
+    pub async fn end_attempt(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        worker: &str,
+        status: RunStatus,
+    ) -> bool {
+        let entry = belfry_ledger::AttemptEntry {
+            attempt,
+            worker: worker.into(),
+            started_at: Utc::now(),
+            finished_at: Utc::now(),
+            outcome: status.as_str().into(),
+            error: None,
+        };
+        self.ledger
+            .end_attempt(id, status, &entry, None, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Takes the run of `message` to `status` as `worker` would: starts an
+    /// attempt and ends it.
+    ///
+    /// # Panics
+    ///
+    /// When the run cannot be started or the end is not recorded.
+    pub async fn finish(&self, message: &JobMessage, worker: &str, status: RunStatus) {
+        let started = self
+            .ledger
+            .begin_attempt(message, worker, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let belfry_ledger::AttemptStart::Started { id, attempt } = started else {
+            panic!("run {} could not start: {started:?}", message.run_key)
+        };
+        assert!(
+            self.end_attempt(id, attempt, worker, status).await,
+            "the end of {} was not recorded",
+            message.run_key
+        );
+    }
+
     /// The run of `message`.
     ///
     /// # Panics
@@ -566,6 +611,51 @@ impl TestEnv {
             }
         }
     }
+}
+
+/// Spawns `command` (a `belfry dev`-like process that prints `API
+/// http://host:port/v1` in its banner), waits up to 60 s for that line and
+/// returns the child and the API's base URL (`http://host:port`). The
+/// child's stdout is drained in the background for its whole life (logs go
+/// there too), so it never blocks on a full pipe.
+///
+/// # Panics
+///
+/// When the process cannot start or prints no API line in time.
+pub async fn spawn_with_api(
+    mut command: tokio::process::Command,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the process: {e}"));
+    let stdout = child
+        .stdout
+        .take()
+        .unwrap_or_else(|| panic!("no stdout pipe"));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut tx = Some(tx);
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let url = line
+                .trim_start()
+                .strip_prefix("API")
+                .and_then(|rest| rest.split_whitespace().next());
+            if let Some(url) = url.filter(|u| u.starts_with("http")) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(url.trim_end_matches("/v1").to_owned());
+                }
+            }
+        }
+    });
+    let api = tokio::time::timeout(Duration::from_secs(60), rx)
+        .await
+        .unwrap_or_else(|_| panic!("no API line within 60 s"))
+        .unwrap_or_else(|_| panic!("the process ended without an API line"));
+    (child, api)
 }
 
 /// Waits for a child process to exit, off the async runtime's threads.

@@ -132,27 +132,8 @@ async fn finished(env: &TestEnv, job_name: &str, at: chrono::DateTime<Utc>, by: 
         next_dispatch_at: Utc::now(),
     };
     assert!(env.ledger.claim(&run).await.unwrap());
-    let started = env
-        .ledger
-        .begin_attempt(&run.to_message(), "w", Duration::from_secs(60))
-        .await
-        .unwrap();
-    let belfry_ledger::AttemptStart::Started { id, attempt } = started else {
-        panic!("{started:?}")
-    };
-    let entry = belfry_ledger::AttemptEntry {
-        attempt,
-        worker: "w".into(),
-        started_at: Utc::now(),
-        finished_at: Utc::now(),
-        outcome: "succeeded".into(),
-        error: None,
-    };
-    assert!(env
-        .ledger
-        .end_attempt(id, belfry_ledger::RunStatus::Succeeded, &entry, None, None)
-        .await
-        .unwrap());
+    env.finish(&run.to_message(), "w", belfry_ledger::RunStatus::Succeeded)
+        .await;
 }
 
 belfry_testkit::both_backends! {

@@ -188,27 +188,8 @@ belfry_testkit::both_backends! {
         );
         // Once the previous run finished, the next fire runs.
         for run in env.ledger.runs_of("exclusive", 10).await.unwrap() {
-            let started = env
-                .ledger
-                .begin_attempt(&run.to_message(), "test-worker", std::time::Duration::from_secs(60))
-                .await
-                .unwrap();
-            let belfry_ledger::AttemptStart::Started { id, attempt } = started else {
-                panic!("{started:?}")
-            };
-            let entry = belfry_ledger::AttemptEntry {
-                attempt,
-                worker: "test-worker".into(),
-                started_at: Utc::now(),
-                finished_at: Utc::now(),
-                outcome: "succeeded".into(),
-                error: None,
-            };
-            assert!(env
-                .ledger
-                .end_attempt(id, belfry_ledger::RunStatus::Succeeded, &entry, None, None)
-                .await
-                .unwrap());
+            env.finish(&run.to_message(), "test-worker", belfry_ledger::RunStatus::Succeeded)
+                .await;
         }
         let (x, y) = tokio::join!(a.fire(&s, t3), b.fire(&s, t3));
         assert_eq!(fired(&[x, y]), 1);

@@ -586,19 +586,10 @@ belfry_testkit::both_backends! {
             "not run while another attempt holds it"
         );
         // The holder finishes; the redelivery is then a duplicate of a finished run.
-        let entry = belfry_ledger::AttemptEntry {
-            attempt,
-            worker: "other-worker".into(),
-            started_at: Utc::now(),
-            finished_at: Utc::now(),
-            outcome: "succeeded".into(),
-            error: None,
-        };
-        assert!(env
-            .ledger
-            .end_attempt(id, RunStatus::Succeeded, &entry, None, None)
-            .await
-            .unwrap());
+        assert!(
+            env.end_attempt(id, attempt, "other-worker", RunStatus::Succeeded)
+                .await
+        );
         eventually(
             "the duplicate to be dropped",
             Duration::from_secs(15),

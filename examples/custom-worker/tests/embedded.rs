@@ -3,11 +3,9 @@
 //! outcomes are recorded: a good invoice `succeeded`, a 0-cent one `failed`
 //! (a permanent error, not retried).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_custom-worker");
 
@@ -43,7 +41,8 @@ payload = { customer = "c-0", cents = 0 }
 "#,
     )
     .unwrap();
-    let mut child = tokio::process::Command::new(BIN)
+    let mut command = tokio::process::Command::new(BIN);
+    command
         .arg("dev")
         .env_remove("AMQP_URL")
         .env_remove("REDIS_URL")
@@ -52,28 +51,8 @@ payload = { customer = "c-0", cents = 0 }
             format!("sqlite://{}", dir.join("dev.db").display()),
         )
         .env("BELFRY_SCHEDULES", dir.join("schedules.toml"))
-        .env("BELFRY_API_ADDR", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let api = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(rest) = line.trim_start().strip_prefix("API") {
-                return rest
-                    .split_whitespace()
-                    .next()
-                    .map(|u| u.trim_end_matches("/v1").to_owned());
-            }
-        }
-        None
-    })
-    .await
-    .expect("the API address is printed")
-    .expect("an API line");
-    // Keep draining the logs so the pipe never fills.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        .env("BELFRY_API_ADDR", "127.0.0.1:0");
+    let (mut child, api) = belfry_testkit::spawn_with_api(command).await;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let (ok, zero) = loop {

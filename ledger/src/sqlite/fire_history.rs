@@ -101,7 +101,7 @@ impl SqliteLedger {
         grace: Duration,
         limit: i64,
     ) -> Result<Vec<LateClaim>, LedgerError> {
-        let rows = sqlx::query(&format!(
+        Ok(sqlx::query_as(&format!(
             "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
                  EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
                          AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
@@ -117,18 +117,7 @@ impl SqliteLedger {
         .bind(now_minus(grace))
         .bind(limit)
         .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(LateClaim {
-                    id: r.try_get("id")?,
-                    job_name: r.try_get("job_name")?,
-                    scheduled_at: r.try_get("scheduled_at")?,
-                    superseded: r.try_get("superseded")?,
-                    spec: r.try_get("spec")?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     pub(crate) async fn skip_claimed(
