@@ -117,6 +117,25 @@ impl Broker {
         }
     }
 
+    /// The broker that goes with `ledger`: the embedded database's own job
+    /// queue, or RabbitMQ at `amqp_url` (named `connection_name`) for a
+    /// Postgres ledger.
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::connect`], for a Postgres ledger.
+    pub async fn for_ledger(
+        ledger: &belfry_ledger::Ledger,
+        amqp_url: &str,
+        topology: Topology,
+        connection_name: &str,
+    ) -> Result<Self, BrokerError> {
+        match ledger.job_queue() {
+            Some(queue) => Ok(Self::embedded(queue, topology)),
+            None => Self::connect(amqp_url, topology, connection_name).await,
+        }
+    }
+
     /// Whether this is the embedded queue.
     pub fn is_embedded(&self) -> bool {
         matches!(self.link, Link::Embedded(_))

@@ -198,17 +198,13 @@ impl Replica {
     ) -> Result<(Self, ScheduleSync, Vec<Arc<Schedule>>), SchedulerError> {
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
-        let broker = match ledger.job_queue() {
-            Some(queue) => Broker::embedded(queue, topology),
-            None => {
-                Broker::connect(
-                    &config.amqp_url,
-                    topology,
-                    &format!("belfry-scheduler {}", config.instance),
-                )
-                .await?
-            }
-        };
+        let broker = Broker::for_ledger(
+            &ledger,
+            &config.amqp_url,
+            topology,
+            &format!("belfry-scheduler {}", config.instance),
+        )
+        .await?;
         Self::start_on(config, ledger, broker).await
     }
 

@@ -65,17 +65,13 @@ impl Worker {
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
         ledger.migrate().await?;
-        let broker = match ledger.job_queue() {
-            Some(queue) => Broker::embedded(queue, topology),
-            None => {
-                Broker::connect(
-                    &config.amqp_url,
-                    topology,
-                    &format!("belfry-worker {} ({})", config.instance, config.group),
-                )
-                .await?
-            }
-        };
+        let broker = Broker::for_ledger(
+            &ledger,
+            &config.amqp_url,
+            topology,
+            &format!("belfry-worker {} ({})", config.instance, config.group),
+        )
+        .await?;
         Self::start_on(config, registry, ledger, broker).await
     }
 
