@@ -178,13 +178,23 @@ impl Ledger {
         let leases: Vec<f64> = batch.iter().map(|r| r.lease.as_secs_f64()).collect();
         // Same guard as `try_begin`, row by row. A run named twice in one
         // batch is updated once; the other request gets no row and takes
-        // the slow path, which sees the run held.
+        // the slow path, which sees the run held. Rows are locked in id
+        // order first (as the schedulers' batched `dispatched` update and
+        // `end_batch` do), so concurrent batches wait instead of
+        // deadlocking.
         let rows = sqlx::query(
-            "UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
+            "WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) \
+                        AS b(job_name, run_key, worker, lease)), \
+                  locked AS ( \
+                 SELECT j.id FROM job_runs j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
+                 WHERE j.status IN ('claimed', 'dispatched', 'retrying') \
+                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now())) \
+                 ORDER BY j.id FOR UPDATE OF j) \
+             UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
                  started_at = COALESCE(j.started_at, now()), worker = b.worker, next_dispatch_at = NULL, \
                  lease_until = now() + make_interval(secs => b.lease), updated_at = now() \
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) AS b(job_name, run_key, worker, lease) \
-             WHERE j.job_name = b.job_name AND j.run_key = b.run_key \
+             FROM b, locked \
+             WHERE j.id = locked.id AND j.job_name = b.job_name AND j.run_key = b.run_key \
                AND (j.status IN ('claimed', 'dispatched', 'retrying') \
                     OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()))) \
              RETURNING j.job_name, j.run_key, j.id, j.attempts",
@@ -225,15 +235,22 @@ impl Ledger {
             batch.iter().map(|r| r.redispatch_at).collect();
         let attempts: Vec<i32> = batch.iter().map(|r| r.entry.attempt).collect();
         // Same guard as `end_attempt`: only the attempt that holds the run
-        // writes its outcome.
+        // writes its outcome. Rows are locked in id order first (see
+        // `begin_batch`).
         let rows = sqlx::query(
-            "UPDATE job_runs j SET status = b.status, last_error = b.last_error, \
+            "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::jsonb[], \
+                        $6::timestamptz[], $7::int[]) \
+                        AS b(id, status, last_error, terminal, entry, redispatch_at, attempt)), \
+                  locked AS ( \
+                 SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
+                 WHERE j.status = 'running' AND j.attempts = b.attempt \
+                 ORDER BY j.id FOR UPDATE OF j) \
+             UPDATE job_runs j SET status = b.status, last_error = b.last_error, \
                  finished_at = CASE WHEN b.terminal THEN now() ELSE NULL END, \
                  attempt_log = j.attempt_log || jsonb_build_array(b.entry), \
                  next_dispatch_at = b.redispatch_at, lease_until = NULL, updated_at = now() \
-             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::jsonb[], $6::timestamptz[], $7::int[]) \
-                 AS b(id, status, last_error, terminal, entry, redispatch_at, attempt) \
-             WHERE j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
+             FROM b, locked \
+             WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
              RETURNING j.id",
         )
         .bind(&ids)

@@ -110,14 +110,22 @@ impl Ledger {
             return Ok(0);
         }
         // Every expression reads the row as it was, so `status = 'claimed'`
-        // decides the whole update of a row at once.
+        // decides the whole update of a row at once. The rows are locked in
+        // id order first: the workers' batched attempt statements lock in
+        // the same order, so the two wait for each other instead of
+        // deadlocking.
         let done = sqlx::query(
-            "UPDATE job_runs SET \
-                 status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
-                 next_dispatch_at = CASE WHEN status = 'claimed' THEN NULL ELSE next_dispatch_at END, \
-                 updated_at = CASE WHEN status = 'claimed' THEN now() ELSE updated_at END, \
-                 dispatched_at = COALESCE(dispatched_at, now()) \
-             WHERE id = ANY($1) AND (status = 'claimed' OR dispatched_at IS NULL)",
+            "WITH locked AS ( \
+                 SELECT id FROM job_runs \
+                 WHERE id = ANY($1) AND (status = 'claimed' OR dispatched_at IS NULL) \
+                 ORDER BY id FOR UPDATE) \
+             UPDATE job_runs j SET \
+                 status = CASE WHEN j.status = 'claimed' THEN 'dispatched' ELSE j.status END, \
+                 next_dispatch_at = CASE WHEN j.status = 'claimed' THEN NULL ELSE j.next_dispatch_at END, \
+                 updated_at = CASE WHEN j.status = 'claimed' THEN now() ELSE j.updated_at END, \
+                 dispatched_at = COALESCE(j.dispatched_at, now()) \
+             FROM locked WHERE j.id = locked.id \
+               AND (j.status = 'claimed' OR j.dispatched_at IS NULL)",
         )
         .bind(ids)
         .execute(pool)
