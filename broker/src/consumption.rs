@@ -224,7 +224,7 @@ impl Consumption {
         prefetch: u16,
     ) -> Result<Self, BrokerError> {
         let freed = queue
-            .open_consumer(name, tag)
+            .open_consumer(name)
             .await
             .map_err(|e| BrokerError::Embedded(e.to_string()))?;
         if freed > 0 {

@@ -250,23 +250,9 @@ async fn schedule_commands_print_tables_json_and_exit_codes() {
     assert!(
         ok(&belfry(b, &["schedules", "pause", "nightly"], &[]).await).contains("paused nightly")
     );
-    assert!(
-        env.ledger
-            .schedule("nightly")
-            .await
-            .unwrap()
-            .unwrap()
-            .paused
-    );
+    assert!(env.paused("nightly").await);
     ok(&belfry(b, &["schedules", "resume", "nightly"], &[]).await);
-    assert!(
-        !env.ledger
-            .schedule("nightly")
-            .await
-            .unwrap()
-            .unwrap()
-            .paused
-    );
+    assert!(!env.paused("nightly").await);
     let preview = belfry(b, &["schedules", "preview", "nightly", "-n", "3"], &[]).await;
     assert_eq!(ok(&preview).lines().count(), 3, "{}", preview.stdout);
     let trig = belfry(b, &["schedules", "trigger", "nightly"], &[]).await;

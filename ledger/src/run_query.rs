@@ -69,40 +69,60 @@ impl Ledger {
         let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!(
             "SELECT {RUN_COLUMNS} FROM job_runs WHERE TRUE"
         ));
-        if let Some(name) = &filter.job_name {
-            q.push(" AND job_name = ").push_bind(name.clone());
-        }
-        if let Some(job_type) = &filter.job_type {
-            q.push(" AND job_type = ").push_bind(job_type.clone());
-        }
-        if !filter.statuses.is_empty() {
-            // Literals, not a bound array: the statuses are this crate's own
-            // constants, and the planner can only match partial indexes
-            // (`job_runs_failed_idx`, `job_runs_unfinished_idx`) against
-            // values it can see.
-            let list: Vec<String> = filter
-                .statuses
-                .iter()
-                .map(|s| format!("'{}'", s.as_str()))
-                .collect();
-            q.push(format!(" AND status IN ({})", list.join(", ")));
-        }
-        if let Some(from) = filter.from {
-            q.push(" AND scheduled_at >= ").push_bind(from);
-        }
-        if let Some(to) = filter.to {
-            q.push(" AND scheduled_at < ").push_bind(to);
-        }
-        if let Some(c) = cursor {
-            // Row comparison matches the index order exactly.
-            q.push(" AND (scheduled_at, id) < (")
-                .push_bind(c.scheduled_at)
-                .push(", ")
-                .push_bind(c.id)
-                .push(")");
-        }
-        q.push(" ORDER BY scheduled_at DESC, id DESC LIMIT ")
-            .push_bind(limit);
+        push_run_filter(&mut q, filter, cursor, limit, |at| at);
         Ok(q.build_query_as().fetch_all(pool).await?)
     }
+}
+
+/// Appends `filter`, `cursor` and `limit` to a `SELECT ... FROM job_runs
+/// WHERE TRUE` of either dialect; `instant` turns an instant into the value
+/// its database stores (Postgres takes it as is, the embedded ledger as
+/// fixed-width text).
+pub(crate) fn push_run_filter<'a, DB, T>(
+    q: &mut sqlx::QueryBuilder<'a, DB>,
+    filter: &RunFilter,
+    cursor: Option<RunCursor>,
+    limit: i64,
+    instant: impl Fn(DateTime<Utc>) -> T,
+) where
+    DB: sqlx::Database,
+    String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Uuid: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    T: sqlx::Encode<'a, DB> + sqlx::Type<DB> + 'a,
+{
+    if let Some(name) = &filter.job_name {
+        q.push(" AND job_name = ").push_bind(name.clone());
+    }
+    if let Some(job_type) = &filter.job_type {
+        q.push(" AND job_type = ").push_bind(job_type.clone());
+    }
+    if !filter.statuses.is_empty() {
+        // Literals, not a bound array: the statuses are this crate's own
+        // constants, and the planner can only match partial indexes
+        // (`job_runs_failed_idx`, `job_runs_unfinished_idx`) against
+        // values it can see.
+        let list: Vec<String> = filter
+            .statuses
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        q.push(format!(" AND status IN ({})", list.join(", ")));
+    }
+    if let Some(from) = filter.from {
+        q.push(" AND scheduled_at >= ").push_bind(instant(from));
+    }
+    if let Some(to) = filter.to {
+        q.push(" AND scheduled_at < ").push_bind(instant(to));
+    }
+    if let Some(c) = cursor {
+        // Row comparison matches the index order exactly.
+        q.push(" AND (scheduled_at, id) < (")
+            .push_bind(instant(c.scheduled_at))
+            .push(", ")
+            .push_bind(c.id)
+            .push(")");
+    }
+    q.push(" ORDER BY scheduled_at DESC, id DESC LIMIT ")
+        .push_bind(limit);
 }

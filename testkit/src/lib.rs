@@ -510,6 +510,20 @@ impl TestEnv {
         }
     }
 
+    /// Whether the stored schedule `name` is paused.
+    ///
+    /// # Panics
+    ///
+    /// When there is no such schedule.
+    pub async fn paused(&self, name: &str) -> bool {
+        self.ledger
+            .schedule(name)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no schedule {name:?}"))
+            .paused
+    }
+
     /// Ends attempt `attempt` of run `id`, held by `worker`, with `status`,
     /// as that worker would; whether the ledger recorded it.
     pub async fn end_attempt(

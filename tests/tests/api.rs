@@ -256,12 +256,7 @@ belfry_testkit::both_backends! {
             (StatusCode::OK, &json!(true))
         );
         assert!(
-            env.ledger
-                .schedule("nightly")
-                .await
-                .unwrap()
-                .unwrap()
-                .paused
+            env.paused("nightly").await
         );
         let resumed = call(Method::POST, &s("/nightly/resume"), None, None).await;
         assert_eq!(resumed.1["paused"], false);

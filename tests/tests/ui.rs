@@ -110,14 +110,7 @@ async fn pages_render_escape_and_act() {
         .await
         .unwrap();
     assert_eq!(paused.status(), StatusCode::SEE_OTHER);
-    assert!(
-        env.ledger
-            .schedule("nightly")
-            .await
-            .unwrap()
-            .unwrap()
-            .paused
-    );
+    assert!(env.paused("nightly").await);
     // Trigger and a bad backfill range: the message comes back escaped.
     let trig = client()
         .post(api.url("/ui/schedules/nightly/trigger"))
@@ -136,14 +129,7 @@ async fn pages_render_escape_and_act() {
         .await
         .unwrap();
     assert_eq!(forged.status(), StatusCode::FORBIDDEN);
-    assert!(
-        env.ledger
-            .schedule("nightly")
-            .await
-            .unwrap()
-            .unwrap()
-            .paused
-    );
+    assert!(env.paused("nightly").await);
     // Following a link from another site is a navigation: allowed.
     let linked = client()
         .get(api.url("/ui/schedules/nightly"))
@@ -278,7 +264,7 @@ async fn tokens_sign_in_as_cookies_and_readers_get_no_buttons() {
         .await
         .unwrap();
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
-    assert!(!env.ledger.schedule("s").await.unwrap().unwrap().paused);
+    assert!(!env.paused("s").await);
     let admin_secret = ADMIN.split_once(':').unwrap().1;
     let (status, page) = get(&api.url("/ui/schedules/s"), Some(admin_secret)).await;
     assert_eq!(status, StatusCode::OK);

@@ -140,15 +140,14 @@ impl JobQueue {
         self.store.queue_dead_letter(message, reason, by).await
     }
 
-    /// Opens `consumer` on `queue`: first frees the messages of `queue`
+    /// Prepares `queue` for a consumer of this process: frees the messages of `queue`
     /// held by consumers of a process that is gone (another session of the
     /// file); how many were freed.
     ///
     /// # Errors
     ///
     /// [`LedgerError::Query`] when the database fails.
-    pub async fn open_consumer(&self, queue: &str, consumer: &str) -> Result<u64, LedgerError> {
-        let _ = consumer;
+    pub async fn open_consumer(&self, queue: &str) -> Result<u64, LedgerError> {
         self.store.queue_release_stale(queue).await
     }
 

@@ -61,9 +61,8 @@ pub(crate) fn now() -> String {
 
 /// The latest instant [`ts`] writes: later ones would not be fixed-width.
 fn latest() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("9999-12-31T23:59:59.999999Z")
-        .map(|t| t.with_timezone(&Utc))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    // 9999-12-31T23:59:59.999999Z
+    DateTime::from_timestamp(253_402_300_799, 999_999_000).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// `now + d` in [`ts`] form, saturating at the latest writable instant.

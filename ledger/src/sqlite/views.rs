@@ -9,7 +9,7 @@ use sqlx::Row;
 use super::{now, ts, SqliteLedger};
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::live_fire;
-use crate::run_query::{RunCursor, RunFilter};
+use crate::run_query::{push_run_filter, RunCursor, RunFilter};
 use crate::runs::{RunRecord, RUN_COLUMNS};
 use crate::LedgerError;
 
@@ -21,38 +21,9 @@ impl SqliteLedger {
         limit: i64,
     ) -> Result<Vec<RunRecord>, LedgerError> {
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(format!(
-            "SELECT {RUN_COLUMNS} FROM job_runs WHERE 1"
+            "SELECT {RUN_COLUMNS} FROM job_runs WHERE TRUE"
         ));
-        if let Some(name) = &filter.job_name {
-            q.push(" AND job_name = ").push_bind(name.clone());
-        }
-        if let Some(job_type) = &filter.job_type {
-            q.push(" AND job_type = ").push_bind(job_type.clone());
-        }
-        if !filter.statuses.is_empty() {
-            // The crate's own constants, as literals (partial indexes).
-            let list: Vec<String> = filter
-                .statuses
-                .iter()
-                .map(|s| format!("'{}'", s.as_str()))
-                .collect();
-            q.push(format!(" AND status IN ({})", list.join(", ")));
-        }
-        if let Some(from) = filter.from {
-            q.push(" AND scheduled_at >= ").push_bind(ts(from));
-        }
-        if let Some(to) = filter.to {
-            q.push(" AND scheduled_at < ").push_bind(ts(to));
-        }
-        if let Some(c) = cursor {
-            q.push(" AND (scheduled_at, id) < (")
-                .push_bind(ts(c.scheduled_at))
-                .push(", ")
-                .push_bind(c.id)
-                .push(")");
-        }
-        q.push(" ORDER BY scheduled_at DESC, id DESC LIMIT ")
-            .push_bind(limit);
+        push_run_filter(&mut q, filter, cursor, limit, ts);
         Ok(q.build_query_as().fetch_all(&self.pool).await?)
     }
 
@@ -117,13 +88,7 @@ impl SqliteLedger {
             let rows = sqlx::query(sql).bind(&since).fetch_all(&self.pool).await?;
             seen.push(
                 rows.into_iter()
-                    .map(|r| {
-                        let last: String = r.try_get("last")?;
-                        let last = DateTime::parse_from_rfc3339(&last)
-                            .map_err(|e| LedgerError::Corrupt(format!("instant {last:?}: {e}")))?
-                            .with_timezone(&Utc);
-                        Ok((r.try_get::<String, _>("who")?, last))
-                    })
+                    .map(|r| Ok((r.try_get::<String, _>("who")?, r.try_get("last")?)))
                     .collect::<Result<Vec<_>, LedgerError>>()?,
             );
         }
