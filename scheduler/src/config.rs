@@ -13,7 +13,7 @@
 //! | `BELFRY_LOCK_TTL` | `60s` | how long a fire's Redis lock lives |
 //! | `BELFRY_MAX_INFLIGHT_FIRES` | `1024` | fires claimed/published concurrently |
 //! | `BELFRY_MAX_BATCH` | `256` | most fires due together claimed and published as one batch |
-//! | `BELFRY_DB_POOL` | `8` | Postgres connections |
+//! | `BELFRY_DB_POOL` | `8` | Postgres connections (embedded: readers; writes use one more) |
 //! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight fires may take after SIGTERM |
 //! | `BELFRY_RECONCILE_AFTER` | `30s` | a claimed run not confirmed by then is republished |
 //! | `BELFRY_RECONCILE_INTERVAL` | `1s` | how often the outbox reconciler looks for due runs |
