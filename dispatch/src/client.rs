@@ -31,7 +31,7 @@ use belfry_protocol::{validate_name, JobOptions, Topology};
 use crate::{DispatchError, DispatchOutcome, Dispatcher};
 
 /// Longest accepted idempotency key.
-pub const MAX_KEY_LEN: usize = 200;
+pub const MAX_KEY_LEN: usize = belfry_protocol::run_key::MAX_IDENTITY_BYTES;
 
 /// A job to enqueue.
 #[derive(Debug, Clone)]
@@ -266,15 +266,9 @@ fn check_key(key: &str) -> Result<(), DispatchError> {
         key: key.to_owned(),
         reason: reason.to_owned(),
     };
-    if key.is_empty() {
-        return Err(bad("it is empty; use 1 to 200 printable characters"));
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(bad("it is longer than 200 bytes"));
-    }
-    if key.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(bad("it contains whitespace or control characters"));
-    }
+    // The same rule a received message's run key is held to, so a key
+    // accepted here is never refused by a worker.
+    belfry_protocol::check_identity(key).map_err(bad)?;
     if chrono::DateTime::parse_from_rfc3339(key).is_ok() {
         // `{name}@{instant}` is the run key of a scheduled fire: an ad-hoc
         // run must not take a fire's key (or be mistaken for one).

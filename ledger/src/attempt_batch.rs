@@ -73,13 +73,16 @@ impl AttemptBatcher {
         let (begins, begin_rx) = mpsc::unbounded_channel();
         let (ends, end_rx) = mpsc::unbounded_channel();
         let l = ledger.clone();
-        tokio::spawn(flush_loop(begin_rx, move |batch| {
-            let l = l.clone();
-            async move { l.begin_batch(batch).await }
-        }));
-        tokio::spawn(flush_loop(end_rx, move |batch| {
+        tokio::spawn(flush_loop(
+            begin_rx,
+            move |batch: Arc<Vec<BeginRequest>>| {
+                let l = l.clone();
+                async move { l.begin_batch(&batch).await }
+            },
+        ));
+        tokio::spawn(flush_loop(end_rx, move |batch: Arc<Vec<EndRequest>>| {
             let l = ledger.clone();
-            async move { l.end_batch(batch).await }
+            async move { l.end_batch(&batch).await }
         }));
         Self { begins, ends }
     }
@@ -106,6 +109,16 @@ impl AttemptBatcher {
     ///
     /// The batch's [`LedgerError`] when the database failed.
     pub async fn end(&self, request: EndRequest) -> Result<bool, Arc<LedgerError>> {
+        // Free text is made storable before it joins a batch: a NUL in one
+        // handler's error must not fail the statement it shares.
+        let request = EndRequest {
+            entry: request.entry.storable(),
+            last_error: request
+                .last_error
+                .as_deref()
+                .map(|t| crate::storable(t).into_owned()),
+            ..request
+        };
         let (tx, rx) = oneshot::channel();
         self.ends.send((request, tx)).map_err(|_| closed())?;
         rx.await.map_err(|_| closed())?
@@ -119,15 +132,22 @@ fn closed() -> Arc<LedgerError> {
 /// Takes whatever is queued (at least one request, at most `MAX_BATCH`),
 /// runs it as one statement on a spawned task (at most `IN_FLIGHT` at once)
 /// and answers every request of the batch.
+///
+/// A batch the database refuses for its data (see
+/// [`LedgerError::is_data_error`]: one row with a value it cannot store) is
+/// split at once and each request run on its own, so only the bad one gets
+/// the error and the others are settled a few milliseconds later instead of
+/// failing with it (and being handed back, and run again).
 async fn flush_loop<Req, Resp, F, Fut>(
     mut rx: mpsc::UnboundedReceiver<(Req, Reply<Resp>)>,
     execute: F,
 ) where
-    Req: Send + 'static,
+    Req: Clone + Send + Sync + 'static,
     Resp: Send + 'static,
-    F: Fn(Vec<Req>) -> Fut + Send + 'static,
+    F: Fn(Arc<Vec<Req>>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<Vec<Resp>, LedgerError>> + Send + 'static,
 {
+    let execute = Arc::new(execute);
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
         // Waiting for a permit while requests queue up is what forms
@@ -143,13 +163,24 @@ async fn flush_loop<Req, Resp, F, Fut>(
             }
         }
         let (requests, replies): (Vec<Req>, Vec<Reply<Resp>>) = batch.into_iter().unzip();
-        let fut = execute(requests);
+        let requests = Arc::new(requests);
+        let fut = execute(requests.clone());
+        let execute = execute.clone();
         tokio::spawn(async move {
             let _permit = permit;
             match fut.await {
-                Ok(results) => {
-                    for (reply, result) in replies.into_iter().zip(results) {
-                        let _ = reply.send(Ok(result));
+                Ok(results) => answer(replies, results),
+                Err(e) if e.is_data_error() && requests.len() > 1 => {
+                    tracing::warn!(error = %e, rows = requests.len(),
+                        "a batched ledger write was refused for its data; settling its rows one by one");
+                    // One at a time, under the batch's permit: the rows are
+                    // few (at most MAX_BATCH) and each is a short statement.
+                    for (request, reply) in requests.iter().zip(replies) {
+                        let one = execute(Arc::new(vec![request.clone()])).await;
+                        let _ = reply.send(
+                            one.map_err(Arc::new)
+                                .and_then(|mut r| r.pop().ok_or_else(closed)),
+                        );
                     }
                 }
                 Err(e) => {
@@ -163,10 +194,17 @@ async fn flush_loop<Req, Resp, F, Fut>(
     }
 }
 
+fn answer<Resp>(replies: Vec<Reply<Resp>>, results: Vec<Resp>) {
+    for (reply, result) in replies.into_iter().zip(results) {
+        let _ = reply.send(Ok(result));
+    }
+}
+
 impl Ledger {
-    async fn begin_batch(
+    /// Starts every startable attempt of `batch` in one statement.
+    pub(crate) async fn begin_batch(
         &self,
-        batch: Vec<BeginRequest>,
+        batch: &[BeginRequest],
     ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
         let pool = match self.pg() {
             Ok(pool) => pool,
@@ -217,7 +255,11 @@ impl Ledger {
             .collect())
     }
 
-    async fn end_batch(&self, batch: Vec<EndRequest>) -> Result<Vec<bool>, LedgerError> {
+    /// Ends every attempt of `batch` that still holds its run, in one
+    /// statement; each answer is for its own `(id, attempt)`, so a
+    /// superseded attempt sharing a batch with its successor is told its
+    /// outcome was not written.
+    pub(crate) async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
         let pool = match self.pg() {
             Ok(pool) => pool,
             Err(lite) => return lite.end_batch(batch).await,
@@ -251,7 +293,7 @@ impl Ledger {
                  next_dispatch_at = b.redispatch_at, lease_until = NULL, updated_at = now() \
              FROM b, locked \
              WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
-             RETURNING j.id",
+             RETURNING j.id, j.attempts",
         )
         .bind(&ids)
         .bind(&statuses)
@@ -264,8 +306,14 @@ impl Ledger {
         .await?;
         let mut written = std::collections::HashSet::with_capacity(rows.len());
         for r in rows {
-            written.insert(r.try_get::<Uuid, _>("id")?);
+            written.insert((
+                r.try_get::<Uuid, _>("id")?,
+                r.try_get::<i32, _>("attempts")?,
+            ));
         }
-        Ok(batch.iter().map(|r| written.contains(&r.id)).collect())
+        Ok(batch
+            .iter()
+            .map(|r| written.contains(&(r.id, r.entry.attempt)))
+            .collect())
     }
 }

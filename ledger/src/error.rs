@@ -53,6 +53,44 @@ pub enum LedgerError {
 }
 
 impl LedgerError {
+    /// True when the database refused the data itself, so the same request
+    /// will fail again however often it is retried: Postgres SQLSTATE class
+    /// 22 (data exception: NUL in text, invalid encoding, a value out of
+    /// range), class 54 (program limit exceeded: a key too large for its
+    /// index), check and not-null violations; SQLite's "too big", "datatype
+    /// mismatch", "out of range", check and not-null constraint codes; a
+    /// value the driver cannot encode; a message id owned by another run.
+    ///
+    /// A data error is not an outage: the worker dead-letters the message
+    /// with this error as the reason instead of handing it back, and a
+    /// batched statement that fails on data is split so that only the bad
+    /// row fails.
+    pub fn is_data_error(&self) -> bool {
+        match self {
+            Self::IdConflict { .. } | Self::Query(sqlx::Error::Encode(_)) => true,
+            Self::Query(sqlx::Error::Database(db)) => {
+                use sqlx::error::ErrorKind;
+                if matches!(
+                    db.kind(),
+                    ErrorKind::CheckViolation | ErrorKind::NotNullViolation
+                ) {
+                    return true;
+                }
+                let Some(code) = db.code() else {
+                    return false;
+                };
+                match code.parse::<i64>() {
+                    // SQLite: the primary result code is the low byte of the
+                    // extended one. 18 TOOBIG, 20 MISMATCH, 25 RANGE.
+                    Ok(n) if code.len() != 5 => matches!(n & 0xff, 18 | 20 | 25),
+                    // Postgres SQLSTATE: five characters, the class first.
+                    _ => code.starts_with("22") || code.starts_with("54"),
+                }
+            }
+            _ => false,
+        }
+    }
+
     /// True when the error is about reaching the database rather than about
     /// the data: the operation may succeed if retried later.
     pub fn is_transient(&self) -> bool {

@@ -31,6 +31,7 @@ mod schedule_listener;
 mod schedules;
 mod sqlite;
 mod status;
+mod stored_text;
 
 use std::time::Duration;
 
@@ -48,6 +49,7 @@ pub use schedule_listener::ScheduleListener;
 pub use schedules::ScheduleRow;
 pub use sqlite::{JobQueue, OutgoingMessage, QueuedMessage};
 pub use status::RunStatus;
+pub use stored_text::storable;
 
 /// The embedded migrations of `migrations/`.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -108,6 +108,17 @@ pub struct AttemptEntry {
     pub error: Option<String>,
 }
 
+impl AttemptEntry {
+    /// The entry as it is stored: its error text with NUL escaped (see
+    /// [`crate::storable`]).
+    pub(crate) fn storable(&self) -> Self {
+        Self {
+            error: crate::stored_text::storable_opt(self.error.as_deref()),
+            ..self.clone()
+        }
+    }
+}
+
 /// A row of `job_runs`.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RunRecord {
@@ -327,6 +338,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
+        let reason = &*crate::storable(reason);
         let pool = match self.pg() {
             Ok(pool) => pool,
             Err(lite) => return lite.mark_dead(id, reason).await,
@@ -520,11 +532,12 @@ impl Ledger {
         message: &JobMessage,
         reason: &str,
     ) -> Result<bool, LedgerError> {
+        let reason = crate::storable(reason);
         let changed = self
             .insert_from_message(
                 message,
                 RunStatus::Dead,
-                Some(reason),
+                Some(&reason),
                 OnRunConflict::MarkDead,
             )
             .await?;
@@ -633,6 +646,11 @@ impl Ledger {
         last_error: Option<&str>,
         redispatch_at: Option<DateTime<Utc>>,
     ) -> Result<bool, LedgerError> {
+        // Free text is made storable first: a NUL in a handler's error must
+        // not fail the outcome's write.
+        let entry = &entry.storable();
+        let last_error = last_error.map(crate::storable);
+        let last_error = last_error.as_deref();
         let pool = match self.pg() {
             Ok(pool) => pool,
             Err(lite) => {
@@ -676,6 +694,7 @@ impl Ledger {
         attempt: i32,
         reason: &str,
     ) -> Result<bool, LedgerError> {
+        let reason = &*crate::storable(reason);
         let pool = match self.pg() {
             Ok(pool) => pool,
             Err(lite) => return lite.hand_back(id, attempt, reason).await,

@@ -11,13 +11,15 @@ pub mod message;
 pub mod name;
 pub mod run_key;
 pub mod schedule_spec;
+pub mod storable;
 pub mod topology;
 pub mod trace_context;
 
 pub use job_options::{JobOptions, RetryOverride};
 pub use message::{JobMessage, MessageError, MESSAGE_VERSION};
 pub use name::{validate_name, NameError};
-pub use run_key::{run_key, RunKeyError};
+pub use run_key::{check_identity, run_key, validate_run_key, InvalidRunKey, RunKeyError};
 pub use schedule_spec::{RetrySpec, ScheduleSpec};
+pub use storable::{check_storable_json, check_storable_text, Unstorable};
 pub use topology::Topology;
 pub use trace_context::TraceContext;

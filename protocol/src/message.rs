@@ -73,14 +73,14 @@ pub enum MessageError {
     /// A name inside the message breaks the naming rule.
     #[error("invalid message: {0}")]
     BadName(#[from] NameError),
-    /// The run key is not `{job_name}@...`.
-    #[error("invalid message: run_key {run_key:?} does not start with \"{job_name}@\"")]
-    RunKeyMismatch {
-        /// The job name of the message.
-        job_name: String,
-        /// The run key of the message.
-        run_key: String,
-    },
+    /// The run key is not `{job_name}@{identity}` with a printable identity
+    /// of at most 200 bytes.
+    #[error("invalid message: {0}")]
+    BadRunKey(#[from] crate::InvalidRunKey),
+    /// A value the ledger cannot store (a NUL character, an over-long trace
+    /// header).
+    #[error("invalid message: {0}")]
+    Unstorable(#[from] crate::Unstorable),
 }
 
 impl JobMessage {
@@ -89,8 +89,9 @@ impl JobMessage {
     /// # Errors
     ///
     /// [`MessageError`] when the body is not JSON, lacks a required field,
-    /// has another version, carries an invalid job name or type, or a run key
-    /// that does not belong to its job name.
+    /// has another version, carries an invalid job name or type, a run key
+    /// that does not belong to its job name or breaks the run-key rule, or a
+    /// value the ledger cannot store (NUL in the payload or trace context).
     pub fn from_slice(body: &[u8]) -> Result<Self, MessageError> {
         #[derive(Deserialize)]
         struct Version {
@@ -103,15 +104,16 @@ impl JobMessage {
         let message: JobMessage = serde_json::from_slice(body)?;
         validate_name("job name", &message.job_name)?;
         validate_name("job type", &message.job_type)?;
-        let prefix_ok = message
-            .run_key
-            .strip_prefix(message.job_name.as_str())
-            .is_some_and(|rest| rest.starts_with('@') && rest.len() > 1);
-        if !prefix_ok {
-            return Err(MessageError::RunKeyMismatch {
-                job_name: message.job_name,
-                run_key: message.run_key,
-            });
+        crate::validate_run_key(&message.job_name, &message.run_key)?;
+        // Every value that reaches the ledger must be storable there, or the
+        // message could never be recorded (see `crate::storable`).
+        crate::check_storable_json("payload", &message.payload)?;
+        if let Some(trace) = &message.trace {
+            let max = crate::storable::MAX_TRACE_HEADER_BYTES;
+            crate::check_storable_text("trace.traceparent", &trace.traceparent, max)?;
+            if let Some(state) = &trace.tracestate {
+                crate::check_storable_text("trace.tracestate", state, max)?;
+            }
         }
         Ok(message)
     }
@@ -185,8 +187,36 @@ mod tests {
         v["run_key"] = "other@2026-07-26T03:00:00Z".into();
         assert!(matches!(
             JobMessage::from_slice(v.to_string().as_bytes()),
-            Err(MessageError::RunKeyMismatch { .. })
+            Err(MessageError::BadRunKey(_))
         ));
+    }
+
+    #[test]
+    fn refuses_values_the_ledger_cannot_store() {
+        let cases: [(&str, serde_json::Value); 5] = [
+            ("run_key", "nightly-report@2026\u{0}".into()),
+            (
+                "run_key",
+                format!("nightly-report@{}", "x".repeat(201)).into(),
+            ),
+            ("payload", serde_json::json!({"deep": [{"s": "a\u{0}b"}]})),
+            ("trace", serde_json::json!({"traceparent": "00-\u{0}"})),
+            ("trace", serde_json::json!({"traceparent": "x".repeat(513)})),
+        ];
+        for (field, value) in cases {
+            let mut v = serde_json::to_value(sample()).unwrap();
+            v[field] = value.clone();
+            let e = JobMessage::from_slice(v.to_string().as_bytes())
+                .expect_err(&format!("{field} = {value} accepted"));
+            assert!(
+                !e.to_string().contains('\u{0}'),
+                "the reason itself must be printable: {e:?}"
+            );
+        }
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["payload"] = serde_json::json!({"deep": [{"s": "a\u{0}b"}]});
+        let e = JobMessage::from_slice(v.to_string().as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("payload.deep[0].s"), "{e}");
     }
 
     #[test]

@@ -533,14 +533,7 @@ impl TestEnv {
         worker: &str,
         status: RunStatus,
     ) -> bool {
-        let entry = belfry_ledger::AttemptEntry {
-            attempt,
-            worker: worker.into(),
-            started_at: Utc::now(),
-            finished_at: Utc::now(),
-            outcome: status.as_str().into(),
-            error: None,
-        };
+        let entry = attempt_entry(attempt, worker, status);
         self.ledger
             .end_attempt(id, status, &entry, None, None)
             .await
@@ -734,6 +727,18 @@ async fn passive_declare(env: &TestEnv, queue: &str) -> Option<lapin::Queue> {
         .queue_declare(queue, passive, FieldTable::default())
         .await
         .ok()
+}
+
+/// An attempt of `worker` that started and ended now with `status`.
+pub fn attempt_entry(attempt: i32, worker: &str, status: RunStatus) -> belfry_ledger::AttemptEntry {
+    belfry_ledger::AttemptEntry {
+        attempt,
+        worker: worker.into(),
+        started_at: Utc::now(),
+        finished_at: Utc::now(),
+        outcome: status.as_str().into(),
+        error: None,
+    }
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, up to `within`.

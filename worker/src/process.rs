@@ -115,10 +115,39 @@ fn effective(
 
 /// Why an attempt could not start.
 enum Begin {
-    /// The message can never start (its id belongs to another run).
-    Refused(LedgerError),
+    /// The message can never start: its id belongs to another run, or the
+    /// database refused its data (see [`LedgerError::is_data_error`]).
+    Refused(String),
     /// The ledger could not be reached; try again later.
     Unavailable(String),
+}
+
+/// Why an outcome could not be written.
+enum EndFailed {
+    /// The database refused the outcome's data: writing it again would fail
+    /// again.
+    Refused(String),
+    /// The ledger could not be reached; the redelivery decides again.
+    Unavailable(String),
+}
+
+impl EndFailed {
+    fn from_ledger(e: &LedgerError) -> Self {
+        if e.is_data_error() {
+            Self::Refused(e.to_string())
+        } else {
+            Self::Unavailable(e.to_string())
+        }
+    }
+}
+
+/// The reason a message is dead-lettered with when the ledger refused its
+/// data.
+fn refused(e: &LedgerError) -> String {
+    match e {
+        LedgerError::IdConflict { .. } => e.to_string(),
+        _ => format!("the ledger cannot store this message: {e}"),
+    }
 }
 
 impl Worker {
@@ -131,9 +160,12 @@ impl Worker {
             worker: self.instance.clone(),
             lease,
         };
+        // A data error is about this message alone: refused (dead-lettered
+        // once), never mistaken for an outage and handed back forever.
         match self.attempts.begin(request).await {
             Ok(Some((id, attempt))) => return Ok(AttemptStart::Started { id, attempt }),
             Ok(None) => {}
+            Err(e) if e.is_data_error() => return Err(Begin::Refused(refused(&e))),
             Err(e) => return Err(Begin::Unavailable(e.to_string())),
         }
         match self
@@ -142,7 +174,7 @@ impl Worker {
             .await
         {
             Ok(start) => Ok(start),
-            Err(e @ LedgerError::IdConflict { .. }) => Err(Begin::Refused(e)),
+            Err(e) if e.is_data_error() => Err(Begin::Refused(refused(&e))),
             Err(e) => Err(Begin::Unavailable(e.to_string())),
         }
     }
@@ -156,7 +188,7 @@ impl Worker {
         entry: &AttemptEntry,
         last_error: Option<&str>,
         redispatch_at: Option<chrono::DateTime<Utc>>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, EndFailed> {
         let request = EndRequest {
             id,
             status,
@@ -169,7 +201,7 @@ impl Worker {
             .end(request)
             .instrument(span)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| EndFailed::from_ledger(&e))
     }
 
     /// Processes one delivery completely: decode, look up the handler, run
@@ -286,8 +318,8 @@ impl Worker {
                     tracing::info!(%id, run_key = %message.run_key, %until, "run held by another attempt; handing the delivery back");
                     return self.hand_back_after(&delivery, None, wait, hard_stop).await;
                 }
-                Err(Begin::Refused(e)) => {
-                    return self.give_up(&delivery, message, &e.to_string()).await;
+                Err(Begin::Refused(reason)) => {
+                    return self.give_up(&delivery, message, &reason).await;
                 }
                 Err(Begin::Unavailable(e)) => {
                     tracing::error!(run_key = %message.run_key, error = %e, "cannot start attempt; handing the delivery back");
@@ -430,11 +462,7 @@ impl Worker {
                         ProcessOutcome::Deferred
                     }
                     Ok(false) => self.superseded(&delivery, id, attempt).await,
-                    Err(e) => {
-                        tracing::error!(parent: &span, error = %e, "cannot record the failed attempt; handing the delivery back");
-                        self.hand_back_after(&delivery, None, HAND_BACK_PAUSE, hard_stop)
-                            .await
-                    }
+                    Err(e) => self.end_failed(&delivery, id, e, hard_stop).await,
                 };
             }
             tracing::warn!(parent: &span, %error, ?delay, "attempt failed; retrying");
@@ -444,12 +472,7 @@ impl Worker {
             {
                 Ok(true) => {}
                 Ok(false) => return self.superseded(&delivery, id, attempt).await,
-                Err(e) => {
-                    tracing::error!(parent: &span, error = %e, "cannot record the failed attempt; handing the delivery back");
-                    return self
-                        .hand_back_after(&delivery, None, HAND_BACK_PAUSE, hard_stop)
-                        .await;
-                }
+                Err(e) => return self.end_failed(&delivery, id, e, hard_stop).await,
             }
             // Shutdown wins over the back-off: the attempt count is durable,
             // so the run continues where it stopped on redelivery.
@@ -471,10 +494,9 @@ impl Worker {
             Ok(true) => {}
             Ok(false) => return self.superseded(delivery, f.id, f.entry.attempt).await,
             Err(e) => {
-                tracing::error!(id = %f.id, error = %e, "cannot record the outcome; handing the delivery back");
                 return self
-                    .hand_back_after(delivery, None, HAND_BACK_PAUSE, &CancellationToken::new())
-                    .await;
+                    .end_failed(delivery, f.id, e, &CancellationToken::new())
+                    .await
             }
         }
         let outcome = match f.status {
@@ -496,6 +518,34 @@ impl Worker {
             None => self.ack(delivery).await,
         }
         outcome
+    }
+
+    /// An outcome could not be written. Unreachable ledger: the delivery
+    /// goes back to the queue after a pause and the redelivery decides
+    /// again. Data the database refuses: writing it again would fail again,
+    /// so the message is dead-lettered once with the reason (the run stays
+    /// `running` until its lease ends and the stuck report names it).
+    async fn end_failed(
+        &self,
+        delivery: &Delivery,
+        id: Uuid,
+        e: EndFailed,
+        hard_stop: &CancellationToken,
+    ) -> ProcessOutcome {
+        match e {
+            EndFailed::Unavailable(e) => {
+                tracing::error!(%id, error = %e, "cannot record the outcome; handing the delivery back");
+                self.hand_back_after(delivery, None, HAND_BACK_PAUSE, hard_stop)
+                    .await
+            }
+            EndFailed::Refused(e) => {
+                let reason = format!("the ledger cannot store this run's outcome: {e}");
+                tracing::error!(%id, error = %reason, "dead-lettering");
+                WorkerCounters::add(&self.counters.dead);
+                self.dead_letter_and_ack(delivery, Some(id), &reason).await;
+                ProcessOutcome::Dead
+            }
+        }
     }
 
     /// The attempt's lease was taken over by another attempt: nothing was

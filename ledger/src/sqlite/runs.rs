@@ -323,12 +323,12 @@ impl SqliteLedger {
 
     pub(crate) async fn begin_batch(
         &self,
-        batch: Vec<BeginRequest>,
+        batch: &[BeginRequest],
     ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
         let at = now();
         let mut out = Vec::with_capacity(batch.len());
         let mut tx = self.write_tx().await?;
-        for r in &batch {
+        for r in batch {
             // Row by row, the guard of `try_begin`: a run named twice in one
             // batch starts once; the second request gets `None` and the
             // slow path sees the run held.
@@ -351,10 +351,10 @@ impl SqliteLedger {
         Ok(out)
     }
 
-    pub(crate) async fn end_batch(&self, batch: Vec<EndRequest>) -> Result<Vec<bool>, LedgerError> {
+    pub(crate) async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
         let mut out = Vec::with_capacity(batch.len());
         let mut tx = self.write_tx().await?;
-        for r in &batch {
+        for r in batch {
             out.push(
                 end_in(
                     &mut tx,
