@@ -64,12 +64,20 @@ pub struct DeadLetter<'a> {
 /// message could be reported against another publish. One at a time per
 /// channel makes every answer belong to its own message;
 /// [`crate::PublisherSlot`] keeps several channels for concurrency.
+///
+/// A publish whose confirm does not arrive within the confirm timeout
+/// closes the channel before the next publish may start: the broker may
+/// still answer the abandoned publish (its `basic.return` included), and on
+/// a channel kept open that late answer could be paired with the next
+/// publish's confirm, reporting an unroutable message as confirmed. A closed
+/// channel is replaced by [`crate::PublisherSlot`] on its next use.
 #[derive(Debug)]
 struct AmqpPublisher {
     channel: Channel,
     topology: Topology,
     // Held across a publish and its confirm; see the type's docs.
     serial: tokio::sync::Mutex<()>,
+    confirm_timeout: Duration,
 }
 
 /// A confirming publisher: on its own RabbitMQ channel (see
@@ -98,6 +106,7 @@ impl Publisher {
                 channel,
                 topology,
                 serial: tokio::sync::Mutex::new(()),
+                confirm_timeout: CONFIRM_TIMEOUT,
             }),
         })
     }
@@ -106,6 +115,17 @@ impl Publisher {
         Self {
             kind: Kind::Embedded(link),
         }
+    }
+
+    /// The same publisher, waiting at most `timeout` for each confirm
+    /// (default 10 s) before it reports [`BrokerError::ConfirmTimeout`] and
+    /// closes its channel. The embedded queue confirms on commit and has no
+    /// timeout.
+    pub fn with_confirm_timeout(mut self, timeout: Duration) -> Self {
+        if let Kind::Amqp(p) = &mut self.kind {
+            p.confirm_timeout = timeout;
+        }
+        self
     }
 
     /// Whether the channel is still usable (embedded: always).
@@ -297,11 +317,16 @@ impl AmqpPublisher {
         }
         let sent = pending.len();
         let confirmations =
-            tokio::time::timeout(CONFIRM_TIMEOUT, futures::future::join_all(pending)).await;
+            tokio::time::timeout(self.confirm_timeout, futures::future::join_all(pending)).await;
         let mut answers: Vec<Result<PublishOutcome, BrokerError>> = match confirmations {
-            Err(_) => (0..sent)
-                .map(|_| Err(BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT)))
-                .collect(),
+            Err(_) => {
+                // Still holding `serial`: no publish can follow on this
+                // channel before it is closed (see the type's docs).
+                self.abandon().await;
+                (0..sent)
+                    .map(|_| Err(BrokerError::ConfirmTimeout(self.confirm_timeout)))
+                    .collect()
+            }
             Ok(confirmations) => {
                 let mut returned = std::collections::HashSet::new();
                 let mut kinds = Vec::with_capacity(sent);
@@ -391,10 +416,14 @@ impl AmqpPublisher {
             .basic_publish(exchange, routing_key, options, body, properties)
             .await
             .map_err(BrokerError::amqp("publish"))?;
-        let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
-            .await
-            .map_err(|_| BrokerError::ConfirmTimeout(CONFIRM_TIMEOUT))?
-            .map_err(BrokerError::amqp("publish confirm"))?;
+        let confirmation = match tokio::time::timeout(self.confirm_timeout, confirm).await {
+            Ok(confirmation) => confirmation.map_err(BrokerError::amqp("publish confirm"))?,
+            Err(_) => {
+                // Closed while `serial` is still held; see the type's docs.
+                self.abandon().await;
+                return Err(BrokerError::ConfirmTimeout(self.confirm_timeout));
+            }
+        };
         Ok(match confirmation {
             // With `mandatory`, an unroutable message is returned and then
             // acked: the returned message rides on the ack. The id check is
@@ -421,6 +450,21 @@ impl AmqpPublisher {
     /// Closes the channel.
     pub async fn close(&self) {
         let _ = self.channel.close(200, "publisher closed").await;
+    }
+
+    /// Closes the channel after a confirm timed out, so no late answer of
+    /// the broker can reach a later publish. The close handshake itself is
+    /// bounded: a broker that does not answer it either leaves the channel
+    /// closing, which [`AmqpPublisher::is_open`] already reports as not
+    /// usable.
+    async fn abandon(&self) {
+        let closing = self.channel.close(200, "publish confirm timed out");
+        if tokio::time::timeout(Duration::from_secs(1), closing)
+            .await
+            .is_err()
+        {
+            tracing::warn!("closing a channel after a confirm timeout did not finish in 1 s");
+        }
     }
 }
 

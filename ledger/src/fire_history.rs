@@ -171,10 +171,14 @@ impl Ledger {
 
     /// Scheduled runs still `claimed` (never confirmed by the broker),
     /// claimed more than `grace` ago (database time) and due more than
-    /// `older_than` ago: `(id, job_name, scheduled_at, superseded, spec)` by
-    /// schedule and instant, where `superseded` says a later fire of the
-    /// schedule did reach the broker. The misfire policy decides which of
-    /// them are still published.
+    /// `older_than` ago: `(id, job_name, scheduled_at, superseded, spec)`,
+    /// where `superseded` says a later fire of the schedule did reach the
+    /// broker. The misfire policy decides which of them are still published.
+    ///
+    /// One page of at most `limit` rows, by schedule name and then newest
+    /// instant first (so the first rows of a schedule are the ones a policy
+    /// may keep), strictly after `after` (`(job_name, scheduled_at)` of the
+    /// last row of the previous page) in that order.
     ///
     /// # Errors
     ///
@@ -184,10 +188,11 @@ impl Ledger {
         older_than: std::time::Duration,
         grace: std::time::Duration,
         limit: i64,
+        after: Option<(&str, DateTime<Utc>)>,
     ) -> Result<Vec<LateClaim>, LedgerError> {
         let pool = match self.pg() {
             Ok(pool) => pool,
-            Err(lite) => return lite.late_claims(older_than, grace, limit).await,
+            Err(lite) => return lite.late_claims(older_than, grace, limit, after).await,
         };
         Ok(sqlx::query_as(&format!(
             "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
@@ -198,13 +203,17 @@ impl Ledger {
              WHERE r.status = 'claimed' AND {} \
                AND r.claimed_at < now() - make_interval(secs => $2) \
                AND r.scheduled_at < now() - make_interval(secs => $1) \
-             ORDER BY r.job_name, r.scheduled_at LIMIT $3",
+               AND ($4::text IS NULL OR r.job_name > $4 \
+                    OR (r.job_name = $4 AND r.scheduled_at < $5)) \
+             ORDER BY r.job_name, r.scheduled_at DESC LIMIT $3",
             live_fire("n"),
             live_fire("r")
         ))
         .bind(older_than.as_secs_f64())
         .bind(grace.as_secs_f64())
         .bind(limit)
+        .bind(after.map(|(name, _)| name))
+        .bind(after.map(|(_, at)| at))
         .fetch_all(pool)
         .await?)
     }

@@ -207,6 +207,13 @@ impl SchedulerConfig {
                     Duration::from_secs(3600),
                     Duration::from_secs(1),
                 )?,
+                late_claim_page: usize::try_from(settings.number(
+                    "BELFRY_LATE_CLAIM_PAGE",
+                    crate::replica::DEFAULT_LATE_CLAIM_PAGE as u64,
+                    1,
+                    1_000_000,
+                )?)
+                .unwrap_or(crate::replica::DEFAULT_LATE_CLAIM_PAGE),
             },
             log_format: settings.parsed(
                 "BELFRY_LOG_FORMAT",

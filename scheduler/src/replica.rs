@@ -95,20 +95,33 @@ fn settled(outcomes: Vec<Option<FireOutcome>>) -> Vec<FireOutcome> {
         .collect()
 }
 
+/// Consecutive late claims of one schedule, in page order.
+fn by_schedule(page: Vec<LateClaim>) -> Vec<(String, Vec<LateClaim>)> {
+    let mut groups: Vec<(String, Vec<LateClaim>)> = Vec::new();
+    for claim in page {
+        match groups.last_mut() {
+            Some((name, runs)) if *name == claim.job_name => runs.push(claim),
+            _ => groups.push((claim.job_name.clone(), vec![claim])),
+        }
+    }
+    groups
+}
+
 /// A fire lost at the lock: the schedule, its instant, when it was lost.
 type LockLoss = (Arc<Schedule>, DateTime<Utc>, std::time::Instant);
 
-/// Most late claims looked at per pass.
-const LATE_CLAIM_BATCH: i64 = 10_000;
+/// Default number of late claims read per page by the late-claim pass. At
+/// least the largest `catch_up` `max` (10,000): a policy's decision for a
+/// schedule needs its newest `max` late claims on one page.
+pub const DEFAULT_LATE_CLAIM_PAGE: usize = 10_000;
 
 /// What one late-claim pass did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LateClaimPass {
     /// Claims skipped by misfire policies.
     pub skipped: u64,
-    /// More late claims remain: the outbox should wait for the next pass so
-    /// it does not publish claims no policy has looked at.
-    pub more: bool,
+    /// Pages read (a pass reads every late claim, page by page).
+    pub pages: u64,
 }
 
 /// How often fires this replica could not claim are looked at again.
@@ -146,6 +159,10 @@ pub struct ReplicaTiming {
     pub clock_check_interval: Duration,
     /// A run with no progress for this long is reported stuck.
     pub stuck_after: Duration,
+    /// Late claims read per page by the late-claim pass (see
+    /// [`Replica::skip_late_claims_once`]); values below the largest
+    /// `catch_up` `max` of the schedules can keep fewer fires than it says.
+    pub late_claim_page: usize,
 }
 
 impl Default for ReplicaTiming {
@@ -160,6 +177,7 @@ impl Default for ReplicaTiming {
             max_clock_skew: Duration::from_secs(2),
             clock_check_interval: Duration::from_secs(10),
             stuck_after: Duration::from_secs(3600),
+            late_claim_page: DEFAULT_LATE_CLAIM_PAGE,
         }
     }
 }
@@ -997,98 +1015,166 @@ impl Replica {
     /// still publishes; the others become `dead` and are recorded in
     /// `skipped_fires`. Without this a ten-minute broker outage would
     /// publish six hundred fires of a one-second `fire_once` schedule at
-    /// once. Returns how many were skipped.
+    /// once.
+    ///
+    /// One pass reads every late claim, a page at a time, with a cursor:
+    /// each page starts strictly after the last row decided, so a pass ends
+    /// however many late claims there are (an hourly burst of thousands of
+    /// schedules while the broker is down), and claims the policies keep do
+    /// not make it read the same page again. A schedule is decided on the
+    /// page holding its newest late claims, all of them when they fit; a
+    /// schedule cut by the end of a page starts the next one instead. A
+    /// schedule with more late claims than a page is decided on its newest
+    /// page's worth, and its older claims on the following pages are skipped
+    /// (no policy keeps more than the newest `max` ≤ a page). Returns how
+    /// many were skipped.
     ///
     /// # Errors
     ///
-    /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached (what
+    /// earlier pages decided stands).
     pub async fn skip_late_claims_once(
         &self,
         now: DateTime<Utc>,
     ) -> Result<LateClaimPass, SchedulerError> {
         let grace = self.timing.confirm_grace;
-        let mut late = self
-            .ledger
-            .late_claims(self.timing.misfire_threshold, grace, LATE_CLAIM_BATCH)
-            .await?;
-        let full = late.len() >= usize::try_from(LATE_CLAIM_BATCH).unwrap_or(usize::MAX);
-        if full {
-            // The last schedule may continue past the batch: decide it on a
-            // later pass, with all its rows.
-            if let Some(last) = late.last().map(|c| c.job_name.clone()) {
-                late.retain(|c| c.job_name != last);
-            }
-        }
-        let mut by_schedule: std::collections::BTreeMap<String, Vec<LateClaim>> =
-            Default::default();
-        for claim in late {
-            by_schedule
-                .entry(claim.job_name.clone())
-                .or_default()
-                .push(claim);
-        }
-        let mut skipped = 0;
-        for (name, runs) in by_schedule {
-            let schedule = runs[0]
-                .spec
-                .clone()
-                .and_then(|s| serde_json::from_value::<ScheduleSpec>(s).ok())
-                .and_then(|s| Schedule::from_spec(&s).ok());
-            let (policy, jitter) = schedule.map_or(
-                (crate::MisfirePolicy::default(), chrono::Duration::zero()),
-                |s| (s.misfire, s.jitter_offset),
-            );
-            let due = DueInstants {
-                latest: runs.iter().map(|r| r.scheduled_at).collect(),
-                total: u64::try_from(runs.len()).unwrap_or(u64::MAX),
-            };
-            // Lateness counts from when the fire should have reached the
-            // broker at the latest: its wake-up plus the confirm grace. A
-            // publish retried right after the grace is on time.
-            let grace_chrono = chrono::Duration::from_std(grace).unwrap_or_default();
-            let reference = now - grace_chrono - jitter;
-            let mut keep = policy
-                .decide(&due, reference, self.timing.misfire_threshold)
-                .fire;
-            if policy == crate::MisfirePolicy::FireOnce {
-                // fire_once fires a missed instant only when no later fire
-                // made it: a later published fire supersedes them all.
-                keep.retain(|at| !runs.iter().any(|r| r.scheduled_at == *at && r.superseded));
-            }
-            let drop: Vec<uuid::Uuid> = runs
-                .iter()
-                .filter(|r| !keep.contains(&r.scheduled_at))
-                .map(|r| r.id)
-                .collect();
-            if drop.is_empty() {
-                continue;
-            }
-            let reason = format!("skipped by misfire policy {policy:?}: claimed on time but not published before it was late");
-            let n = self
+        let page_size = self.timing.late_claim_page.max(1);
+        let limit = i64::try_from(page_size).unwrap_or(i64::MAX);
+        let mut pass = LateClaimPass::default();
+        let mut cursor: Option<(String, DateTime<Utc>)> = None;
+        // The schedule whose newest claims were decided on an earlier page:
+        // its rows on later pages are older than anything a policy keeps.
+        let mut decided: Option<String> = None;
+        loop {
+            let page = self
                 .ledger
-                .skip_claimed(&drop, &reason, &self.instance, grace)
+                .late_claims(
+                    self.timing.misfire_threshold,
+                    grace,
+                    limit,
+                    cursor.as_ref().map(|(name, at)| (name.as_str(), *at)),
+                )
                 .await?;
-            if n > 0 {
-                FireCounters::add(&self.counters.misfires_skipped, n);
-                tracing::warn!(schedule = %name, skipped = n, "late unpublished fires skipped by the misfire policy");
+            pass.pages += 1;
+            let full = page.len() >= page_size;
+            let mut groups = by_schedule(page);
+            if full && groups.len() > 1 {
+                // The last schedule may continue past the page: it starts
+                // the next page, with its newest claims.
+                groups.pop();
             }
-            skipped += n;
+            // Progress is a condition of looping: the next page starts after
+            // the last row kept here, which is after the current cursor.
+            let next = groups
+                .last()
+                .and_then(|(name, runs)| runs.last().map(|r| (name.clone(), r.scheduled_at)));
+            // One statement per policy (the reason names it), not per
+            // schedule: a burst of thousands of schedules costs a few.
+            let mut drops: Vec<(crate::MisfirePolicy, Vec<uuid::Uuid>)> = Vec::new();
+            for (name, runs) in &groups {
+                let (policy, drop) = if decided.as_deref() == Some(name.as_str()) {
+                    (
+                        Self::schedule_of(runs).0,
+                        runs.iter().map(|r| r.id).collect(),
+                    )
+                } else {
+                    self.late_drops(runs, now)
+                };
+                match drops.iter_mut().find(|(p, _)| *p == policy) {
+                    Some((_, ids)) => ids.extend(drop),
+                    None => drops.push((policy, drop)),
+                }
+            }
+            for (policy, ids) in drops {
+                if ids.is_empty() {
+                    continue;
+                }
+                let reason = format!("skipped by misfire policy {policy:?}: claimed on time but not published before it was late");
+                let n = self
+                    .ledger
+                    .skip_claimed(&ids, &reason, &self.instance, grace)
+                    .await?;
+                if n > 0 {
+                    FireCounters::add(&self.counters.misfires_skipped, n);
+                    tracing::warn!(
+                        ?policy,
+                        skipped = n,
+                        "late unpublished fires skipped by the misfire policy"
+                    );
+                }
+                pass.skipped += n;
+            }
+            match next {
+                Some(next) if full => {
+                    decided = Some(next.0.clone());
+                    cursor = Some(next);
+                }
+                _ => return Ok(pass),
+            }
         }
-        Ok(LateClaimPass {
-            skipped,
-            more: full,
-        })
     }
 
+    /// The misfire policy and jitter of the schedule `runs` belong to, from
+    /// the definition stored with them (the default policy when it cannot be
+    /// read).
+    fn schedule_of(runs: &[LateClaim]) -> (crate::MisfirePolicy, chrono::Duration) {
+        runs.first()
+            .and_then(|r| r.spec.clone())
+            .and_then(|s| serde_json::from_value::<ScheduleSpec>(s).ok())
+            .and_then(|s| Schedule::from_spec(&s).ok())
+            .map_or(
+                (crate::MisfirePolicy::default(), chrono::Duration::zero()),
+                |s| (s.misfire, s.jitter_offset),
+            )
+    }
+
+    /// Which of one schedule's newest late claims its policy skips.
+    fn late_drops(
+        &self,
+        runs: &[LateClaim],
+        now: DateTime<Utc>,
+    ) -> (crate::MisfirePolicy, Vec<uuid::Uuid>) {
+        let (policy, jitter) = Self::schedule_of(runs);
+        let due = DueInstants {
+            latest: runs.iter().rev().map(|r| r.scheduled_at).collect(),
+            total: u64::try_from(runs.len()).unwrap_or(u64::MAX),
+        };
+        // Lateness counts from when the fire should have reached the broker
+        // at the latest: its wake-up plus the confirm grace. A publish
+        // retried right after the grace is on time.
+        let grace = chrono::Duration::from_std(self.timing.confirm_grace).unwrap_or_default();
+        let reference = now - grace - jitter;
+        let mut keep = policy
+            .decide(&due, reference, self.timing.misfire_threshold)
+            .fire;
+        if policy == crate::MisfirePolicy::FireOnce {
+            // fire_once fires a missed instant only when no later fire made
+            // it: a later published fire supersedes them all.
+            keep.retain(|at| !runs.iter().any(|r| r.scheduled_at == *at && r.superseded));
+        }
+        let drop = runs
+            .iter()
+            .filter(|r| !keep.contains(&r.scheduled_at))
+            .map(|r| r.id)
+            .collect();
+        (policy, drop)
+    }
+
+    /// The fires `schedule`'s misfire policy keeps of `due`, judged at
+    /// `now`. Lateness counts from each fire's wake-up (its instant plus the
+    /// schedule's jitter), as in the timer and the late-claim pass, so a
+    /// jittered fire recovered soon after its wake-up is on time.
     fn decide(
         &self,
         schedule: &Arc<Schedule>,
         due: &DueInstants,
         now: DateTime<Utc>,
     ) -> Vec<(Arc<Schedule>, DateTime<Utc>)> {
-        let decision = schedule
-            .misfire
-            .decide(due, now, self.timing.misfire_threshold);
+        let decision = schedule.misfire.decide(
+            due,
+            now - schedule.jitter_offset,
+            self.timing.misfire_threshold,
+        );
         if decision.skipped > 0 {
             self.count_skipped(&[Skipped {
                 schedule: schedule.clone(),
@@ -1160,10 +1246,11 @@ impl Replica {
                 // first, then the outbox, so the reconciler never publishes
                 // a fire the policy skips.
                 loop {
-                    match this.skip_late_claims_once(chrono::Utc::now()).await {
-                        Ok(pass) if pass.more && !cancel.is_cancelled() => continue,
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, "late-claim pass failed; retrying"),
+                    // A pass reads every late claim and always ends, so the
+                    // outbox below runs after every pass, whatever the
+                    // backlog.
+                    if let Err(e) = this.skip_late_claims_once(chrono::Utc::now()).await {
+                        tracing::warn!(error = %e, "late-claim pass failed; retrying");
                     }
                     let full = match this.reconciler.reconcile_once().await {
                         Ok(report) => {

@@ -542,6 +542,55 @@ async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
     env.teardown(&["default"]).await;
 }
 
+/// Defect 3 of issue 16: the recovery of a fire lost at the lock judged
+/// lateness from the nominal instant, not from the jittered wake-up the
+/// timer and the late-claim pass use, so a jittered fire recovered seconds
+/// after its wake-up was skipped as late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jittered_fire_recovered_after_its_lock_holder_died_is_on_time() {
+    let env = belfry_testkit::service_env!();
+    env.broker
+        .declare_group("default", &["noop"])
+        .await
+        .unwrap();
+    let s = schedule("jittered-orphan", "1h", Some("skip"), |spec| {
+        spec.jitter = Some("50m".into());
+    });
+    assert!(
+        s.jitter_offset > chrono::Duration::seconds(60),
+        "the test needs a jitter well past the 10 s threshold: {:?}",
+        s.jitter_offset
+    );
+    let at: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
+    let dead = belfry_scheduler::ClaimLock::new(
+        &redis_url(),
+        env.topology.clone(),
+        "dead-replica",
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
+    let key = belfry_protocol::run_key(&s.name, at).unwrap();
+    assert_eq!(
+        dead.try_acquire(&s.name, &key).await.unwrap(),
+        belfry_scheduler::lock::LockOutcome::Acquired
+    );
+    let r = replica(&env, "survivor", Some(&redis_url())).await;
+    assert_eq!(r.fire(&s, at).await, FireOutcome::Lost);
+    assert_eq!(
+        r.verify_lock_losses_once(std::time::Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
+    // Recovered 5 s after the fire's wake-up (instant + jitter): on time
+    // for `skip`, whose threshold is 10 s.
+    let now = at + s.jitter_offset + chrono::Duration::seconds(5);
+    let recovered = r.recover_missed_once(now).await;
+    assert_eq!(fired(&recovered), 1, "{recovered:?}");
+    assert_eq!(env.all_runs().await.len(), 1);
+    env.teardown(&["default"]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_that_stopped_moving_are_reported_once() {
     let env = belfry_testkit::service_env!();

@@ -100,6 +100,7 @@ impl SqliteLedger {
         older_than: Duration,
         grace: Duration,
         limit: i64,
+        after: Option<(&str, DateTime<Utc>)>,
     ) -> Result<Vec<LateClaim>, LedgerError> {
         Ok(sqlx::query_as(&format!(
             "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
@@ -109,13 +110,16 @@ impl SqliteLedger {
              FROM job_runs r JOIN schedules s ON s.name = r.job_name \
              WHERE r.status = 'claimed' AND {} \
                AND r.claimed_at < ?2 AND r.scheduled_at < ?1 \
-             ORDER BY r.job_name, r.scheduled_at LIMIT ?3",
+               AND (?4 IS NULL OR r.job_name > ?4 OR (r.job_name = ?4 AND r.scheduled_at < ?5)) \
+             ORDER BY r.job_name, r.scheduled_at DESC LIMIT ?3",
             live_fire("n"),
             live_fire("r")
         ))
         .bind(now_minus(older_than))
         .bind(now_minus(grace))
         .bind(limit)
+        .bind(after.map(|(name, _)| name))
+        .bind(after.map(|(_, at)| ts(at)))
         .fetch_all(&self.pool)
         .await?)
     }
