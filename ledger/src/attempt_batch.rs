@@ -316,4 +316,51 @@ impl Ledger {
             .map(|r| written.contains(&(r.id, r.entry.attempt)))
             .collect())
     }
+
+    /// Extends the lease of every attempt in `held` (`(run id, attempt)`)
+    /// to `lease` from now, in one statement: the worker's heartbeat.
+    /// Returns the attempts whose lease was extended; one missing from the
+    /// answer no longer holds its run (it finished, or its lease expired and
+    /// another attempt took the run over) and must stop.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn renew_leases(
+        &self,
+        held: &[(Uuid, i32)],
+        lease: Duration,
+    ) -> Result<std::collections::HashSet<(Uuid, i32)>, LedgerError> {
+        if held.is_empty() {
+            return Ok(Default::default());
+        }
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.renew_leases(held, lease).await,
+        };
+        let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
+        let attempts: Vec<i32> = held.iter().map(|(_, a)| *a).collect();
+        // Rows are locked in id order first, as the other batched
+        // statements do, so a heartbeat never deadlocks with them.
+        // `updated_at` is left alone: a heartbeat is not progress.
+        let rows = sqlx::query(
+            "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS b(id, attempt)), \
+                  locked AS ( \
+                 SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
+                 WHERE j.status = 'running' AND j.attempts = b.attempt \
+                 ORDER BY j.id FOR UPDATE OF j) \
+             UPDATE job_runs j SET lease_until = now() + make_interval(secs => $3) \
+             FROM b, locked \
+             WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
+             RETURNING j.id, j.attempts",
+        )
+        .bind(&ids)
+        .bind(&attempts)
+        .bind(lease.as_secs_f64())
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("attempts")?)))
+            .collect()
+    }
 }

@@ -1,8 +1,9 @@
-//! A TCP link to a real service whose answers can be held back: a proxy on
-//! a port of its own that forwards both ways, and, while held, stops
-//! forwarding what the server sends (it is buffered, not dropped, and flows
-//! again on release). A broker that has stored a message but whose confirm
-//! is late, seen from the client, is exactly this.
+//! A TCP link to a real service that can be held: a proxy on a port of its
+//! own that forwards both ways and, while held, stops forwarding in either
+//! direction (what arrives waits, it is not dropped, and flows again on
+//! release). Seen from the client, a held link is a service that stopped
+//! answering: a broker whose confirm is late, a database that is
+//! unreachable, without touching the real server other tests share.
 
 use std::net::SocketAddr;
 
@@ -49,32 +50,38 @@ impl HeldLink {
         self.addr
     }
 
-    /// Holds back (`true`) or releases (`false`) what the server sends.
+    /// Holds (`true`) or releases (`false`) the link, both directions.
     pub fn hold(&self, on: bool) {
         let _ = self.hold.send(on);
     }
 }
 
-async fn forward(client: TcpStream, server: TcpStream, mut held: watch::Receiver<bool>) {
-    let (mut client_rx, mut client_tx) = client.into_split();
-    let (mut server_rx, mut server_tx) = server.into_split();
-    let up = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut client_rx, &mut server_tx).await;
-        let _ = server_tx.shutdown().await;
-    });
+async fn forward(client: TcpStream, server: TcpStream, held: watch::Receiver<bool>) {
+    let (client_rx, client_tx) = client.into_split();
+    let (server_rx, server_tx) = server.into_split();
+    let up = tokio::spawn(pump(client_rx, server_tx, held.clone()));
+    pump(server_rx, client_tx, held).await;
+    up.abort();
+}
+
+/// Copies `from` to `to`; bytes read while held wait until released.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut held: watch::Receiver<bool>,
+) {
     let mut buf = vec![0_u8; 64 * 1024];
     loop {
-        let n = match server_rx.read(&mut buf).await {
+        let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        // Bytes read while held wait here until released.
         if held.wait_for(|h| !*h).await.is_err() {
             break;
         }
-        if client_tx.write_all(&buf[..n]).await.is_err() {
+        if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
     }
-    up.abort();
+    let _ = to.shutdown().await;
 }

@@ -34,8 +34,8 @@ async fn a_confirm_timeout_closes_the_channel_before_the_next_publish() {
         .declare_group("default", &["noop"])
         .await
         .unwrap();
-    // The publisher reaches RabbitMQ through a link whose answers can be
-    // held back: the broker stores the message, its confirm is late.
+    // The publisher reaches RabbitMQ through a link that can be held: held,
+    // no confirm comes back in time; released, the late answers arrive.
     let link = HeldLink::start("127.0.0.1:5672".parse().unwrap()).await;
     let url = format!("amqp://guest:guest@{}/%2f", link.addr());
     let broker = belfry_broker::Broker::connect(&url, env.topology.clone(), "held")

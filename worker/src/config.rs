@@ -11,6 +11,7 @@
 //! | `BELFRY_PREFETCH` | `32` | unacknowledged deliveries held at once |
 //! | `BELFRY_CONCURRENCY` | `16` | jobs run at once |
 //! | `BELFRY_JOB_TIMEOUT` | `5m` | per-attempt timeout |
+//! | `BELFRY_LEASE` | `20s` | how long a running attempt owns its run without a heartbeat; renewed every quarter of it, so a dead worker's runs are taken over about this long after it died |
 //! | `BELFRY_MAX_ATTEMPTS` | `5` | attempts per run, the first included |
 //! | `BELFRY_RETRY_INITIAL` | `1s` | delay after the first failed attempt |
 //! | `BELFRY_RETRY_MULTIPLIER` | `2` | growth of the delay per failure |
@@ -54,6 +55,8 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// Per-attempt timeout.
     pub job_timeout: Duration,
+    /// Lease of a running attempt, renewed by the heartbeat.
+    pub lease: Duration,
     /// Retry policy.
     pub retry: RetryPolicy,
     /// Postgres pool size.
@@ -82,6 +85,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("prefetch", &self.prefetch)
             .field("concurrency", &self.concurrency)
             .field("job_timeout", &self.job_timeout)
+            .field("lease", &self.lease)
             .field("retry", &self.retry)
             .field("db_pool", &self.db_pool)
             .field("shutdown_timeout", &self.shutdown_timeout)
@@ -142,6 +146,11 @@ impl WorkerConfig {
                 "BELFRY_JOB_TIMEOUT",
                 Duration::from_secs(300),
                 Duration::from_millis(1),
+            )?,
+            lease: s.duration(
+                "BELFRY_LEASE",
+                crate::lease::DEFAULT_LEASE,
+                Duration::from_secs(2),
             )?,
             retry: RetryPolicy {
                 max_attempts: u32::try_from(num("BELFRY_MAX_ATTEMPTS", 5, 1, 1_000)?).unwrap_or(5),

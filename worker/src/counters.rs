@@ -50,6 +50,9 @@ pub struct WorkerCounters {
     pub deferred: AtomicU64,
     /// Attempts that lost their lease before recording.
     pub superseded: AtomicU64,
+    /// Attempts interrupted because their lease could not be renewed in
+    /// time or was taken over (see `crate::lease`).
+    pub lease_lost: AtomicU64,
     /// Runs finished here, by job type and outcome (`succeeded`,
     /// `failed`, `dead`, `deferred`, `handed_back`, `duplicate`,
     /// `superseded`).
@@ -75,6 +78,7 @@ impl Default for WorkerCounters {
             handed_back: AtomicU64::default(),
             deferred: AtomicU64::default(),
             superseded: AtomicU64::default(),
+            lease_lost: AtomicU64::default(),
             jobs: Family::default(),
             attempts_by_type: Family::default(),
             durations: Family::new_with_constructor(duration_histogram),
@@ -110,6 +114,12 @@ impl Collector for WorkerCounters {
             "belfry_handed_back",
             "Deliveries returned to the queue (shutdown, database down, run held elsewhere)",
             get(&self.handed_back),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_attempts_interrupted_lease_lost",
+            "Attempts stopped because their lease could not be renewed in time or was taken over",
+            get(&self.lease_lost),
         )?;
         encode_metric(
             &mut e,

@@ -30,7 +30,8 @@
 //! ```
 //!
 //! Modules: [`job`] (the trait and its error), [`registry`], [`retry_policy`],
-//! [`attempt`] (one handler call: timeout, panic capture), [`process`] (one
+//! [`attempt`] (one handler call: timeout, panic capture), [`lease`] (the
+//! heartbeat that keeps running attempts' leases), [`process`] (one
 //! delivery from decode to ack), [`worker`] (the consume loop and shutdown),
 //! [`builtin`] (`noop`, `sleep`, `http`).
 
@@ -40,6 +41,7 @@ pub mod config;
 pub mod counters;
 pub mod error;
 pub mod job;
+pub mod lease;
 pub mod process;
 pub mod registry;
 pub mod retry_policy;

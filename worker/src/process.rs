@@ -26,9 +26,6 @@ use crate::job::{JobContext, JobError};
 use crate::registry::Registered;
 use crate::{RetryPolicy, Worker};
 
-/// How long a lease outlives its attempt's timeout: time for the attempt's
-/// own outcome write after the timeout fired.
-const LEASE_GRACE: Duration = Duration::from_secs(30);
 /// Longest wait before handing back a delivery the ledger could not take
 /// (database down) or another attempt holds.
 const HAND_BACK_PAUSE: Duration = Duration::from_secs(5);
@@ -296,7 +293,12 @@ impl Worker {
         };
         let (policy, timeout) = effective(self, &registered, message);
         loop {
-            let started = self.begin(message, timeout + LEASE_GRACE).await;
+            // The lease is short and renewed by the heartbeat while the
+            // attempt runs (see `crate::lease`); `sent` is when the
+            // statement setting it left, so the lease cannot end earlier
+            // than `sent + lease`.
+            let sent = std::time::Instant::now();
+            let started = self.begin(message, self.leases.lease()).await;
             let (id, attempt) = match started {
                 Ok(AttemptStart::Started { id, attempt }) => (id, attempt),
                 Ok(AttemptStart::AlreadyFinished { id, status }) => {
@@ -328,6 +330,7 @@ impl Worker {
                         .await;
                 }
             };
+            let lease = self.leases.hold(id, attempt, sent, hard_stop);
             let attempt_no = u32::try_from(attempt).unwrap_or(u32::MAX);
             let started_at = Utc::now();
             let mut entry = AttemptEntry {
@@ -362,7 +365,7 @@ impl Worker {
                 run_key: message.run_key.clone(),
                 attempt: attempt_no,
                 scheduled_at: message.scheduled_at,
-                cancel: hard_stop.child_token(),
+                cancel: lease.interrupt().child_token(),
                 span: span.clone(),
             };
             WorkerCounters::add(&self.counters.attempts);
@@ -374,7 +377,7 @@ impl Worker {
                 ctx,
                 message.payload.clone(),
                 timeout,
-                hard_stop,
+                lease.interrupt(),
             )
             .await;
             entry.finished_at = Utc::now();
@@ -418,6 +421,16 @@ impl Worker {
                     entry.error = Some(reason.clone());
                     tracing::error!(parent: &span, error = %reason, "dead-lettering: payload cannot be decoded");
                     return self.dead(&delivery, id, entry, &reason).await;
+                }
+                AttemptResult::Interrupted if !hard_stop.is_cancelled() => {
+                    // The heartbeat could not renew the lease in time, or
+                    // found it taken over: give the run back (the hand-back
+                    // is refused if another attempt now holds it).
+                    tracing::warn!(parent: &span, "attempt interrupted: its lease could not be kept; handing the run back");
+                    WorkerCounters::add(&self.counters.lease_lost);
+                    return self
+                        .hand_back_after(&delivery, Some((id, attempt)), Duration::ZERO, hard_stop)
+                        .await;
                 }
                 AttemptResult::Interrupted => {
                     tracing::warn!(parent: &span, "attempt interrupted by shutdown; handing the run back");
@@ -474,6 +487,8 @@ impl Worker {
                 Ok(false) => return self.superseded(&delivery, id, attempt).await,
                 Err(e) => return self.end_failed(&delivery, id, e, hard_stop).await,
             }
+            // Not running during the back-off: nothing to renew.
+            drop(lease);
             // Shutdown wins over the back-off: the attempt count is durable,
             // so the run continues where it stopped on redelivery.
             tokio::select! {

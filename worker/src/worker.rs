@@ -42,6 +42,9 @@ pub struct Worker {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) counters: Arc<WorkerCounters>,
     pub(crate) dead_letters: PublisherSlot,
+    pub(crate) leases: crate::lease::Leases,
+    /// Stops the lease heartbeat when the worker is dropped.
+    _heartbeat: tokio_util::sync::DropGuard,
 }
 
 impl Worker {
@@ -99,7 +102,19 @@ impl Worker {
             .declare_group(&config.group, &registry.types())
             .await?;
         tracing::info!(group = %config.group, %queue, types = ?registry.types(), "worker group queue bound");
+        // The heartbeat runs for as long as the worker exists, so attempts
+        // started through `process_one` alone are renewed too.
+        let leases = crate::lease::Leases::new(config.lease);
+        let heartbeat = CancellationToken::new();
+        {
+            let leases = leases.clone();
+            let ledger = ledger.clone();
+            let stop = heartbeat.clone();
+            tokio::spawn(async move { leases.run(ledger, stop).await });
+        }
         Ok(Self {
+            leases,
+            _heartbeat: heartbeat.drop_guard(),
             instance: config.instance.clone(),
             group: config.group.clone(),
             queue,

@@ -351,6 +351,32 @@ impl SqliteLedger {
         Ok(out)
     }
 
+    pub(crate) async fn renew_leases(
+        &self,
+        held: &[(Uuid, i32)],
+        lease: std::time::Duration,
+    ) -> Result<std::collections::HashSet<(Uuid, i32)>, LedgerError> {
+        let until = now_plus(lease);
+        let mut renewed = std::collections::HashSet::with_capacity(held.len());
+        let mut tx = self.write_tx().await?;
+        for (id, attempt) in held {
+            let done = sqlx::query(
+                "UPDATE job_runs SET lease_until = ?3 \
+                 WHERE id = ?1 AND attempts = ?2 AND status = 'running'",
+            )
+            .bind(id)
+            .bind(attempt)
+            .bind(&until)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 1 {
+                renewed.insert((*id, *attempt));
+            }
+        }
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
     pub(crate) async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
         let mut out = Vec::with_capacity(batch.len());
         let mut tx = self.write_tx().await?;

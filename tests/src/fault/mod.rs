@@ -20,6 +20,7 @@
 pub mod fleet;
 pub mod probe;
 pub mod report;
+pub mod storm;
 
 use std::time::Duration;
 
@@ -34,8 +35,14 @@ use report::Report;
 
 /// Lock TTL of the replicas under test: short, so a SIGSTOP outlives it.
 pub const LOCK_TTL: Duration = Duration::from_secs(2);
-/// Job timeout of the workers (the lease is this plus 30 s).
+/// Job timeout of the workers.
 pub const JOB_TIMEOUT: Duration = Duration::from_secs(5);
+/// The workers' lease: the default users run (`BELFRY_LEASE`).
+pub const LEASE: Duration = belfry_worker::lease::DEFAULT_LEASE;
+/// Late claims per page of the schedulers' late-claim pass: small enough
+/// that a broker outage of the suite builds a backlog several pages deep
+/// (the default page of 10,000 is crossed by `tests/backlog.rs`).
+pub const LATE_CLAIM_PAGE: usize = 1000;
 
 /// Size and shape of one run, from the environment.
 #[derive(Debug, Clone)]
@@ -55,6 +62,13 @@ pub struct FaultConfig {
     pub schedulers: usize,
     /// Worker processes.
     pub workers: usize,
+    /// The schedules' misfire policy (`BELFRY_FAULT_MISFIRE`: `fire_once`,
+    /// the default users get when they name none, `skip` or `catch_up`).
+    /// `fire_once` writes no `misfire` line at all, so the default applies.
+    pub misfire: String,
+    /// Seconds each service is down in the long outages
+    /// (`BELFRY_FAULT_LONG_OUTAGE`, default 60; 0 leaves them out).
+    pub long_outage: u64,
 }
 
 impl FaultConfig {
@@ -82,6 +96,10 @@ impl FaultConfig {
             seed: num("BELFRY_FAULT_SEED", rand::random::<u64>() >> 12),
             schedulers: 3,
             workers: 2,
+            misfire: std::env::var("BELFRY_FAULT_MISFIRE")
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_else(|_| "fire_once".into()),
+            long_outage: num("BELFRY_FAULT_LONG_OUTAGE", 60),
         }
     }
 }
@@ -105,11 +123,20 @@ pub enum Fault {
     Bounce(&'static str),
     /// Restart a replica with its clock 5 s ahead for a while.
     SkewedClock,
+    /// A service down for the long outage (60–120 s): for RabbitMQ, the
+    /// fires claimed meanwhile build a backlog above every batch and page
+    /// size.
+    LongBounce(&'static str),
+    /// SIGSTOP a worker past its lease, then SIGCONT: its runs are taken
+    /// over, and it must not record over them when it wakes.
+    StopWorker,
+    /// A foreign producer's poison messages interleaved with good ones.
+    PoisonStorm,
 }
 
 impl Fault {
     /// Every kind, once.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 16] = [
         Fault::KillScheduler,
         Fault::KillWorker,
         Fault::StopLockHolder,
@@ -121,7 +148,25 @@ impl Fault {
         Fault::Bounce("redis"),
         Fault::Bounce("postgres"),
         Fault::SkewedClock,
+        Fault::LongBounce("rabbitmq"),
+        Fault::LongBounce("redis"),
+        Fault::LongBounce("postgres"),
+        Fault::StopWorker,
+        Fault::PoisonStorm,
     ];
+}
+
+/// A worker's `kill -9`: when, and the `(run, attempt)` it was running.
+pub type WorkerKill = (DateTime<Utc>, Vec<(uuid::Uuid, i32)>);
+
+/// What faults left behind for the report to check.
+#[derive(Debug, Default)]
+pub struct Observations {
+    /// Each `kill -9` of a worker: when, and the `(run, attempt)` it was
+    /// running then.
+    pub worker_kills: Vec<WorkerKill>,
+    /// Every poison storm, merged.
+    pub storm: storm::Storm,
 }
 
 /// A fault as it happened.
@@ -152,11 +197,13 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     std::fs::write(&schedule_file, schedule_file_text(config, &probe.url()))
         .unwrap_or_else(|e| panic!("{}: {e}", schedule_file.display()));
     println!(
-        "fault suite: seed {} ({} schedules/s, {} s, {} round(s)); logs in {}",
+        "fault suite: seed {} ({} schedules/s, {} s, {} round(s), misfire {}, long outages {} s); logs in {}",
         config.seed,
         config.schedules,
         config.seconds,
         config.rounds,
+        config.misfire,
+        config.long_outage,
         dir.display()
     );
     let pairs = |list: &[(&str, String)]| -> Vec<(String, String)> {
@@ -177,6 +224,7 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
             ("BELFRY_MAX_CLOCK_SKEW", "2s".into()),
             ("BELFRY_CLOCK_CHECK_INTERVAL", "1s".into()),
             ("BELFRY_MAX_INFLIGHT_FIRES", "256".into()),
+            ("BELFRY_LATE_CLAIM_PAGE", LATE_CLAIM_PAGE.to_string()),
         ]),
         pairs(&[
             ("BELFRY_WORKER_GROUP", "default".into()),
@@ -225,7 +273,11 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     let window_start = whole_second(Utc::now()) + chrono::Duration::seconds(2);
     sleep_until(window_start).await;
 
-    let mut plan: Vec<Fault> = (0..config.rounds).flat_map(|_| Fault::ALL).collect();
+    let mut plan: Vec<Fault> = (0..config.rounds)
+        .flat_map(|_| Fault::ALL)
+        .filter(|f| config.long_outage > 0 || !matches!(f, Fault::LongBounce(_)))
+        .collect();
+    let mut observed = Observations::default();
     plan.shuffle(&mut rng);
     // Slots share the load time; each fault starts at a random point in
     // the first half of its slot (later when the previous one overran).
@@ -237,7 +289,16 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
         sleep_until(window_start + secs(offset)).await;
         fleet.check_alive();
         let began = Utc::now();
-        let what = inject(*fault, &mut fleet, &env, &mut rng).await;
+        let what = inject(
+            *fault,
+            &mut fleet,
+            &env,
+            &mut rng,
+            config,
+            &probe,
+            &mut observed,
+        )
+        .await;
         let took = (Utc::now() - began).num_milliseconds() as f64 / 1000.0;
         let at = (began - window_start).num_milliseconds() as f64 / 1000.0;
         println!("fault suite: t+{at:>6.1}s ({took:>4.1}s) {what}");
@@ -276,6 +337,7 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
         window_end,
         &probe.executions(),
         injected,
+        &observed,
     )
     .await;
     report.unexpected_exits = fleet.unexpected_exits.clone();
@@ -296,6 +358,9 @@ async fn inject(
     fleet: &mut Fleet,
     env: &TestEnv,
     rng: &mut rand::rngs::StdRng,
+    config: &FaultConfig,
+    probe: &Probe,
+    observed: &mut Observations,
 ) -> String {
     let pick = |fleet: &Fleet, role: Role, rng: &mut rand::rngs::StdRng| {
         let of = fleet.of(role);
@@ -309,7 +374,21 @@ async fn inject(
                 Role::Worker
             };
             let i = pick(fleet, role, rng);
-            fleet.kill(i).await;
+            if role == Role::Worker {
+                // What it was running, to time how soon each run's next
+                // attempt starts elsewhere.
+                let running: Vec<(uuid::Uuid, i32)> = sqlx::query_as(
+                    "SELECT id, attempts FROM job_runs WHERE status = 'running' AND worker = $1",
+                )
+                .bind(&fleet.members[i].name)
+                .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
+                .await
+                .unwrap_or_default();
+                fleet.kill(i).await;
+                observed.worker_kills.push((Utc::now(), running));
+            } else {
+                fleet.kill(i).await;
+            }
             let down = rng.random_range(1000..3000);
             tokio::time::sleep(Duration::from_millis(down)).await;
             fleet.restart(i);
@@ -367,8 +446,12 @@ async fn inject(
             fleet.restart(i);
             format!("SIGTERM {name}, restarted with {point}=abort, aborted there, restarted")
         }
-        Fault::Bounce(service) => {
-            let down = 3;
+        Fault::Bounce(service) | Fault::LongBounce(service) => {
+            let down = if matches!(fault, Fault::LongBounce(_)) {
+                config.long_outage
+            } else {
+                3
+            };
             let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/service-bounce");
             let out = tokio::task::spawn_blocking(move || {
                 std::process::Command::new(script)
@@ -385,6 +468,31 @@ async fn inject(
                 String::from_utf8_lossy(&out.stderr)
             );
             format!("{service} restarted (down {down} s)")
+        }
+        Fault::StopWorker => {
+            let i = pick(fleet, Role::Worker, rng);
+            let Some(pid) = fleet.pid(i) else {
+                return format!("SIGSTOP skipped: {} not running", fleet.members[i].name);
+            };
+            let stopped = LEASE + Duration::from_secs(5);
+            fleet::signal(pid, "STOP");
+            tokio::time::sleep(stopped).await;
+            fleet::signal(pid, "CONT");
+            format!(
+                "SIGSTOP {} for {:?} (lease {:?}), SIGCONT",
+                fleet.members[i].name, stopped, LEASE
+            )
+        }
+        Fault::PoisonStorm => {
+            let storm = storm::publish_storm(env, &probe.url(), 5).await;
+            let what = format!(
+                "poison storm: {} poison messages interleaved with {} good ones",
+                storm.poison.len(),
+                storm.good.len()
+            );
+            observed.storm.poison.extend(storm.poison);
+            observed.storm.good.extend(storm.good);
+            what
         }
         Fault::SkewedClock => {
             let i = pick(fleet, Role::Scheduler, rng);
@@ -407,12 +515,19 @@ async fn inject(
 }
 
 fn schedule_file_text(config: &FaultConfig, url: &str) -> String {
+    let policy = match config.misfire.as_str() {
+        // The default: no line at all, as most users write it.
+        "fire_once" => String::new(),
+        "catch_up" => {
+            "misfire = \"catch_up\"\ncatch_up_window = \"30m\"\ncatch_up_max = 5000\n".into()
+        }
+        other => format!("misfire = \"{other}\"\n"),
+    };
     let mut out = String::new();
     for i in 0..config.schedules {
         out.push_str(&format!(
             "[[schedule]]\nname = \"fault-{i:04}\"\nevery = \"1s\"\njob_type = \"http\"\n\
-             misfire = \"catch_up\"\ncatch_up_window = \"30m\"\ncatch_up_max = 5000\n\
-             payload = {{ url = \"{url}\", timeout_ms = 4000 }}\n\n"
+             {policy}payload = {{ url = \"{url}\", timeout_ms = 4000 }}\n\n"
         ));
     }
     out

@@ -30,6 +30,8 @@ pub struct Execution {
     /// When the request arrived (system clock of this host, as the
     /// database's `now()`).
     pub arrived: DateTime<Utc>,
+    /// When the probe answered it (`None`: never, the worker went away).
+    pub answered: Option<DateTime<Utc>>,
 }
 
 /// A running probe.
@@ -103,14 +105,26 @@ async fn serve(
             .unwrap_or(0);
         let status = match run_id {
             Some(run_id) => {
-                seen.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(Execution {
+                // Recorded on arrival, so an execution whose worker dies
+                // mid-request still counts; the answer time is added after.
+                let index = {
+                    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                    seen.push(Execution {
                         run_id,
                         attempt,
                         arrived,
+                        answered: None,
                     });
+                    seen.len() - 1
+                };
                 tokio::time::sleep(Duration::from_millis(rng.random_range(5..max_delay_ms))).await;
+                if let Some(e) = seen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(index)
+                {
+                    e.answered = Some(Utc::now());
+                }
                 "200 OK"
             }
             // Not from a belfry http job: refuse, so the mistake shows.

@@ -9,10 +9,53 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::probe::Execution;
-use super::{FaultConfig, Injected};
+use super::{FaultConfig, Injected, Observations};
 use belfry_testkit::TestEnv;
 
 const TERMINAL: &str = "('succeeded', 'failed', 'dead')";
+
+/// `(id, job_name, scheduled_at, status, finished_at, last_error,
+/// claimed_by)` of a `job_runs` row.
+type Row = (
+    Uuid,
+    String,
+    DateTime<Utc>,
+    String,
+    Option<DateTime<Utc>>,
+    Option<String>,
+    Option<String>,
+);
+
+/// Pairs of executions of one run where the later started before the
+/// earlier was answered.
+fn overlapping(executions: &[Execution]) -> usize {
+    let mut by_run: HashMap<Uuid, Vec<&Execution>> = HashMap::new();
+    for e in executions {
+        by_run.entry(e.run_id).or_default().push(e);
+    }
+    let mut n = 0;
+    for list in by_run.values_mut() {
+        list.sort_by_key(|e| e.arrived);
+        for pair in list.windows(2) {
+            if pair[0].answered.is_some_and(|done| pair[1].arrived < done) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// The `q` quantile of sorted `values` (nearest rank).
+fn quantile(values: &[f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    Some(values[rank - 1])
+}
+
+/// Target for the takeover time of a killed worker's runs (p99).
+pub const TAKEOVER_P99_TARGET_SECS: f64 = 30.0;
 
 /// The table printed at the end of a run.
 #[derive(Debug, Default)]
@@ -52,6 +95,31 @@ pub struct Report {
     pub succeeded_without_execution: usize,
     /// Rows claimed by a replica while its clock was skewed: must be 0.
     pub claims_while_skewed: usize,
+    /// The schedules' misfire policy.
+    pub misfire: String,
+    /// Rows `dead` because their policy skipped them (claimed on time, not
+    /// published before they were late): recorded with the reason.
+    pub rows_skipped_by_policy: usize,
+    /// Handler executions of rows their policy skipped: must be 0.
+    pub executions_of_skipped: usize,
+    /// Executions of one run that overlapped in time (one started before
+    /// the previous one was answered): must be 0.
+    pub overlapping_executions: usize,
+    /// Poison messages published by the storms.
+    pub poison_sent: usize,
+    /// Poison messages not dead-lettered exactly once: must be 0.
+    pub poison_not_dead_lettered_once: usize,
+    /// Dead letters that are not storm poison (with their reasons, first few).
+    pub other_dead_letters: Vec<String>,
+    /// Good messages of the storms.
+    pub storm_good: usize,
+    /// Good storm messages whose run did not succeed: must be 0.
+    pub storm_good_not_succeeded: usize,
+    /// Runs a killed worker was running.
+    pub killed_runs: usize,
+    /// Seconds from a worker's `kill -9` to the next attempt of each of its
+    /// runs starting, sorted.
+    pub takeover_secs: Vec<f64>,
     /// Faults injected, in order.
     pub injected: Vec<Injected>,
     /// Processes that exited while nobody stopped them: must be empty.
@@ -145,16 +213,8 @@ impl Report {
         to: DateTime<Utc>,
         executions: &[Execution],
         injected: Vec<Injected>,
+        observed: &Observations,
     ) -> Self {
-        type Row = (
-            Uuid,
-            String,
-            DateTime<Utc>,
-            String,
-            Option<DateTime<Utc>>,
-            Option<String>,
-            Option<String>,
-        );
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT id, job_name, scheduled_at, status, finished_at, last_error, claimed_by FROM job_runs",
         )
@@ -173,10 +233,22 @@ impl Report {
             fires_expected: expected_count(config, from, to),
             rows: rows.len(),
             injected,
+            misfire: config.misfire.clone(),
             ..Default::default()
         };
+        let skipped_rows: HashSet<Uuid> = rows
+            .iter()
+            .filter(|r| {
+                r.3 == "dead"
+                    && r.5
+                        .as_deref()
+                        .is_some_and(|e| e.starts_with("skipped by misfire policy"))
+            })
+            .map(|r| r.0)
+            .collect();
+        report.rows_skipped_by_policy = skipped_rows.len();
         let mut fires: HashSet<(String, DateTime<Utc>)> = HashSet::new();
-        for (_, name, at, status, _, error, claimed_by) in &rows {
+        for (id, name, at, status, _, error, claimed_by) in &rows {
             if !fires.insert((name.clone(), *at)) {
                 report.duplicate_rows += 1;
             }
@@ -185,6 +257,7 @@ impl Report {
             }
             match status.as_str() {
                 "succeeded" => report.succeeded += 1,
+                "dead" if skipped_rows.contains(id) => {}
                 "failed" | "dead" => {
                     if report.failed_or_dead.len() < 5 {
                         report.failed_or_dead.push(format!(
@@ -245,7 +318,76 @@ impl Report {
             .keys()
             .filter(|id| !per_run.contains_key(id))
             .count();
+        report.executions_of_skipped = executions
+            .iter()
+            .filter(|e| skipped_rows.contains(&e.run_id))
+            .count();
+        report.overlapping_executions = overlapping(executions);
+        report.takeovers(executions, observed);
+        report.storm(env, observed, &rows).await;
         report
+    }
+
+    /// Seconds from each worker kill to the next attempt of each run it was
+    /// running (runs that got no later attempt had recorded their outcome
+    /// just before the kill).
+    fn takeovers(&mut self, executions: &[Execution], observed: &Observations) {
+        for (killed_at, running) in &observed.worker_kills {
+            for (id, attempt) in running {
+                self.killed_runs += 1;
+                let next = executions
+                    .iter()
+                    .filter(|e| e.run_id == *id && i64::from(e.attempt) > i64::from(*attempt))
+                    .map(|e| e.arrived)
+                    .min();
+                if let Some(next) = next {
+                    self.takeover_secs
+                        .push((next - *killed_at).num_milliseconds() as f64 / 1000.0);
+                }
+            }
+        }
+        self.takeover_secs.sort_by(f64::total_cmp);
+    }
+
+    /// The storms' accounting: every poison body dead-lettered exactly
+    /// once, every good message's run succeeded.
+    async fn storm(&mut self, env: &TestEnv, observed: &Observations, rows: &[Row]) {
+        self.poison_sent = observed.storm.poison.len();
+        self.storm_good = observed.storm.good.len();
+        let dead = env.drain_dead_letters().await;
+        let mut seen: HashMap<&[u8], usize> = HashMap::new();
+        for (body, reason) in &dead {
+            if observed.storm.poison.iter().any(|p| p == body) && !reason.is_empty() {
+                *seen.entry(body.as_slice()).or_default() += 1;
+            } else if self.other_dead_letters.len() < 5 {
+                self.other_dead_letters
+                    .push(format!("{:.80}: {reason}", String::from_utf8_lossy(body)));
+            } else {
+                self.other_dead_letters.push(String::new());
+            }
+        }
+        self.poison_not_dead_lettered_once = observed
+            .storm
+            .poison
+            .iter()
+            .filter(|p| seen.get(p.as_slice()).copied() != Some(1))
+            .count();
+        let succeeded: HashSet<&str> = rows
+            .iter()
+            .filter(|r| r.3 == "succeeded")
+            .map(|r| r.1.as_str())
+            .collect();
+        self.storm_good_not_succeeded = observed
+            .storm
+            .good
+            .iter()
+            .filter(|name| !succeeded.contains(name.as_str()))
+            .count();
+    }
+
+    /// The `q` quantile (0..=1) of the takeover times.
+    pub fn takeover_quantile(&self, q: f64) -> Option<f64> {
+        quantile(&self.takeover_secs, q)
     }
 
     /// Whether every "must be 0" line is 0 and everything settled.
@@ -256,6 +398,13 @@ impl Report {
             && self.reexecutions_of_succeeded == 0
             && self.succeeded_without_execution == 0
             && self.claims_while_skewed == 0
+            && self.executions_of_skipped == 0
+            && self.overlapping_executions == 0
+            && self.poison_not_dead_lettered_once == 0
+            && self.storm_good_not_succeeded == 0
+            && self
+                .takeover_quantile(0.99)
+                .is_none_or(|p99| p99 < TAKEOVER_P99_TARGET_SECS)
             && self.unexpected_exits.is_empty()
             && self.unclean_stops.is_empty()
             && self.settled
@@ -335,6 +484,61 @@ impl fmt::Display for Report {
         for (what, value, must) in rows {
             writeln!(f, "| {what} | {value} | {must} |")?;
         }
+        let q = |q: f64| {
+            self.takeover_quantile(q)
+                .map_or_else(|| "–".to_owned(), |v| format!("{v:.1}"))
+        };
+        let more: [(&str, String, String); 10] = [
+            ("misfire policy", self.misfire.clone(), String::new()),
+            (
+                "rows skipped by the policy after their claim (dead, with the reason)",
+                self.rows_skipped_by_policy.to_string(),
+                String::new(),
+            ),
+            (
+                "executions of rows the policy skipped",
+                self.executions_of_skipped.to_string(),
+                "0".into(),
+            ),
+            (
+                "overlapping executions of one run",
+                self.overlapping_executions.to_string(),
+                "0".into(),
+            ),
+            (
+                "poison messages published (storms)",
+                self.poison_sent.to_string(),
+                String::new(),
+            ),
+            (
+                "poison messages not dead-lettered exactly once",
+                self.poison_not_dead_lettered_once.to_string(),
+                "0".into(),
+            ),
+            (
+                "good storm messages not succeeded",
+                format!("{} of {}", self.storm_good_not_succeeded, self.storm_good),
+                "0".into(),
+            ),
+            (
+                "other dead letters",
+                self.other_dead_letters.len().to_string(),
+                String::new(),
+            ),
+            (
+                "runs of killed workers (taken over / all)",
+                format!("{} / {}", self.takeover_secs.len(), self.killed_runs),
+                String::new(),
+            ),
+            (
+                "kill -9 of a worker → next attempt, s (p50 / p99 / max)",
+                format!("{} / {} / {}", q(0.5), q(0.99), q(1.0)),
+                format!("p99 < {TAKEOVER_P99_TARGET_SECS}"),
+            ),
+        ];
+        for (what, value, must) in more {
+            writeln!(f, "| {what} | {value} | {must} |")?;
+        }
         writeln!(
             f,
             "| processes that exited on their own | {} | 0 |",
@@ -356,6 +560,9 @@ impl fmt::Display for Report {
         }
         for e in self.failed_or_dead.iter().filter(|e| !e.is_empty()) {
             writeln!(f, "- failed/dead: {e}")?;
+        }
+        for e in self.other_dead_letters.iter().filter(|e| !e.is_empty()) {
+            writeln!(f, "- other dead letter: {e}")?;
         }
         for e in self.unexpected_exits.iter().chain(&self.unclean_stops) {
             writeln!(f, "- {e}")?;
