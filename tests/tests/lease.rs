@@ -101,7 +101,14 @@ async fn an_unrenewable_lease_stops_the_handler_before_it_expires() {
         "stopped {} after the database became unreachable",
         cancelled_at - held_at
     );
-    assert_eq!(WorkerCounters::get(&counters.lease_lost), 1);
+    // Counted once the attempt has returned (just after the handler saw
+    // its token).
+    belfry_testkit::eventually(
+        "the interruption to be counted",
+        Duration::from_secs(5),
+        || async { (WorkerCounters::get(&counters.lease_lost) == 1).then_some(()) },
+    )
+    .await;
     // The database answers again: the run continues, attempt 2 never
     // overlapping attempt 1.
     link.hold(false);
