@@ -66,6 +66,28 @@ pub struct MisfireDecision {
     pub skipped: u64,
 }
 
+impl MisfireDecision {
+    /// The span `(after, until]` of the instants skipped when the due
+    /// instants were those of `(after, until]`. Every policy keeps the
+    /// newest instants, so the skipped ones are the oldest: the span ends
+    /// just before the first fired instant (instants are whole seconds),
+    /// or at `until` when none fires. `None` when nothing was skipped.
+    pub fn skipped_span(
+        &self,
+        after: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+        if self.skipped == 0 {
+            return None;
+        }
+        let end = self
+            .fire
+            .first()
+            .map_or(until, |first| *first - chrono::Duration::seconds(1));
+        (end > after).then_some((after, end))
+    }
+}
+
 impl MisfirePolicy {
     /// How many of the latest due instants the decision can need.
     pub fn keep(&self) -> usize {

@@ -95,6 +95,35 @@ fn settled(outcomes: Vec<Option<FireOutcome>>) -> Vec<FireOutcome> {
         .collect()
 }
 
+/// What a misfire decision's due instants are (see [`Replica::decide`]).
+#[derive(Debug, Clone, Copy)]
+enum DueSpan<'a> {
+    /// Every instant of the schedule in `(after, until]`.
+    Between(DateTime<Utc>, DateTime<Utc>),
+    /// Exactly these instants (sorted).
+    Listed(&'a [DateTime<Utc>]),
+}
+
+/// The runs of consecutive instants (by the schedule's timetable) among
+/// `instants` (sorted) that are not in `fired`: `(first, last, count)`.
+fn consecutive_runs(
+    schedule: &Schedule,
+    instants: &[DateTime<Utc>],
+    fired: &[DateTime<Utc>],
+) -> Vec<(DateTime<Utc>, DateTime<Utc>, u64)> {
+    let mut runs: Vec<(DateTime<Utc>, DateTime<Utc>, u64)> = Vec::new();
+    for at in instants.iter().filter(|at| !fired.contains(at)) {
+        match runs.last_mut() {
+            Some((_, last, count)) if schedule.next_after(*last) == Some(*at) => {
+                *last = *at;
+                *count += 1;
+            }
+            _ => runs.push((*at, *at, 1)),
+        }
+    }
+    runs
+}
+
 /// Consecutive late claims of one schedule, in page order.
 fn by_schedule(page: Vec<LateClaim>) -> Vec<(String, Vec<LateClaim>)> {
     let mut groups: Vec<(String, Vec<LateClaim>)> = Vec::new();
@@ -196,6 +225,9 @@ pub struct Replica {
     guard: ClockGuard,
     missed: std::sync::Mutex<std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)>>,
     lock_losses: std::sync::Mutex<std::collections::VecDeque<LockLoss>>,
+    /// Spans of fires skipped by misfire policies, not yet recorded in the
+    /// ledger (it may be unreachable when they are decided).
+    pending_skips: std::sync::Mutex<std::collections::VecDeque<belfry_ledger::SkippedRange>>,
 }
 
 impl Replica {
@@ -330,6 +362,7 @@ impl Replica {
             guard: ClockGuard::new(timing.max_clock_skew),
             missed: std::sync::Mutex::new(std::collections::VecDeque::new()),
             lock_losses: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            pending_skips: std::sync::Mutex::new(std::collections::VecDeque::new()),
             dispatcher,
             counters,
             timing: ReplicaTiming {
@@ -794,12 +827,61 @@ impl Replica {
         futures::future::join_all(due.fires.iter().map(|f| self.fire(&f.schedule, f.at))).await
     }
 
+    /// Counts fires skipped by misfire policies and queues their spans for
+    /// the ledger (see [`Replica::record_skipped_once`]), so no skipped
+    /// instant is silently absent.
     fn count_skipped(&self, skipped: &[Skipped]) {
+        let mut pending = self.pending_skips.lock().unwrap_or_else(|p| p.into_inner());
         for s in skipped {
             FireCounters::add(&self.counters.misfires_skipped, s.count);
             tracing::warn!(schedule = %s.schedule.name, skipped = s.count, policy = ?s.schedule.misfire,
                 "missed fires skipped by the misfire policy");
+            if let Some((after, until)) = s.span {
+                pending.push_back(belfry_ledger::SkippedRange {
+                    job_name: s.schedule.name.clone(),
+                    after,
+                    until,
+                    skipped: s.count,
+                    reason: format!(
+                        "skipped by misfire policy {:?}: missed (no replica could claim them in time)",
+                        s.schedule.misfire
+                    ),
+                    recorded_by: self.instance.clone(),
+                });
+            }
         }
+        while pending.len() > MAX_REMEMBERED_MISSES {
+            pending.pop_front();
+        }
+    }
+
+    /// Records the queued spans of skipped fires in the ledger; returns how
+    /// many. They stay queued when the ledger cannot be reached.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
+    pub async fn record_skipped_once(&self) -> Result<usize, SchedulerError> {
+        let taken: Vec<belfry_ledger::SkippedRange> = {
+            let mut pending = self.pending_skips.lock().unwrap_or_else(|p| p.into_inner());
+            pending.drain(..).collect()
+        };
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        let mut written = 0;
+        for chunk in taken.chunks(1000) {
+            if let Err(e) = self.ledger.record_skipped_ranges(chunk).await {
+                // What was not written goes back in front, in its order.
+                let mut pending = self.pending_skips.lock().unwrap_or_else(|p| p.into_inner());
+                for r in taken[written..].iter().rev() {
+                    pending.push_front(r.clone());
+                }
+                return Err(e.into());
+            }
+            written += chunk.len();
+        }
+        Ok(taken.len())
     }
 
     /// Remembers a fire that could not be claimed, for its misfire policy;
@@ -965,9 +1047,13 @@ impl Replica {
                 total: u64::try_from(instants.len()).unwrap_or(u64::MAX),
                 latest: instants,
             };
-            fires.extend(self.decide(&schedule, &due, now));
+            fires.extend(self.decide(&schedule, &due, now, DueSpan::Listed(&due.latest)));
         }
-        self.fire_recovered(fires).await
+        let outcomes = self.fire_recovered(fires).await;
+        if let Err(e) = self.record_skipped_once().await {
+            tracing::warn!(error = %e, "cannot record skipped fires yet; retrying");
+        }
+        outcomes
     }
 
     /// Applies each schedule's misfire policy to the fires missed while no
@@ -996,17 +1082,15 @@ impl Replica {
                 },
             };
             // Lateness counts from each fire's wake-up, as in the timer.
-            let due = crate::misfire::due_between(
-                schedule,
-                from,
-                now - schedule.jitter_offset,
-                schedule.misfire.keep(),
-            );
+            let until = now - schedule.jitter_offset;
+            let due = crate::misfire::due_between(schedule, from, until, schedule.misfire.keep());
             if due.total > 0 {
-                fires.extend(self.decide(schedule, &due, now));
+                fires.extend(self.decide(schedule, &due, now, DueSpan::Between(from, until)));
             }
         }
-        Ok(self.fire_recovered(fires).await)
+        let outcomes = self.fire_recovered(fires).await;
+        self.record_skipped_once().await?;
+        Ok(outcomes)
     }
 
     /// Applies misfire policies to fires that were claimed on time but never
@@ -1164,11 +1248,16 @@ impl Replica {
     /// `now`. Lateness counts from each fire's wake-up (its instant plus the
     /// schedule's jitter), as in the timer and the late-claim pass, so a
     /// jittered fire recovered soon after its wake-up is on time.
+    ///
+    /// `span` is what the due instants are: every instant of the schedule
+    /// in `(after, until]`, or exactly the listed ones; the skipped ones are
+    /// recorded as spans either way.
     fn decide(
         &self,
         schedule: &Arc<Schedule>,
         due: &DueInstants,
         now: DateTime<Utc>,
+        span: DueSpan<'_>,
     ) -> Vec<(Arc<Schedule>, DateTime<Utc>)> {
         let decision = schedule.misfire.decide(
             due,
@@ -1176,10 +1265,26 @@ impl Replica {
             self.timing.misfire_threshold,
         );
         if decision.skipped > 0 {
-            self.count_skipped(&[Skipped {
-                schedule: schedule.clone(),
-                count: decision.skipped,
-            }]);
+            let skipped: Vec<Skipped> = match span {
+                DueSpan::Between(after, until) => vec![Skipped {
+                    schedule: schedule.clone(),
+                    count: decision.skipped,
+                    span: decision.skipped_span(after, until),
+                }],
+                // Listed instants need not be consecutive (others were
+                // claimed meanwhile): one span per run of consecutive
+                // skipped instants, so no span covers an instant nobody
+                // decided on.
+                DueSpan::Listed(instants) => consecutive_runs(schedule, instants, &decision.fire)
+                    .into_iter()
+                    .map(|(first, last, count)| Skipped {
+                        schedule: schedule.clone(),
+                        count,
+                        span: Some((first - chrono::Duration::seconds(1), last)),
+                    })
+                    .collect(),
+            };
+            self.count_skipped(&skipped);
         }
         decision
             .fire
@@ -1313,6 +1418,11 @@ impl Replica {
                         tracing::warn!(error = %e, "cannot check fires lost at the lock; retrying");
                     }
                     this.recover_missed_once(clock.now()).await;
+                    // Spans the timer skipped (a stalled timer) since the
+                    // last pass.
+                    if let Err(e) = this.record_skipped_once().await {
+                        tracing::warn!(error = %e, "cannot record skipped fires yet; retrying");
+                    }
                 }
             })
         };

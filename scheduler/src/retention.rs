@@ -64,9 +64,17 @@ impl Retention {
         loop {
             let runs = self.ledger.prune_finished_runs(cutoff, PRUNE_BATCH).await?;
             let skipped = self.ledger.prune_skipped_fires(cutoff, PRUNE_BATCH).await?;
+            // Spans of skipped fires go with the skipped fires (counted
+            // with them: each is one record of skips).
+            let spans = self
+                .ledger
+                .prune_skipped_ranges(cutoff, PRUNE_BATCH)
+                .await?;
             pruned.runs += runs;
-            pruned.skipped_fires += skipped;
-            let full = runs >= PRUNE_BATCH as u64 || skipped >= PRUNE_BATCH as u64;
+            pruned.skipped_fires += skipped + spans;
+            let full = runs >= PRUNE_BATCH as u64
+                || skipped >= PRUNE_BATCH as u64
+                || spans >= PRUNE_BATCH as u64;
             if !full || cancel.is_cancelled() {
                 return Ok(pruned);
             }

@@ -45,6 +45,9 @@ pub struct Skipped {
     pub schedule: Arc<Schedule>,
     /// How many fires were skipped.
     pub count: u64,
+    /// The span `(after, until]` holding them, when known (see
+    /// [`crate::misfire::MisfireDecision::skipped_span`]).
+    pub span: Option<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 /// What is due at one instant.
@@ -315,9 +318,10 @@ impl Timer {
                 self.pending.push((slot, first, generation));
                 continue;
             }
+            let span_after = first - chrono::Duration::seconds(1);
             let mut instants = due_between(
                 &schedule,
-                first - chrono::Duration::seconds(1),
+                span_after,
                 reference.max(first),
                 schedule.misfire.keep(),
             );
@@ -333,6 +337,7 @@ impl Timer {
                 due.skipped.push(Skipped {
                     schedule: schedule.clone(),
                     count: decision.skipped,
+                    span: decision.skipped_span(span_after, reference.max(first)),
                 });
             }
             for at in decision.fire {

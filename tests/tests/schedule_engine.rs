@@ -91,6 +91,42 @@ async fn misfire_policies_after_every_replica_was_down() {
     // A second replica recovering afterwards fires nothing again.
     let rb = b.recover_after_downtime(&all, now).await.unwrap();
     assert_eq!(fired(&rb), 0, "{rb:?}");
+    // Every skipped instant is recorded, once, with its reason: each
+    // missed instant either ran or lies in a recorded span (issue 16: they
+    // used to be counted only, so an instant was silently absent).
+    type Span = (String, DateTime<Utc>, DateTime<Utc>, i64, String);
+    let spans: Vec<Span> = sqlx::query_as(
+        "SELECT job_name, after_at, until_at, skipped, reason FROM skipped_ranges ORDER BY job_name",
+    )
+    .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
+    .await
+    .unwrap();
+    let recorded = |name: &str| -> i64 { spans.iter().filter(|s| s.0 == name).map(|s| s.3).sum() };
+    assert_eq!(
+        (recorded("m-skip"), recorded("m-once"), recorded("m-catch")),
+        (missed as i64, missed as i64 - 1, missed as i64 - 3),
+        "{spans:?}"
+    );
+    assert!(
+        spans.iter().all(|s| s.4.contains("misfire policy")),
+        "{spans:?}"
+    );
+    let runs_now = env.all_runs().await;
+    for sch in [&skip, &once, &catch_up] {
+        for at in sch.upcoming(last, 20).into_iter().filter(|t| *t <= now) {
+            let ran = runs_now
+                .iter()
+                .any(|r| r.job_name == sch.name && r.scheduled_at == at);
+            let in_span = spans
+                .iter()
+                .any(|s| s.0 == sch.name && s.1 < at && at <= s.2);
+            assert!(
+                ran != in_span,
+                "{}@{at}: ran {ran}, in a skipped span {in_span}",
+                sch.name
+            );
+        }
+    }
     let runs = env.all_runs().await;
     let count = |name: &str| {
         runs.iter()

@@ -185,4 +185,45 @@ impl SqliteLedger {
         .await?;
         Ok(done.rows_affected())
     }
+
+    pub(crate) async fn prune_skipped_ranges(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        let done = sqlx::query(
+            "DELETE FROM skipped_ranges WHERE rowid IN ( \
+                 SELECT rowid FROM skipped_ranges WHERE recorded_at < ?1 \
+                 ORDER BY recorded_at LIMIT ?2)",
+        )
+        .bind(ts(cutoff))
+        .bind(batch)
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(crate) async fn record_skipped_ranges(
+        &self,
+        ranges: &[crate::SkippedRange],
+    ) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        for r in ranges {
+            sqlx::query(
+                "INSERT INTO skipped_ranges (job_name, after_at, until_at, skipped, reason, recorded_by, recorded_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
+            )
+            .bind(&r.job_name)
+            .bind(ts(r.after))
+            .bind(ts(r.until))
+            .bind(i64::try_from(r.skipped).unwrap_or(i64::MAX))
+            .bind(crate::storable(&r.reason))
+            .bind(&r.recorded_by)
+            .bind(super::now())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
 }

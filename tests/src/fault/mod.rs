@@ -375,15 +375,23 @@ async fn inject(
             };
             let i = pick(fleet, role, rng);
             if role == Role::Worker {
-                // What it was running, to time how soon each run's next
+                // Killed mid-job: waits (up to 5 s) until it runs something,
+                // and remembers what, to time how soon each run's next
                 // attempt starts elsewhere.
-                let running: Vec<(uuid::Uuid, i32)> = sqlx::query_as(
-                    "SELECT id, attempts FROM job_runs WHERE status = 'running' AND worker = $1",
-                )
-                .bind(&fleet.members[i].name)
-                .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
-                .await
-                .unwrap_or_default();
+                let mut running: Vec<(uuid::Uuid, i32)> = Vec::new();
+                for _ in 0..50 {
+                    running = sqlx::query_as(
+                        "SELECT id, attempts FROM job_runs WHERE status = 'running' AND worker = $1",
+                    )
+                    .bind(&fleet.members[i].name)
+                    .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
+                    .await
+                    .unwrap_or_default();
+                    if !running.is_empty() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 fleet.kill(i).await;
                 observed.worker_kills.push((Utc::now(), running));
             } else {

@@ -141,29 +141,12 @@ pub async fn wait_settled(
     to: DateTime<Utc>,
     within: Duration,
 ) -> bool {
-    let expected = expected_count(config, from, to);
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        let counts: Option<(i64, i64)> = sqlx::query_as(&format!(
-            "SELECT count(*), count(*) FILTER (WHERE status NOT IN {TERMINAL}) FROM job_runs \
-             WHERE scheduled_at >= $1 AND scheduled_at < $2"
-        ))
-        .bind(from)
-        .bind(to)
-        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
-        .await
-        .ok();
-        let skipped: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM skipped_fires s WHERE scheduled_at >= $1 AND scheduled_at < $2 \
-             AND NOT EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = s.job_name AND r.run_key = s.run_key)",
-        )
-        .bind(from)
-        .bind(to)
-        .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
-        .await
-        .unwrap_or(0);
-        if let Some((rows, open)) = counts {
-            if usize::try_from(rows + skipped).unwrap_or(0) >= expected && open == 0 {
+        if let Some(accounting) = Accounting::read(env).await {
+            let open = accounting.open_in(from, to);
+            let unaccounted = accounting.unaccounted(config, from, to).count();
+            if open == 0 && unaccounted == 0 {
                 return true;
             }
         }
@@ -171,6 +154,87 @@ pub async fn wait_settled(
             return false;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Spans `(after, until]` of skipped fires.
+type Spans = Vec<(DateTime<Utc>, DateTime<Utc>)>;
+
+/// What the ledger says about each fire: rows, skipped fires and spans of
+/// skipped fires.
+struct Accounting {
+    /// `(job_name, scheduled_at)` → status, of every row.
+    rows: HashMap<(String, DateTime<Utc>), String>,
+    /// Fires recorded in `skipped_fires`.
+    skipped: HashSet<(String, DateTime<Utc>)>,
+    /// Spans `(after, until]` of `skipped_ranges`, by schedule.
+    spans: HashMap<String, Spans>,
+}
+
+impl Accounting {
+    async fn read(env: &TestEnv) -> Option<Self> {
+        let pool = env.ledger.pg_pool()?;
+        let rows: Vec<(String, DateTime<Utc>, String)> =
+            sqlx::query_as("SELECT job_name, scheduled_at, status FROM job_runs")
+                .fetch_all(pool)
+                .await
+                .ok()?;
+        let skipped: Vec<(String, DateTime<Utc>)> =
+            sqlx::query_as("SELECT job_name, scheduled_at FROM skipped_fires")
+                .fetch_all(pool)
+                .await
+                .ok()?;
+        let spans: Vec<(String, DateTime<Utc>, DateTime<Utc>)> =
+            sqlx::query_as("SELECT job_name, after_at, until_at FROM skipped_ranges")
+                .fetch_all(pool)
+                .await
+                .ok()?;
+        let mut by_schedule: HashMap<String, Spans> = HashMap::new();
+        for (name, after, until) in spans {
+            by_schedule.entry(name).or_default().push((after, until));
+        }
+        Some(Self {
+            rows: rows.into_iter().map(|(n, at, st)| ((n, at), st)).collect(),
+            skipped: skipped.into_iter().collect(),
+            spans: by_schedule,
+        })
+    }
+
+    /// Rows of the window not terminal.
+    fn open_in(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> usize {
+        self.rows
+            .iter()
+            .filter(|((_, at), st)| {
+                *at >= from && *at < to && !matches!(st.as_str(), "succeeded" | "failed" | "dead")
+            })
+            .count()
+    }
+
+    /// Whether a policy recorded `(name, at)` as skipped.
+    fn policy_skipped(&self, name: &str, at: DateTime<Utc>) -> bool {
+        self.skipped.contains(&(name.to_owned(), at))
+            || self
+                .spans
+                .get(name)
+                .is_some_and(|spans| spans.iter().any(|(a, u)| *a < at && at <= *u))
+    }
+
+    /// Expected fires of the window with neither a row nor a policy skip.
+    fn unaccounted<'a>(
+        &'a self,
+        config: &FaultConfig,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> impl Iterator<Item = (String, DateTime<Utc>)> + 'a {
+        let seconds = (to - from).num_seconds();
+        (0..config.schedules)
+            .flat_map(move |i| {
+                let name = format!("fault-{i:04}");
+                (0..seconds).map(move |s| (name.clone(), from + chrono::Duration::seconds(s)))
+            })
+            .filter(|(name, at)| {
+                !self.rows.contains_key(&(name.clone(), *at)) && !self.policy_skipped(name, *at)
+            })
     }
 }
 
@@ -221,11 +285,6 @@ impl Report {
         .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
         .await
         .unwrap_or_else(|e| panic!("reading job_runs: {e}"));
-        let skipped: Vec<(String, DateTime<Utc>)> =
-            sqlx::query_as("SELECT job_name, scheduled_at FROM skipped_fires")
-                .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
-                .await
-                .unwrap_or_else(|e| panic!("reading skipped_fires: {e}"));
 
         let mut report = Report {
             seed: config.seed,
@@ -277,17 +336,18 @@ impl Report {
                 report.claims_while_skewed += 1;
             }
         }
-        let skipped: HashSet<(String, DateTime<Utc>)> = skipped.into_iter().collect();
+        let accounting = Accounting::read(env)
+            .await
+            .unwrap_or_else(|| panic!("reading the ledger's accounting"));
         let seconds = (to - from).num_seconds();
         for i in 0..config.schedules {
             let name = format!("fault-{i:04}");
             for s in 0..seconds {
                 let at = from + chrono::Duration::seconds(s);
-                let key = (name.clone(), at);
-                if fires.contains(&key) {
+                if fires.contains(&(name.clone(), at)) {
                     continue;
                 }
-                if skipped.contains(&key) {
+                if accounting.policy_skipped(&name, at) {
                     report.fires_skipped_by_policy += 1;
                 } else {
                     report.fires_lost += 1;

@@ -1,0 +1,108 @@
+//! Spans of fires a misfire policy skipped before any was claimed.
+//!
+//! When every replica was down, the ledger unreachable or a timer stalled,
+//! a schedule's policy decides on all the instants it missed at once, most
+//! of them never claimed (a ten-minute outage of a one-second schedule is
+//! 600 of them; belfry counts them arithmetically rather than one by one).
+//! The skipped ones are always the oldest of the span (every policy keeps
+//! the newest), so one row `(job_name, after, until]` per decision records
+//! them, with their count and the reason. With `job_runs` and
+//! `skipped_fires`, every instant of a schedule is then either run or
+//! skipped with a reason: none is silently absent. Replicas deciding the
+//! same span record it once (primary key); retention prunes spans like
+//! skipped fires.
+
+use chrono::{DateTime, Utc};
+
+use crate::{Ledger, LedgerError};
+
+/// One span of skipped fires of one schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedRange {
+    /// The schedule.
+    pub job_name: String,
+    /// The span starts after this instant (exclusive).
+    pub after: DateTime<Utc>,
+    /// The span ends at this instant (inclusive).
+    pub until: DateTime<Utc>,
+    /// How many instants of the schedule it holds.
+    pub skipped: u64,
+    /// Why (the policy).
+    pub reason: String,
+    /// The replica that decided.
+    pub recorded_by: String,
+}
+
+impl Ledger {
+    /// Records `ranges` (one statement on Postgres); a span already
+    /// recorded by another replica is left as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn record_skipped_ranges(&self, ranges: &[SkippedRange]) -> Result<(), LedgerError> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.record_skipped_ranges(ranges).await,
+        };
+        let names: Vec<&str> = ranges.iter().map(|r| r.job_name.as_str()).collect();
+        let after: Vec<DateTime<Utc>> = ranges.iter().map(|r| r.after).collect();
+        let until: Vec<DateTime<Utc>> = ranges.iter().map(|r| r.until).collect();
+        let counts: Vec<i64> = ranges
+            .iter()
+            .map(|r| i64::try_from(r.skipped).unwrap_or(i64::MAX))
+            .collect();
+        let reasons: Vec<String> = ranges
+            .iter()
+            .map(|r| crate::storable(&r.reason).into_owned())
+            .collect();
+        let by: Vec<&str> = ranges.iter().map(|r| r.recorded_by.as_str()).collect();
+        sqlx::query(
+            "INSERT INTO skipped_ranges (job_name, after_at, until_at, skipped, reason, recorded_by) \
+             SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], \
+                                  $5::text[], $6::text[]) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&names)
+        .bind(&after)
+        .bind(&until)
+        .bind(&counts)
+        .bind(&reasons)
+        .bind(&by)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Deletes up to `batch` skipped spans recorded before `cutoff`;
+    /// returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn prune_skipped_ranges(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        let pool = match self.pg() {
+            Ok(pool) => pool,
+            Err(lite) => return lite.prune_skipped_ranges(cutoff, batch).await,
+        };
+        let done = sqlx::query(
+            "WITH doomed AS ( \
+                 SELECT job_name, after_at, until_at FROM skipped_ranges WHERE recorded_at < $1 \
+                 ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM skipped_ranges r USING doomed d \
+             WHERE r.job_name = d.job_name AND r.after_at = d.after_at AND r.until_at = d.until_at",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
