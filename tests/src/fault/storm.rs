@@ -30,8 +30,10 @@ fn poison_bodies(tag: &str, probe_url: &str) -> Vec<Vec<u8>> {
             "payload": { "url": probe_url, "timeout_ms": 4000 },
         })
     };
+    // Names unique per round, so a poison body the ledger did store (as the
+    // code before issue 16 would) never looks like a duplicate fire.
     let with = |name: &str, field: &str, value: serde_json::Value| {
-        let mut v = good(name);
+        let mut v = good(&format!("{name}-{tag}"));
         v[field] = value;
         v.to_string().into_bytes()
     };
