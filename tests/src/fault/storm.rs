@@ -42,7 +42,11 @@ fn poison_bodies(tag: &str, probe_url: &str) -> Vec<Vec<u8>> {
         s.as_bytes()[..s.len() / 2].to_vec()
     };
     vec![
-        with("p-nulkey", "run_key", format!("p-nulkey@{tag}\u{0}").into()),
+        with(
+            "p-nulkey",
+            "run_key",
+            format!("p-nulkey-{tag}@{tag}\u{0}").into(),
+        ),
         with(
             "p-nulpay",
             "payload",
@@ -61,7 +65,7 @@ fn poison_bodies(tag: &str, probe_url: &str) -> Vec<Vec<u8>> {
         with(
             "p-hugekey",
             "run_key",
-            format!("p-hugekey@{tag}{}", "k".repeat(5000)).into(),
+            format!("p-hugekey-{tag}@{tag}{}", "k".repeat(5000)).into(),
         ),
         with("p-types", "scheduled_at", json!(12)),
         with("p-version", "version", json!(7)),
