@@ -214,6 +214,15 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     let mut common = env.process_env();
     common.push(("RUST_LOG".into(), "warn".into()));
     common.push(("BELFRY_SHUTDOWN_TIMEOUT".into(), "10s".into()));
+    // A process (re)started by one fault while a long outage of another is
+    // under way retries its start-up for BELFRY_START_TIMEOUT (30 s by
+    // default) and then exits 1 by design, for its supervisor to restart.
+    // The suite is that supervisor only for the faults it injects, so its
+    // processes wait out its longest outage.
+    common.push((
+        "BELFRY_START_TIMEOUT".into(),
+        format!("{}s", config.long_outage.max(3) + 60),
+    ));
     let mut fleet = Fleet::new(
         dir.clone(),
         common,
