@@ -167,6 +167,9 @@ pub struct Observations {
     pub worker_kills: Vec<WorkerKill>,
     /// Every poison storm, merged.
     pub storm: storm::Storm,
+    /// When each service restart began and ended: a run cannot be taken
+    /// over while the ledger or the broker is down.
+    pub outages: Vec<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 /// A fault as it happened.
@@ -390,7 +393,10 @@ async fn inject(
                 let mut running: Vec<(uuid::Uuid, i32)> = Vec::new();
                 for _ in 0..50 {
                     running = sqlx::query_as(
-                        "SELECT id, attempts FROM job_runs WHERE status = 'running' AND worker = $1",
+                        // Held now (an unexpired lease), not left `running` by
+                        // an attempt that could not record its hand-back.
+                        "SELECT id, attempts FROM job_runs \
+                         WHERE status = 'running' AND worker = $1 AND lease_until > now()",
                     )
                     .bind(&fleet.members[i].name)
                     .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
@@ -469,6 +475,7 @@ async fn inject(
             } else {
                 3
             };
+            let began = Utc::now();
             let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/service-bounce");
             let out = tokio::task::spawn_blocking(move || {
                 std::process::Command::new(script)
@@ -484,6 +491,7 @@ async fn inject(
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
+            observed.outages.push((began, Utc::now()));
             format!("{service} restarted (down {down} s)")
         }
         Fault::StopWorker => {
