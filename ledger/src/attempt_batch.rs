@@ -112,11 +112,8 @@ impl AttemptBatcher {
         // Free text is made storable before it joins a batch: a NUL in one
         // handler's error must not fail the statement it shares.
         let request = EndRequest {
-            entry: request.entry.storable(),
-            last_error: request
-                .last_error
-                .as_deref()
-                .map(|t| crate::storable(t).into_owned()),
+            entry: request.entry.into_storable(),
+            last_error: request.last_error.map(crate::stored_text::into_storable),
             ..request
         };
         let (tx, rx) = oneshot::channel();

@@ -63,17 +63,27 @@ impl Ledger {
             Ok(pool) => pool,
             Err(lite) => return lite.prune_skipped_fires(cutoff, batch).await,
         };
-        let done = sqlx::query(
-            "WITH doomed AS ( \
-                 SELECT job_name, run_key FROM skipped_fires WHERE recorded_at < $1 \
-                 ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-             DELETE FROM skipped_fires f USING doomed d \
-             WHERE f.job_name = d.job_name AND f.run_key = d.run_key",
-        )
-        .bind(cutoff)
-        .bind(batch)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected())
+        prune_recorded(pool, "skipped_fires", cutoff, batch).await
     }
+}
+
+/// Deletes up to `batch` rows of `table` (a record of skips, with a
+/// `recorded_at` column) recorded before `cutoff`, oldest first; rows
+/// another pruner holds are skipped, not waited for. Returns how many.
+pub(crate) async fn prune_recorded(
+    pool: &sqlx::PgPool,
+    table: &'static str,
+    cutoff: DateTime<Utc>,
+    batch: i64,
+) -> Result<u64, LedgerError> {
+    let done = sqlx::query(&format!(
+        "DELETE FROM {table} WHERE ctid IN ( \
+             SELECT ctid FROM {table} WHERE recorded_at < $1 \
+             ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    ))
+    .bind(cutoff)
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
 }

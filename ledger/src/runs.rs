@@ -110,12 +110,11 @@ pub struct AttemptEntry {
 
 impl AttemptEntry {
     /// The entry as it is stored: its error text with NUL escaped (see
-    /// [`crate::storable`]).
-    pub(crate) fn storable(&self) -> Self {
-        Self {
-            error: crate::stored_text::storable_opt(self.error.as_deref()),
-            ..self.clone()
-        }
+    /// [`crate::storable`]). Takes the entry, so the common case (no NUL)
+    /// copies nothing.
+    pub(crate) fn into_storable(mut self) -> Self {
+        self.error = self.error.map(crate::stored_text::into_storable);
+        self
     }
 }
 
@@ -648,7 +647,7 @@ impl Ledger {
     ) -> Result<bool, LedgerError> {
         // Free text is made storable first: a NUL in a handler's error must
         // not fail the outcome's write.
-        let entry = &entry.storable();
+        let entry = &entry.clone().into_storable();
         let last_error = last_error.map(crate::storable);
         let last_error = last_error.as_deref();
         let pool = match self.pg() {

@@ -92,17 +92,6 @@ impl Ledger {
             Ok(pool) => pool,
             Err(lite) => return lite.prune_skipped_ranges(cutoff, batch).await,
         };
-        let done = sqlx::query(
-            "WITH doomed AS ( \
-                 SELECT job_name, after_at, until_at FROM skipped_ranges WHERE recorded_at < $1 \
-                 ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-             DELETE FROM skipped_ranges r USING doomed d \
-             WHERE r.job_name = d.job_name AND r.after_at = d.after_at AND r.until_at = d.until_at",
-        )
-        .bind(cutoff)
-        .bind(batch)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected())
+        crate::retention::prune_recorded(pool, "skipped_ranges", cutoff, batch).await
     }
 }

@@ -19,9 +19,13 @@ pub fn storable(text: &str) -> Cow<'_, str> {
     }
 }
 
-/// [`storable`] for an optional text, owned.
-pub fn storable_opt(text: Option<&str>) -> Option<String> {
-    text.map(|t| storable(t).into_owned())
+/// [`storable`] for an owned text: returned as it is (no copy) unless it
+/// holds a NUL.
+pub fn into_storable(text: String) -> String {
+    match storable(&text) {
+        Cow::Borrowed(_) => text,
+        Cow::Owned(escaped) => escaped,
+    }
 }
 
 #[cfg(test)]
@@ -32,7 +36,7 @@ mod tests {
     fn nul_is_escaped_and_the_rest_kept() {
         assert_eq!(storable("a\u{0}b\u{0}"), "a\\0b\\0");
         assert!(matches!(storable("plain ✓"), Cow::Borrowed("plain ✓")));
-        assert_eq!(storable_opt(Some("\u{0}")).as_deref(), Some("\\0"));
-        assert_eq!(storable_opt(None), None);
+        assert_eq!(into_storable("\u{0}".into()), "\\0");
+        assert_eq!(into_storable("ok".into()), "ok");
     }
 }

@@ -705,6 +705,38 @@ pub async fn queue_consumed(env: &TestEnv, queue: &str) -> bool {
         .is_some_and(|q| q.consumer_count() > 0)
 }
 
+/// Waits (up to `within`) until a consumer is attached to `group`'s queue:
+/// a worker process has started and bound it.
+///
+/// # Panics
+///
+/// When no consumer appears in time.
+pub async fn wait_consumed(env: &TestEnv, group: &str, within: Duration) {
+    let queue = env.topology.group_queue(group);
+    eventually("the worker's queue", within, || async {
+        queue_consumed(env, &queue).await.then_some(())
+    })
+    .await;
+}
+
+/// Waits (up to `within`) until the run of `message` is `running`.
+///
+/// # Panics
+///
+/// When it is not in time.
+pub async fn wait_running(env: &TestEnv, message: &JobMessage, within: Duration) {
+    eventually("the job to start", within, || async {
+        let run = env
+            .ledger
+            .run_by_key(&message.job_name, &message.run_key)
+            .await
+            .ok()
+            .flatten()?;
+        (run.status_text == "running").then_some(())
+    })
+    .await;
+}
+
 /// Counts messages currently in `queue`, or `None` when it does not exist.
 pub async fn queue_len(env: &TestEnv, queue: &str) -> Option<u32> {
     if let Some(q) = env.ledger.job_queue() {

@@ -65,16 +65,7 @@ async fn an_unrenewable_lease_stops_the_handler_before_it_expires() {
     let running = RunningWorker::spawn(w);
     let counters = running.counters.clone();
     let m = env.enqueue("watched", "watch", json!({}), Utc::now()).await;
-    belfry_testkit::eventually("attempt 1 running", Duration::from_secs(10), || async {
-        let run = env
-            .ledger
-            .run_by_key(&m.job_name, &m.run_key)
-            .await
-            .ok()
-            .flatten()?;
-        (run.status_text == "running").then_some(())
-    })
-    .await;
+    belfry_testkit::wait_running(&env, &m, Duration::from_secs(10)).await;
     // Let a few heartbeats pass, then make Postgres unreachable for the
     // worker (the test's own connection is direct).
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -25,11 +25,16 @@ impl Drop for Reaped {
     }
 }
 
-fn spawn_worker(env: &belfry_testkit::TestEnv, instance: &str) -> std::process::Child {
+fn spawn_worker(
+    env: &belfry_testkit::TestEnv,
+    instance: &str,
+    extra: &[(&str, &str)],
+) -> std::process::Child {
     Command::new(BIN)
         .envs(env.process_env())
         .env("BELFRY_INSTANCE", instance)
         .env("RUST_LOG", "warn")
+        .envs(extra.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -39,29 +44,14 @@ fn spawn_worker(env: &belfry_testkit::TestEnv, instance: &str) -> std::process::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_workers_run_is_taken_over_within_a_lease() {
     let env = belfry_testkit::service_env!();
-    let mut first = Reaped(Some(spawn_worker(&env, "doomed")));
-    let queue = env.topology.group_queue("default");
-    belfry_testkit::eventually("the worker's queue", Duration::from_secs(20), || async {
-        belfry_testkit::queue_consumed(&env, &queue)
-            .await
-            .then_some(())
-    })
-    .await;
+    let mut first = Reaped(Some(spawn_worker(&env, "doomed", &[])));
+    belfry_testkit::wait_consumed(&env, "default", Duration::from_secs(20)).await;
     // Runs far longer than a lease (the default job timeout is 5 min): only
     // a renewed lease keeps it owned.
     let m = env
         .enqueue("long", "sleep", json!({"duration_ms": 30000}), Utc::now())
         .await;
-    belfry_testkit::eventually("the job to start", Duration::from_secs(10), || async {
-        let run = env
-            .ledger
-            .run_by_key(&m.job_name, &m.run_key)
-            .await
-            .ok()
-            .flatten()?;
-        (run.status_text == "running").then_some(())
-    })
-    .await;
+    belfry_testkit::wait_running(&env, &m, Duration::from_secs(10)).await;
     // Past two heartbeats: the lease was renewed, not set once for the
     // whole attempt.
     tokio::time::sleep(Duration::from_secs(11)).await;
@@ -75,18 +65,12 @@ async fn a_killed_workers_run_is_taken_over_within_a_lease() {
     doomed.kill().expect("kill -9");
     let killed = Instant::now();
     let _ = doomed.wait();
-    let mut second = Reaped(Some(
-        Command::new(BIN)
-            .envs(env.process_env())
-            .env("BELFRY_INSTANCE", "survivor")
-            // Stops at once when asked: the taken-over run is handed back.
-            .env("BELFRY_SHUTDOWN_TIMEOUT", "1s")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn belfry-worker"),
-    ));
+    let mut second = Reaped(Some(spawn_worker(
+        &env,
+        "survivor",
+        // Stops at once when asked: the taken-over run is handed back.
+        &[("BELFRY_SHUTDOWN_TIMEOUT", "1s")],
+    )));
     let taken_over =
         belfry_testkit::eventually("attempt 2 to start", Duration::from_secs(40), || async {
             let run = env

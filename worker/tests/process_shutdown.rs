@@ -23,27 +23,12 @@ async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
         .spawn()
         .expect("spawn belfry-worker");
     // Wait until the worker has bound its queue (it declares it at start).
-    let queue = env.topology.group_queue("default");
-    belfry_testkit::eventually("the worker's queue", Duration::from_secs(20), || async {
-        belfry_testkit::queue_consumed(&env, &queue)
-            .await
-            .then_some(())
-    })
-    .await;
+    belfry_testkit::wait_consumed(&env, "default", Duration::from_secs(20)).await;
     let m = env
         .enqueue("long", "sleep", json!({"duration_ms": 3000}), Utc::now())
         .await;
     // Wait until the job is running, then ask the worker to stop.
-    belfry_testkit::eventually("the job to start", Duration::from_secs(10), || async {
-        let run = env
-            .ledger
-            .run_by_key(&m.job_name, &m.run_key)
-            .await
-            .ok()
-            .flatten()?;
-        (run.status_text == "running").then_some(())
-    })
-    .await;
+    belfry_testkit::wait_running(&env, &m, Duration::from_secs(10)).await;
     let term_sent = Utc::now();
     let exit = belfry_testkit::terminate(child).await;
     assert!(exit.success(), "worker exited with {exit:?}");

@@ -174,16 +174,7 @@ impl SqliteLedger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        let done = sqlx::query(
-            "DELETE FROM skipped_fires WHERE rowid IN ( \
-                 SELECT rowid FROM skipped_fires WHERE recorded_at < ?1 \
-                 ORDER BY recorded_at LIMIT ?2)",
-        )
-        .bind(ts(cutoff))
-        .bind(batch)
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected())
+        self.prune_recorded("skipped_fires", cutoff, batch).await
     }
 
     pub(crate) async fn prune_skipped_ranges(
@@ -191,16 +182,7 @@ impl SqliteLedger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        let done = sqlx::query(
-            "DELETE FROM skipped_ranges WHERE rowid IN ( \
-                 SELECT rowid FROM skipped_ranges WHERE recorded_at < ?1 \
-                 ORDER BY recorded_at LIMIT ?2)",
-        )
-        .bind(ts(cutoff))
-        .bind(batch)
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected())
+        self.prune_recorded("skipped_ranges", cutoff, batch).await
     }
 
     pub(crate) async fn record_skipped_ranges(
@@ -225,5 +207,25 @@ impl SqliteLedger {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Deletes up to `batch` rows of `table` (a record of skips) recorded
+    /// before `cutoff`, oldest first; returns how many.
+    async fn prune_recorded(
+        &self,
+        table: &'static str,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        let done = sqlx::query(&format!(
+            "DELETE FROM {table} WHERE rowid IN ( \
+                 SELECT rowid FROM {table} WHERE recorded_at < ?1 \
+                 ORDER BY recorded_at LIMIT ?2)"
+        ))
+        .bind(ts(cutoff))
+        .bind(batch)
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected())
     }
 }

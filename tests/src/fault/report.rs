@@ -115,8 +115,6 @@ pub struct Report {
     pub storm_good: usize,
     /// Good storm messages whose run did not succeed: must be 0.
     pub storm_good_not_succeeded: usize,
-    /// Runs a killed worker was running.
-    pub killed_runs: usize,
     /// Seconds from a worker's `kill -9` to the next attempt of each of its
     /// runs starting, sorted.
     pub takeover_secs: Vec<f64>,
@@ -402,7 +400,6 @@ impl Report {
                 *ended >= *killed_at && *began <= *killed_at + chrono::Duration::seconds(30)
             });
             for (id, attempt) in running {
-                self.killed_runs += 1;
                 if blocked {
                     self.takeovers_not_timed += 1;
                     continue;
