@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Writes the OpenAPI document of the REST API to stdout:
-#   python3 scripts/openapi-gen.py > scheduler/openapi.json
+#   python3 scripts/openapi-gen.py > server/openapi.json
 # The Rust tests check that the served document equals the committed one and
 # that every path in it is routed.
 import json

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use belfry_broker::Broker;
 use belfry_ledger::Ledger;
 use belfry_protocol::ScheduleSpec;
-use belfry_scheduler::api::{ApiState, Tokens};
 use belfry_scheduler::{Replica, ReplicaTiming, Schedule};
+use belfry_server::api::{ApiState, Tokens};
 use belfry_testkit::{amqp_url, TestEnv};
 use tokio_util::sync::CancellationToken;
 
@@ -73,7 +73,7 @@ pub async fn run(schedules: usize, runs: usize, rounds: usize) -> anyhow::Result
         ReplicaTiming::default(),
     ));
     let stop = CancellationToken::new();
-    let addr = belfry_scheduler::api::serve(
+    let addr = belfry_server::api::serve(
         "127.0.0.1:0",
         ApiState::new(replica, Tokens::default()),
         stop.clone(),

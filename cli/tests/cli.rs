@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use belfry_scheduler::api::Tokens;
+use belfry_server::api::Tokens;
 use belfry_testkit::{redis_url, TestEnv};
 use belfry_tests::{replica, TestApi};
 use serde_json::Value;

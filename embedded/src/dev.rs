@@ -9,8 +9,8 @@ use belfry_broker::Broker;
 use belfry_ledger::Ledger;
 use belfry_protocol::Topology;
 use belfry_runtime::Settings;
-use belfry_scheduler::service::Service;
-use belfry_scheduler::SchedulerConfig;
+use belfry_server::service::Service;
+use belfry_server::ServerConfig;
 use belfry_worker::{Registry, Worker, WorkerConfig, WorkerError};
 
 use crate::Mode;
@@ -29,7 +29,7 @@ pub enum DevError {
     Ledger(#[from] belfry_ledger::LedgerError),
     /// The scheduler replica could not start.
     #[error(transparent)]
-    Scheduler(#[from] belfry_scheduler::SchedulerError),
+    Scheduler(#[from] belfry_server::ServerError),
     /// The worker could not start.
     #[error(transparent)]
     Worker(#[from] WorkerError),
@@ -69,7 +69,8 @@ pub async fn start(
         env.push(("DATABASE_URL".into(), database_url.clone()));
     }
     let settings = Settings::from_pairs(env);
-    let scheduler = SchedulerConfig::from_settings(&settings)?;
+    let server = ServerConfig::from_settings(&settings)?;
+    let scheduler = &server.scheduler;
     let worker_config = WorkerConfig::from_settings(&settings)?;
     let (service, worker) = match &mode {
         Mode::Embedded { database_url } => {
@@ -85,13 +86,12 @@ pub async fn start(
             let worker =
                 Worker::start_on(&worker_config, registry, ledger.clone(), broker.clone()).await?;
             let service =
-                belfry_scheduler::service::start_on(&scheduler, ledger, broker, cancel.clone())
-                    .await?;
+                belfry_server::service::start_on(&server, ledger, broker, cancel.clone()).await?;
             (service, worker)
         }
         Mode::Distributed => {
             let worker = Worker::start(&worker_config, registry).await?;
-            let service = belfry_scheduler::service::start(&scheduler, cancel.clone()).await?;
+            let service = belfry_server::service::start(&server, cancel.clone()).await?;
             (service, worker)
         }
     };

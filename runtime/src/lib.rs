@@ -10,6 +10,8 @@ pub mod clock;
 pub mod endpoint;
 pub mod exported_events;
 pub mod failpoint;
+pub mod metrics;
+#[cfg(feature = "metrics-server")]
 pub mod metrics_server;
 pub mod setting;
 pub mod shutdown;

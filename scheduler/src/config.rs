@@ -1,4 +1,6 @@
-//! Scheduler configuration, from environment variables.
+//! Scheduler configuration, from environment variables. The settings of
+//! the REST API and web view (`BELFRY_API_ADDR`, `BELFRY_API_*_TOKENS`,
+//! `BELFRY_TRACE_UI_URL`) are the server's (`belfry_server::config`).
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
@@ -24,12 +26,8 @@
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
 //! | `BELFRY_START_TIMEOUT` | `30s` | how long start-up retries while Postgres or RabbitMQ is unreachable (then exit 1); `0s` fails at once |
 //! | `BELFRY_METRICS_ADDR` | unset (off) | `host:port` of the Prometheus `/metrics` endpoint; port `0` picks a free one |
-//! | `BELFRY_API_ADDR` | `127.0.0.1:8080` | `host:port` of the REST API; port `0` picks a free one (logged); `off` disables it |
-//! | `BELFRY_API_ADMIN_TOKENS` | unset | comma-separated `name:secret` bearer tokens that may change things (secrets ≥ 16 characters) |
-//! | `BELFRY_API_READ_TOKENS` | unset | the same for read-only tokens; with neither set the API is open and only listens on loopback |
 //! | `BELFRY_RETENTION` | `30d` | finished runs older than this are pruned (the newest fire of each schedule is kept); `off` keeps everything |
 //! | `BELFRY_RETENTION_INTERVAL` | `10m` | how often pruning runs |
-//! | `BELFRY_TRACE_UI_URL` | unset | link for trace ids in the web view, `{trace_id}` replaced (e.g. `http://127.0.0.1:16686/trace/{trace_id}`) |
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -44,9 +42,6 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postg
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 /// Default RabbitMQ URL.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-/// Default address of the REST API.
-pub const DEFAULT_API_ADDR: &str = "127.0.0.1:8080";
 
 /// Everything a scheduler replica needs to start.
 #[derive(Clone)]
@@ -81,16 +76,10 @@ pub struct SchedulerConfig {
     /// How long start-up retries while a service is unreachable
     /// (`BELFRY_START_TIMEOUT`).
     pub start_timeout: Duration,
-    /// Where the REST API listens (`BELFRY_API_ADDR`); `None`: off.
-    pub api_addr: Option<String>,
-    /// API bearer tokens (secrets never shown by `Debug`).
-    pub api_tokens: crate::api::Tokens,
     /// How long finished runs are kept (`BELFRY_RETENTION`); `None`: forever.
     pub retention: Option<Duration>,
     /// How often pruning runs (`BELFRY_RETENTION_INTERVAL`).
     pub retention_interval: Duration,
-    /// The trace UI link template of the web view (`BELFRY_TRACE_UI_URL`).
-    pub trace_ui: Option<String>,
 }
 
 impl std::fmt::Debug for SchedulerConfig {
@@ -114,11 +103,8 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("log_format", &self.log_format)
             .field("metrics_addr", &self.metrics_addr)
             .field("start_timeout", &self.start_timeout)
-            .field("api_addr", &self.api_addr)
-            .field("api_tokens", &self.api_tokens)
             .field("retention", &self.retention)
             .field("retention_interval", &self.retention_interval)
-            .field("trace_ui", &self.trace_ui)
             .finish()
     }
 }
@@ -229,20 +215,6 @@ impl SchedulerConfig {
                 Duration::from_secs(30),
                 Duration::ZERO,
             )?,
-            api_addr: match settings.string("BELFRY_API_ADDR", DEFAULT_API_ADDR).trim() {
-                "off" | "-" => None,
-                addr => Some(addr.to_owned()),
-            },
-            api_tokens: crate::api::Tokens::parse(
-                settings.get("BELFRY_API_ADMIN_TOKENS"),
-                settings.get("BELFRY_API_READ_TOKENS"),
-            )
-            .map_err(|e| SettingError::Invalid {
-                var: e.variable.into(),
-                // Never echo a secret back.
-                value: "(hidden)".into(),
-                reason: e.message,
-            })?,
             retention: match settings.get("BELFRY_RETENTION").map(str::trim) {
                 Some("off") => None,
                 _ => Some(settings.duration(
@@ -256,24 +228,6 @@ impl SchedulerConfig {
                 Duration::from_secs(600),
                 Duration::from_secs(1),
             )?,
-            trace_ui: match settings.get("BELFRY_TRACE_UI_URL").map(str::trim) {
-                None => None,
-                Some(t)
-                    if (t.starts_with("http://") || t.starts_with("https://"))
-                        && t.contains("{trace_id}") =>
-                {
-                    Some(t.to_owned())
-                }
-                Some(t) => {
-                    return Err(SettingError::Invalid {
-                        var: "BELFRY_TRACE_UI_URL".into(),
-                        value: t.to_owned(),
-                        reason: "expected an http:// or https:// URL containing {trace_id}, \
-                                 e.g. http://127.0.0.1:16686/trace/{trace_id}"
-                            .into(),
-                    })
-                }
-            },
         })
     }
 }
@@ -292,7 +246,6 @@ mod tests {
         assert_eq!(c.redis_url, None);
         assert_eq!(c.namespace, "belfry");
         assert_eq!(c.lock_ttl, Duration::from_secs(60));
-        assert_eq!(c.api_addr.as_deref(), Some("127.0.0.1:8080"));
         assert_eq!(c.retention, Some(Duration::from_secs(30 * 24 * 3600)));
         let shown = format!("{c:?}");
         assert!(
@@ -302,54 +255,11 @@ mod tests {
     }
 
     #[test]
-    fn api_and_retention_switches() {
-        let c = SchedulerConfig::from_settings(&Settings::from_pairs([
-            ("BELFRY_API_ADDR", "off"),
-            ("BELFRY_RETENTION", "off"),
-            (
-                "BELFRY_API_ADMIN_TOKENS",
-                "ops:correct-horse-battery-staple",
-            ),
-        ]))
-        .unwrap();
-        assert_eq!(c.api_addr, None);
+    fn retention_switch() {
+        let c =
+            SchedulerConfig::from_settings(&Settings::from_pairs([("BELFRY_RETENTION", "off")]))
+                .unwrap();
         assert_eq!(c.retention, None);
-        assert!(!format!("{c:?}").contains("horse"));
-        let e = SchedulerConfig::from_settings(&Settings::from_pairs([(
-            "BELFRY_API_READ_TOKENS",
-            "grafana:tooshort",
-        )]))
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("BELFRY_API_READ_TOKENS") && !e.contains("tooshort"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn trace_ui_links_must_be_http_templates() {
-        let ok = SchedulerConfig::from_settings(&Settings::from_pairs([(
-            "BELFRY_TRACE_UI_URL",
-            "http://jaeger:16686/trace/{trace_id}",
-        )]))
-        .unwrap();
-        assert_eq!(
-            ok.trace_ui.as_deref(),
-            Some("http://jaeger:16686/trace/{trace_id}")
-        );
-        for bad in [
-            "javascript:alert(1)//{trace_id}",
-            "http://jaeger:16686/search",
-        ] {
-            let e = SchedulerConfig::from_settings(&Settings::from_pairs([(
-                "BELFRY_TRACE_UI_URL",
-                bad,
-            )]))
-            .unwrap_err()
-            .to_string();
-            assert!(e.contains("BELFRY_TRACE_UI_URL"), "{e}");
-        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use belfry_runtime::metrics_server::{
+use belfry_runtime::metrics::{
     encode_counter, encode_labeled_counter, encode_metric, latency_buckets,
 };
 use prometheus_client::collector::Collector;

@@ -27,12 +27,6 @@ pub enum SchedulerError {
     /// Dispatching failed.
     #[error(transparent)]
     Dispatch(#[from] belfry_dispatch::DispatchError),
-    /// The REST API could not listen.
-    #[error(transparent)]
-    Api(#[from] crate::api::ServeError),
-    /// The metrics endpoint could not listen.
-    #[error(transparent)]
-    Metrics(#[from] belfry_runtime::metrics_server::MetricsError),
     /// A name (namespace, job name) breaks the naming rule.
     #[error(transparent)]
     Name(#[from] belfry_protocol::NameError),

@@ -12,9 +12,9 @@
 //!    its type); the outbox reconciler republishes what was not confirmed.
 //!
 //! [`replica`] wires these into the loop a `belfry-scheduler` process runs;
-//! [`config`] reads its settings from the environment.
+//! [`config`] reads its settings from the environment. This crate is the
+//! engine only: the process, its REST API and web view are `belfry-server`.
 
-pub mod api;
 pub mod claim;
 pub mod clock_guard;
 pub mod config;
@@ -29,9 +29,7 @@ pub mod retention;
 pub mod schedule;
 pub mod schedule_file;
 pub mod schedule_sync;
-pub mod service;
 pub mod timer;
-pub mod ui;
 pub mod zoned_cron;
 
 pub use claim::{ClaimOutcome, Claimer, FireSource};

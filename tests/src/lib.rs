@@ -146,14 +146,14 @@ pub struct TestApi {
 
 impl TestApi {
     /// Serves the API of `replica` on a free loopback port with `tokens`.
-    pub async fn serve(replica: Arc<Replica>, tokens: belfry_scheduler::api::Tokens) -> Self {
-        Self::serve_state(belfry_scheduler::api::ApiState::new(replica, tokens)).await
+    pub async fn serve(replica: Arc<Replica>, tokens: belfry_server::api::Tokens) -> Self {
+        Self::serve_state(belfry_server::api::ApiState::new(replica, tokens)).await
     }
 
     /// Serves `state` on a free loopback port.
-    pub async fn serve_state(state: belfry_scheduler::api::ApiState) -> Self {
+    pub async fn serve_state(state: belfry_server::api::ApiState) -> Self {
         let stop = CancellationToken::new();
-        let addr = belfry_scheduler::api::serve("127.0.0.1:0", state, stop.clone())
+        let addr = belfry_server::api::serve("127.0.0.1:0", state, stop.clone())
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         Self {

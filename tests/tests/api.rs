@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use belfry_ledger::{AttemptEntry, NewRun, RunStatus};
 use belfry_protocol::JobOptions;
-use belfry_scheduler::api::Tokens;
+use belfry_server::api::Tokens;
 use belfry_testkit::{redis_url, TestEnv, DEAD_REDIS_URL};
 use belfry_tests::{replica, TestApi};
 use chrono::{DateTime, SubsecRound, Utc};
@@ -636,9 +636,9 @@ belfry_testkit::both_backends! {
             StatusCode::OK
         );
         // An open API refuses to listen beyond loopback.
-        let open = belfry_scheduler::api::serve(
+        let open = belfry_server::api::serve(
             "0.0.0.0:0",
-            belfry_scheduler::api::ApiState::new(r, Tokens::default()),
+            belfry_server::api::ApiState::new(r, Tokens::default()),
             tokio_util::sync::CancellationToken::new(),
         )
         .await;
@@ -940,7 +940,7 @@ async fn probes_report_services_and_every_documented_route_exists() {
         .unwrap();
     let committed = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../scheduler/openapi.json"
+        "/../server/openapi.json"
     ))
     .unwrap();
     assert_eq!(served, committed);
@@ -992,7 +992,7 @@ async fn backfill_respects_overlap_retention_and_marks_its_runs() {
         .await
         .unwrap();
     let r = Arc::new(replica(&env, "bf2", Some(&redis_url())).await);
-    let state = belfry_scheduler::api::ApiState::new(r, Tokens::default())
+    let state = belfry_server::api::ApiState::new(r, Tokens::default())
         .with_retention(Some(Duration::from_secs(3600)));
     let api = TestApi::serve_state(state).await;
     let s = |p: &str| api.url(&format!("/v1/schedules{p}"));

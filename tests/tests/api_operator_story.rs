@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use belfry_runtime::Settings;
-use belfry_scheduler::SchedulerConfig;
+use belfry_server::ServerConfig;
 use belfry_testkit::eventually;
 use belfry_worker::Registry;
 use chrono::{DateTime, SubsecRound, Utc};
@@ -70,9 +70,9 @@ async fn create_fire_pause_resume_backfill_and_trace_through_the_api() {
         // Fires more than 1 s late follow the misfire policy (default
         // fire_once): a few seconds of pause leave real gaps to backfill.
         pairs.push(("BELFRY_MISFIRE_THRESHOLD".into(), "1s".into()));
-        let config = SchedulerConfig::from_settings(&Settings::from_pairs(pairs)).unwrap();
+        let config = ServerConfig::from_settings(&Settings::from_pairs(pairs)).unwrap();
         services.push(
-            belfry_scheduler::service::start(&config, stop.clone())
+            belfry_server::service::start(&config, stop.clone())
                 .await
                 .unwrap(),
         );

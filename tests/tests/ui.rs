@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use belfry_scheduler::api::Tokens;
+use belfry_server::api::Tokens;
 use belfry_testkit::redis_url;
 use belfry_tests::{every, replica, TestApi};
 use chrono::{SubsecRound, Utc};
@@ -180,7 +180,7 @@ async fn pages_render_escape_and_act() {
     assert!(detail.contains(trace), "trace id shown: {detail}");
     // With a trace UI configured, the id links to it.
     let linked_api = TestApi::serve_state(
-        belfry_scheduler::api::ApiState::new(r.clone(), Tokens::default())
+        belfry_server::api::ApiState::new(r.clone(), Tokens::default())
             .with_trace_ui(Some("http://jaeger.example/trace/{trace_id}".into())),
     )
     .await;

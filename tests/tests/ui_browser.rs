@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use belfry_ledger::{AttemptEntry, NewRun, RunStatus};
 use belfry_runtime::Settings;
-use belfry_scheduler::SchedulerConfig;
+use belfry_server::ServerConfig;
 use belfry_worker::Registry;
 use chrono::{SubsecRound, Utc};
 use tokio_util::sync::CancellationToken;
@@ -39,9 +39,9 @@ async fn the_web_view_works_in_headless_chromium() {
     let mut pairs = env.process_env();
     pairs.push(("BELFRY_INSTANCE".into(), "ui-e2e".into()));
     pairs.push(("BELFRY_SCHEDULES".into(), file.display().to_string()));
-    let config = SchedulerConfig::from_settings(&Settings::from_pairs(pairs)).unwrap();
+    let config = ServerConfig::from_settings(&Settings::from_pairs(pairs)).unwrap();
     let stop = CancellationToken::new();
-    let service = belfry_scheduler::service::start(&config, stop.clone())
+    let service = belfry_server::service::start(&config, stop.clone())
         .await
         .unwrap();
     let base = format!("http://{}", service.api_addr.expect("API on"));

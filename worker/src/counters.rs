@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use belfry_runtime::metrics_server::{encode_counter, encode_metric, latency_buckets};
+use belfry_runtime::metrics::{encode_counter, encode_metric, latency_buckets};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::Counter;

@@ -113,25 +113,19 @@ impl ApiError {
 
 impl From<belfry_ledger::LedgerError> for ApiError {
     fn from(e: belfry_ledger::LedgerError) -> Self {
-        // A data exception (class 22: a value Postgres cannot store or
-        // compare) is the request's fault, not the service's.
-        if let belfry_ledger::LedgerError::Query(sqlx::Error::Database(db)) = &e {
-            if db.code().is_some_and(|c| c.starts_with("22")) {
-                return Self::invalid(
-                    "body",
-                    format!("a value cannot be stored: {}", db.message()),
-                );
-            }
+        // A value the database refuses to store is the request's fault, not
+        // the service's; the ledger's error type knows which is which.
+        if e.is_data_error() {
+            return Self::invalid("body", format!("a value cannot be stored: {e}"));
         }
-        // The ledger's text names the failure without credentials; details
-        // go to the log, the caller learns to retry.
-        tracing::warn!(error = %e, "API request failed at the ledger");
+        // The ledger's text names the failure without credentials; the
+        // caller learns to retry.
         Self::unavailable(format!("the ledger could not answer: {e}; retry later"))
     }
 }
 
-impl From<crate::schedule::ScheduleError> for ApiError {
-    fn from(e: crate::schedule::ScheduleError) -> Self {
+impl From<belfry_scheduler::schedule::ScheduleError> for ApiError {
+    fn from(e: belfry_scheduler::schedule::ScheduleError) -> Self {
         let field = e.field;
         Self::invalid(field, e.to_string())
     }

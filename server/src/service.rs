@@ -13,9 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use belfry_runtime::start_retry::retry_start;
 
+use belfry_scheduler::retention::Retention;
+use belfry_scheduler::{Replica, Schedule, ScheduleSync, Timer};
+
 use crate::api::{self, ApiState};
-use crate::retention::Retention;
-use crate::{Replica, SchedulerConfig, SchedulerError, Timer};
+use crate::{ServerConfig, ServerError};
 
 /// A running replica.
 pub struct Service {
@@ -32,20 +34,20 @@ pub struct Service {
 ///
 /// # Errors
 ///
-/// [`SchedulerError`] when a service stays unreachable past
+/// [`ServerError`] when a service stays unreachable past
 /// `BELFRY_START_TIMEOUT`, the schedule file is invalid, or an address
 /// cannot be listened on.
 pub async fn start(
-    config: &SchedulerConfig,
+    config: &ServerConfig,
     cancel: CancellationToken,
-) -> Result<Service, SchedulerError> {
+) -> Result<Service, ServerError> {
     // A service restarting while this replica starts is waited out.
     let (replica, sync, schedules) = retry_start(
         "scheduler start",
-        config.start_timeout,
+        config.scheduler.start_timeout,
         &cancel,
-        SchedulerError::is_transient,
-        || Replica::start(config),
+        belfry_scheduler::SchedulerError::is_transient,
+        || Replica::start(&config.scheduler),
     )
     .await?;
     run(config, replica, sync, schedules, cancel).await
@@ -58,28 +60,29 @@ pub async fn start(
 ///
 /// # Errors
 ///
-/// [`SchedulerError`] when the schedule file is invalid, the database
+/// [`ServerError`] when the schedule file is invalid, the database
 /// fails, or an address cannot be listened on.
 pub async fn start_on(
-    config: &SchedulerConfig,
+    config: &ServerConfig,
     ledger: belfry_ledger::Ledger,
     broker: belfry_broker::Broker,
     cancel: CancellationToken,
-) -> Result<Service, SchedulerError> {
-    let (replica, sync, schedules) = Replica::start_on(config, ledger, broker).await?;
+) -> Result<Service, ServerError> {
+    let (replica, sync, schedules) = Replica::start_on(&config.scheduler, ledger, broker).await?;
     run(config, replica, sync, schedules, cancel).await
 }
 
 /// Serves and runs a started replica until `cancel`.
 async fn run(
-    config: &SchedulerConfig,
+    config: &ServerConfig,
     replica: Replica,
-    sync: crate::ScheduleSync,
-    schedules: Vec<Arc<crate::Schedule>>,
+    sync: ScheduleSync,
+    schedules: Vec<Arc<Schedule>>,
     cancel: CancellationToken,
-) -> Result<Service, SchedulerError> {
+) -> Result<Service, ServerError> {
+    let engine = &config.scheduler;
     let replica = Arc::new(replica);
-    let metrics_addr = match &config.metrics_addr {
+    let metrics_addr = match &engine.metrics_addr {
         Some(addr) => Some(
             belfry_runtime::metrics_server::serve(
                 addr,
@@ -95,7 +98,7 @@ async fn run(
             api::serve(
                 addr,
                 ApiState::new(replica.clone(), config.api_tokens.clone())
-                    .with_retention(config.retention)
+                    .with_retention(engine.retention)
                     .with_trace_ui(config.trace_ui.clone()),
                 cancel.clone(),
             )
@@ -105,15 +108,15 @@ async fn run(
     };
     let clock = belfry_runtime::process_clock();
     let timer =
-        Timer::new(schedules, clock.now()).with_misfire_threshold(config.timing.misfire_threshold);
+        Timer::new(schedules, clock.now()).with_misfire_threshold(engine.timing.misfire_threshold);
     // Schedule changes (API, another replica's file, SQL by hand) flow from
     // the table to the timer while the replica runs.
     let (changes_tx, changes) = tokio::sync::mpsc::unbounded_channel();
-    let following = tokio::spawn(sync.run(changes_tx, config.schedule_resync, cancel.clone()));
-    let pruning = config.retention.map(|keep| {
+    let following = tokio::spawn(sync.run(changes_tx, engine.schedule_resync, cancel.clone()));
+    let pruning = engine.retention.map(|keep| {
         tokio::spawn(
             Retention::new(replica.ledger().clone(), keep)
-                .run(config.retention_interval, cancel.clone()),
+                .run(engine.retention_interval, cancel.clone()),
         )
     });
     let looping = replica.clone();

@@ -15,8 +15,8 @@ use belfry_ledger::{RunCursor, RunFilter, RunRecord, ScheduleRow};
 use super::html::{esc, page, table, url, when, Section};
 use crate::api::input::{PathParam, QueryParams};
 use crate::api::{ApiError, ApiState, Caller, Role};
-use crate::schedule_sync::{schedule_of_row, spec_of_row};
-use crate::zoned_cron::CronCache;
+use belfry_scheduler::schedule_sync::{schedule_of_row, spec_of_row};
+use belfry_scheduler::zoned_cron::CronCache;
 
 /// Schedules per page.
 const SCHEDULE_PAGE: i64 = 100;
@@ -230,7 +230,7 @@ pub async fn schedules(
             let spec = spec_of_row(row);
             let (words, raw, zone, policies) = match &spec {
                 Ok(spec) => (
-                    crate::describe::describe(spec),
+                    belfry_scheduler::describe::describe(spec),
                     spec.cron
                         .clone()
                         .or_else(|| spec.every.clone().map(|e| format!("every = {e}")))
@@ -405,7 +405,7 @@ pub async fn schedule(
     let spec = spec_of_row(&row);
     let words = spec
         .as_ref()
-        .map(crate::describe::describe)
+        .map(belfry_scheduler::describe::describe)
         .unwrap_or_else(|e| format!("invalid: {e}"));
     let _ = write!(
         body,

@@ -1,9 +1,9 @@
 //! `belfry-scheduler`: configuration, logging and shutdown around
-//! [`belfry_scheduler::Replica`]; `belfry-scheduler preview ...` prints the
+//! [`belfry_server::service`] (a replica with its API and web view); `belfry-scheduler preview ...` prints the
 //! next fire instants of an expression ([`belfry_scheduler::preview`]).
 
 use belfry_runtime::{init_telemetry, shutdown_token, Settings};
-use belfry_scheduler::SchedulerConfig;
+use belfry_server::ServerConfig;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -33,8 +33,12 @@ async fn main() {
 async fn run() -> anyhow::Result<()> {
     // First: from here on SIGTERM is a graceful stop, even during start-up.
     let cancel = shutdown_token();
-    let config = SchedulerConfig::from_settings(&Settings::from_env())?;
-    let telemetry = init_telemetry("belfry-scheduler", &config.instance, config.log_format)?;
+    let config = ServerConfig::from_settings(&Settings::from_env())?;
+    let telemetry = init_telemetry(
+        "belfry-scheduler",
+        &config.scheduler.instance,
+        config.scheduler.log_format,
+    )?;
     tracing::info!(
         ?config,
         exporting_traces = telemetry.exporting(),
@@ -46,8 +50,8 @@ async fn run() -> anyhow::Result<()> {
     served
 }
 
-async fn serve(config: &SchedulerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
-    belfry_scheduler::service::start(config, cancel)
+async fn serve(config: &ServerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    belfry_server::service::start(config, cancel)
         .await?
         .wait()
         .await;

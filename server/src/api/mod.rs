@@ -2,7 +2,7 @@
 //! schedules, runs, manual triggers, backfills and ad-hoc jobs, without SQL.
 //!
 //! Resources live under `/v1/`; `/healthz`, `/readyz` and `/openapi.json`
-//! sit beside them (the OpenAPI document is `scheduler/openapi.json`,
+//! sit beside them (the OpenAPI document is `server/openapi.json`,
 //! compiled in). Every replica can answer every request: all state is in
 //! the ledger, and a change reaches every replica's timer through the
 //! `schedules` table's notifications. Errors share one shape
@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use belfry_dispatch::Client;
 
-use crate::replica::Replica;
 pub use auth::{Caller, Role, Tokens};
+use belfry_scheduler::replica::Replica;
 pub use error::ApiError;
 
 /// The OpenAPI 3 document describing this API.

@@ -1,5 +1,5 @@
 //! Real crashes at the scheduler's most dangerous point, through failpoints
-//! (built with `--features belfry-scheduler/failpoints`, as `scripts/test`
+//! (built with `--features belfry-server/failpoints`, as `scripts/test`
 //! does): a replica killed between claiming a fire and publishing it loses
 //! nothing — another replica's reconciler publishes the fire with the same
 //! message id.

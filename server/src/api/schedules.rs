@@ -25,9 +25,9 @@ use belfry_protocol::{validate_name, ScheduleSpec};
 use super::error::ApiError;
 use super::input::{self, PathParam, QueryParams};
 use super::{audit, ApiState, Caller};
-use crate::replica::FireOutcome;
-use crate::schedule::Schedule;
-use crate::schedule_sync::{schedule_of_row, spec_of_row};
+use belfry_scheduler::replica::FireOutcome;
+use belfry_scheduler::schedule::Schedule;
+use belfry_scheduler::schedule_sync::{schedule_of_row, spec_of_row};
 
 /// Most fire instants one backfill request may cover.
 pub const MAX_BACKFILL: usize = 10_000;
@@ -292,12 +292,14 @@ pub async fn resume(
 }
 
 fn compiled(row: &ScheduleRow) -> Result<Schedule, ApiError> {
-    schedule_of_row(row, &mut crate::zoned_cron::CronCache::default()).map_err(|message| {
-        ApiError::conflict(format!(
-            "the stored definition of {:?} is not valid ({message}); fix it with PUT first",
-            row.name
-        ))
-    })
+    schedule_of_row(row, &mut belfry_scheduler::zoned_cron::CronCache::default()).map_err(
+        |message| {
+            ApiError::conflict(format!(
+                "the stored definition of {:?} is not valid ({message}); fix it with PUT first",
+                row.name
+            ))
+        },
+    )
 }
 
 #[derive(Deserialize, Default)]
@@ -503,7 +505,10 @@ pub(crate) async fn run_backfill(
     let schedule = std::sync::Arc::new(compiled(&row)?);
     let instants = instants_between(&schedule, from, to)?;
     let total = instants.len();
-    if schedule.overlap == crate::schedule::OverlapPolicy::Forbid && instants.len() > 1 && !force {
+    if schedule.overlap == belfry_scheduler::schedule::OverlapPolicy::Forbid
+        && instants.len() > 1
+        && !force
+    {
         return Err(ApiError::conflict(format!(
             "{name:?} forbids overlap, and a backfill of {} instants would run them side by side; \
              send \"force\": true to run them anyway, or backfill one instant at a time",

@@ -1,0 +1,111 @@
+//! What a replica remembers about fires it could not make, until it can
+//! act on them: fires it could not claim (for their misfire policy), fires
+//! it lost at the lock (to check the winner recorded them), and spans of
+//! fires a policy skipped (to record them once the ledger answers). Each
+//! memory is bounded; the oldest entries go first.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::Replica;
+use crate::claim::FireSource;
+use crate::counters::FireCounters;
+use crate::schedule::Schedule;
+use crate::timer::Skipped;
+use crate::SchedulerError;
+
+/// Most missed fires remembered for recovery.
+pub(super) const MAX_REMEMBERED_MISSES: usize = 100_000;
+
+impl Replica {
+    /// Counts fires skipped by misfire policies and queues their spans for
+    /// the ledger (see [`Replica::record_skipped_once`]), so no skipped
+    /// instant is silently absent.
+    pub(super) fn count_skipped(&self, skipped: &[Skipped]) {
+        let mut pending = self.pending_skips.lock().unwrap_or_else(|p| p.into_inner());
+        for s in skipped {
+            FireCounters::add(&self.counters.misfires_skipped, s.count);
+            tracing::warn!(schedule = %s.schedule.name, skipped = s.count, policy = ?s.schedule.misfire,
+                "missed fires skipped by the misfire policy");
+            if let Some((after, until)) = s.span {
+                pending.push_back(belfry_ledger::SkippedRange {
+                    job_name: s.schedule.name.clone(),
+                    after,
+                    until,
+                    skipped: s.count,
+                    reason: format!(
+                        "skipped by misfire policy {:?}: missed (no replica could claim them in time)",
+                        s.schedule.misfire
+                    ),
+                    recorded_by: self.instance.clone(),
+                });
+            }
+        }
+        while pending.len() > MAX_REMEMBERED_MISSES {
+            pending.pop_front();
+        }
+    }
+
+    /// Records the queued spans of skipped fires in the ledger; returns how
+    /// many. They stay queued when the ledger cannot be reached.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
+    pub async fn record_skipped_once(&self) -> Result<usize, SchedulerError> {
+        let taken: Vec<belfry_ledger::SkippedRange> = {
+            let mut pending = self.pending_skips.lock().unwrap_or_else(|p| p.into_inner());
+            pending.drain(..).collect()
+        };
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        let mut written = 0;
+        for chunk in taken.chunks(1000) {
+            if let Err(e) = self.ledger.record_skipped_ranges(chunk).await {
+                // What was not written goes back in front, in its order.
+                let mut pending = self.pending_skips.lock().unwrap_or_else(|p| p.into_inner());
+                for r in taken[written..].iter().rev() {
+                    pending.push_front(r.clone());
+                }
+                return Err(e.into());
+            }
+            written += chunk.len();
+        }
+        Ok(taken.len())
+    }
+
+    /// Remembers a fire that could not be claimed, for its misfire policy;
+    /// a backfilled instant is not a miss (the operator learns it failed
+    /// and backfills again).
+    pub(super) fn remember_missed_from(
+        &self,
+        source: FireSource,
+        schedule: &Arc<Schedule>,
+        at: DateTime<Utc>,
+    ) {
+        if source != FireSource::Backfill {
+            self.remember_missed(schedule, at);
+        }
+    }
+
+    pub(super) fn remember_missed(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {
+        let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded: a very long outage keeps the latest instants (the
+        // policies only ever need those) and counts the rest as skipped.
+        if missed.len() >= MAX_REMEMBERED_MISSES {
+            missed.pop_front();
+            FireCounters::add(&self.counters.misfires_skipped, 1);
+        }
+        missed.push_back((schedule.clone(), at));
+    }
+
+    pub(super) fn remember_lock_loss(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {
+        let mut losses = self.lock_losses.lock().unwrap_or_else(|p| p.into_inner());
+        if losses.len() >= MAX_REMEMBERED_MISSES {
+            losses.pop_front();
+        }
+        losses.push_back((schedule.clone(), at, std::time::Instant::now()));
+    }
+}

@@ -1,0 +1,368 @@
+//! A scheduler replica: the timer loop that claims and dispatches fires.
+//!
+//! [`Replica::start`] wires the real services from a [`SchedulerConfig`];
+//! [`Replica::tick_once`] drives one step with an explicit instant (tests);
+//! [`Replica::run`] is the loop a `belfry-scheduler` process runs until its
+//! shutdown token is cancelled.
+//!
+//! One concern a file:
+//!
+//! - this file: the replica, its settings, and its wiring to the services;
+//! - [`fire_path`]: a fire (or a batch of them) from claim to dispatch, and
+//!   the operator's manual trigger and backfill, which go the same way;
+//! - [`missed_fires`]: what this replica remembers about fires it could not
+//!   make (missed, lost at the lock, skipped by a policy) until it can act;
+//! - [`recovery`]: the misfire policies applied to missed fires, fires lost
+//!   at the lock and runs that stopped moving;
+//! - [`late_claims`]: the pass over fires claimed on time but never
+//!   published, which the misfire policies decide before the outbox does;
+//! - [`run_loop`]: the loop a process runs, and its background loops.
+
+mod fire_path;
+mod late_claims;
+mod missed_fires;
+mod recovery;
+mod run_loop;
+
+pub use late_claims::{LateClaimPass, DEFAULT_LATE_CLAIM_PAGE};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use belfry_broker::Broker;
+use belfry_ledger::Ledger;
+use belfry_protocol::Topology;
+
+use belfry_dispatch::{Dispatcher, Reconciler};
+
+use crate::claim::Claimer;
+use crate::clock_guard::ClockGuard;
+use crate::counters::FireCounters;
+use crate::lock::ClaimLock;
+use crate::schedule::Schedule;
+use crate::schedule_sync::ScheduleSync;
+use crate::{schedule_file, SchedulerConfig, SchedulerError};
+
+/// What happened to one fire on this replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FireOutcome {
+    /// This replica won and the broker confirmed the message.
+    Dispatched {
+        /// The run's id.
+        id: Uuid,
+    },
+    /// Another replica owns the fire.
+    Lost,
+    /// This replica won but no worker group serves the job type; the run is
+    /// `dead`.
+    Unroutable {
+        /// The run's id.
+        id: Uuid,
+    },
+    /// This replica won but the publish was not confirmed; the run stays
+    /// `claimed`.
+    NotConfirmed {
+        /// The run's id.
+        id: Uuid,
+        /// Why.
+        reason: String,
+    },
+    /// The fire was not claimed here on purpose (overlap, clock skew).
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// The fire could not be claimed (ledger unreachable).
+    ClaimFailed {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl FireOutcome {
+    /// A short name for spans and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FireOutcome::Dispatched { .. } => "dispatched",
+            FireOutcome::Lost => "lost",
+            FireOutcome::Unroutable { .. } => "unroutable",
+            FireOutcome::NotConfirmed { .. } => "not_confirmed",
+            FireOutcome::Skipped { .. } => "skipped",
+            FireOutcome::ClaimFailed { .. } => "claim_failed",
+        }
+    }
+}
+
+/// A fire lost at the lock: the schedule, its instant, when it was lost.
+type LockLoss = (Arc<Schedule>, DateTime<Utc>, std::time::Instant);
+
+/// Default bound on fires in flight.
+pub const DEFAULT_MAX_INFLIGHT: usize = 1024;
+/// Default largest batch.
+pub const DEFAULT_MAX_BATCH: usize = 256;
+
+/// Timing settings of a replica.
+#[derive(Debug, Clone)]
+pub struct ReplicaTiming {
+    /// Fires claimed and published concurrently.
+    pub max_inflight: usize,
+    /// Most fires claimed and published as one batch (fires due at the
+    /// same moment; see [`Replica::fire_batch`]).
+    pub max_batch: usize,
+    /// How long in-flight fires may finish after shutdown.
+    pub shutdown_timeout: Duration,
+    /// A claimed run not confirmed by then is republished by the reconciler.
+    pub confirm_grace: Duration,
+    /// How often the reconciler looks at the outbox.
+    pub reconcile_interval: Duration,
+    /// Lateness within which a fire is on time (misfire policies).
+    pub misfire_threshold: Duration,
+    /// Clock skew beyond which this replica stops claiming.
+    pub max_clock_skew: Duration,
+    /// How often the clock is compared with the database's.
+    pub clock_check_interval: Duration,
+    /// A run with no progress for this long is reported stuck.
+    pub stuck_after: Duration,
+    /// Late claims read per page by the late-claim pass (see
+    /// [`Replica::skip_late_claims_once`]); values below the largest
+    /// `catch_up` `max` of the schedules can keep fewer fires than it says.
+    pub late_claim_page: usize,
+}
+
+impl Default for ReplicaTiming {
+    fn default() -> Self {
+        Self {
+            max_inflight: DEFAULT_MAX_INFLIGHT,
+            max_batch: DEFAULT_MAX_BATCH,
+            shutdown_timeout: Duration::from_secs(30),
+            confirm_grace: Duration::from_secs(30),
+            reconcile_interval: Duration::from_secs(1),
+            misfire_threshold: crate::timer::DEFAULT_MISFIRE_THRESHOLD,
+            max_clock_skew: Duration::from_secs(2),
+            clock_check_interval: Duration::from_secs(10),
+            stuck_after: Duration::from_secs(3600),
+            late_claim_page: DEFAULT_LATE_CLAIM_PAGE,
+        }
+    }
+}
+
+/// One scheduler replica.
+#[derive(Debug)]
+pub struct Replica {
+    instance: String,
+    claimer: Claimer,
+    dispatcher: Arc<Dispatcher>,
+    reconciler: Reconciler,
+    counters: Arc<FireCounters>,
+    timing: ReplicaTiming,
+    broker: Broker,
+    ledger: Ledger,
+    guard: ClockGuard,
+    missed: std::sync::Mutex<std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)>>,
+    lock_losses: std::sync::Mutex<std::collections::VecDeque<LockLoss>>,
+    /// Spans of fires skipped by misfire policies, not yet recorded in the
+    /// ledger (it may be unreachable when they are decided).
+    pending_skips: std::sync::Mutex<std::collections::VecDeque<belfry_ledger::SkippedRange>>,
+}
+
+impl Replica {
+    /// Connects to the services of `config`, applies migrations, declares
+    /// the broker topology, loads the schedule file and stores its
+    /// schedules. Returns the replica and its schedules.
+    ///
+    /// A `sqlite:` `DATABASE_URL` runs the replica on the embedded database
+    /// and its job queue (`AMQP_URL` is not used, and no lock is needed:
+    /// one process owns the file).
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError`] naming the service (URL masked), file or schedule
+    /// that is wrong.
+    pub async fn start(
+        config: &SchedulerConfig,
+    ) -> Result<(Self, ScheduleSync, Vec<Arc<Schedule>>), SchedulerError> {
+        let topology = Topology::new(&config.namespace)?;
+        let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
+        let broker = Broker::for_ledger(
+            &ledger,
+            &config.amqp_url,
+            topology,
+            &format!("belfry-scheduler {}", config.instance),
+        )
+        .await?;
+        Self::start_on(config, ledger, broker).await
+    }
+
+    /// [`Replica::start`] on a ledger and broker the caller opened (the
+    /// embedded single-process mode shares one database between the
+    /// scheduler and the worker). `config`'s service URLs are not used;
+    /// the Redis lock is only taken on a distributed ledger.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError`] naming the file or schedule that is wrong, or the
+    /// service operation that failed.
+    pub async fn start_on(
+        config: &SchedulerConfig,
+        ledger: Ledger,
+        broker: Broker,
+    ) -> Result<(Self, ScheduleSync, Vec<Arc<Schedule>>), SchedulerError> {
+        let topology = broker.topology().clone();
+        let specs = schedule_file::load(&config.schedules_path)?;
+        ledger.migrate().await?;
+        // The file is synced into the table (rows that did not change are
+        // left alone, so replicas starting together do not wake each other);
+        // the table is what every replica runs.
+        let now = chrono::Utc::now();
+        // Everything is checked before anything is stored: one bad schedule
+        // refuses the file and leaves the stored ones untouched.
+        let stored: std::collections::HashSet<String> = ledger
+            .schedule_versions()
+            .await?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        let mut rows = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            let known = stored.contains(&spec.name);
+            if known && spec.after.is_some() {
+                // "after" was turned into an instant when first stored;
+                // storing it again would move the run.
+                continue;
+            }
+            // New: a one-shot instant must still be ahead.
+            rows.push(Schedule::storable_row(spec, now, !known)?);
+        }
+        for row in &rows {
+            ledger.upsert_schedule(row).await?;
+        }
+        if config.prune_schedules {
+            let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+            for gone in ledger.delete_schedules_except(&names).await? {
+                tracing::info!(schedule = %gone, "deleted: not in the schedule file (BELFRY_SCHEDULES_PRUNE)");
+            }
+        }
+        let mut sync = ScheduleSync::new(ledger.clone());
+        let schedules = sync.load_all().await?;
+        broker.declare_core().await?;
+        // One process owns an embedded database: there is nobody to race.
+        let redis_url = config.redis_url.as_ref().filter(|_| !ledger.is_embedded());
+        let lock = match redis_url {
+            Some(url) => match ClaimLock::new(url, topology, &config.instance, config.lock_ttl) {
+                Ok(lock) => Some(lock),
+                Err(e) => {
+                    tracing::warn!(error = %e, "REDIS_URL unusable; claiming through the database only");
+                    None
+                }
+            },
+            None => None,
+        };
+        let replica = Self::new(
+            &config.instance,
+            lock,
+            ledger,
+            broker,
+            config.timing.clone(),
+        );
+        Ok((replica, sync, schedules))
+    }
+
+    /// A replica from already connected parts.
+    pub fn new(
+        instance: &str,
+        lock: Option<ClaimLock>,
+        ledger: Ledger,
+        broker: Broker,
+        timing: ReplicaTiming,
+    ) -> Self {
+        let counters = Arc::new(FireCounters::default());
+        let dispatcher = Arc::new(Dispatcher::new(broker.clone(), ledger.clone()));
+        Self {
+            instance: instance.to_owned(),
+            claimer: Claimer::new(
+                lock,
+                ledger.clone(),
+                instance,
+                counters.clone(),
+                timing.confirm_grace,
+            ),
+            // The lease outlives a publish (10 s confirm timeout) with room.
+            reconciler: Reconciler::new(
+                ledger.clone(),
+                dispatcher.clone(),
+                Duration::from_secs(30),
+                500,
+            ),
+            ledger,
+            guard: ClockGuard::new(timing.max_clock_skew),
+            missed: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            lock_losses: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            pending_skips: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            dispatcher,
+            counters,
+            timing: ReplicaTiming {
+                max_inflight: timing.max_inflight.max(1),
+                // A batch holds one permit per fire, so it can never need
+                // more permits than exist.
+                max_batch: timing.max_batch.clamp(1, timing.max_inflight.max(1)),
+                ..timing
+            },
+            broker,
+        }
+    }
+
+    /// The clock-skew guard of this replica (tests drive it one check at a
+    /// time).
+    pub fn clock_guard(&self) -> &ClockGuard {
+        &self.guard
+    }
+
+    /// The outbox reconciler of this replica (tests drive it one pass at a
+    /// time).
+    pub fn reconciler(&self) -> &Reconciler {
+        &self.reconciler
+    }
+
+    /// This replica's instance name.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The ledger this replica claims in.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The broker connection this replica publishes on.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Whether each service answers now, for readiness: Postgres, RabbitMQ,
+    /// and Redis (`None` when no lock is configured).
+    pub async fn service_health(&self) -> (bool, bool, Option<bool>) {
+        let redis = async {
+            match self.claimer.lock() {
+                Some(lock) => Some(lock.ping().await),
+                None => None,
+            }
+        };
+        tokio::join!(self.ledger.ping(), self.broker.is_connected(), redis)
+    }
+
+    /// This replica's counters.
+    pub fn counters(&self) -> &Arc<FireCounters> {
+        &self.counters
+    }
+
+    /// This replica's Prometheus metrics (see [`FireCounters`]), for
+    /// `belfry_runtime::metrics_server::serve` (feature `metrics-server`).
+    pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(self.counters.clone()));
+        registry
+    }
+}

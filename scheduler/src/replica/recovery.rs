@@ -1,0 +1,285 @@
+//! Recovery: the misfire policies applied to fires missed while no replica
+//! ran (at start, and when a schedule is resumed or changed), to fires this
+//! replica could not claim, and to fires lost at the lock whose winner never
+//! recorded them; and the report of runs that stopped moving.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::missed_fires::MAX_REMEMBERED_MISSES;
+use super::{FireOutcome, Replica};
+use crate::claim::FireSource;
+use crate::counters::FireCounters;
+use crate::misfire::DueInstants;
+use crate::schedule::Schedule;
+use crate::timer::Skipped;
+use crate::SchedulerError;
+
+/// What a misfire decision's due instants are (see [`Replica::decide`]).
+#[derive(Debug, Clone, Copy)]
+enum DueSpan<'a> {
+    /// Every instant of the schedule in `(after, until]`.
+    Between(DateTime<Utc>, DateTime<Utc>),
+    /// Exactly these instants (sorted).
+    Listed(&'a [DateTime<Utc>]),
+}
+
+/// The runs of consecutive instants (by the schedule's timetable) among
+/// `instants` (sorted) that are not in `fired`: `(first, last, count)`.
+fn consecutive_runs(
+    schedule: &Schedule,
+    instants: &[DateTime<Utc>],
+    fired: &[DateTime<Utc>],
+) -> Vec<(DateTime<Utc>, DateTime<Utc>, u64)> {
+    let mut runs: Vec<(DateTime<Utc>, DateTime<Utc>, u64)> = Vec::new();
+    for at in instants.iter().filter(|at| !fired.contains(at)) {
+        match runs.last_mut() {
+            Some((_, last, count)) if schedule.next_after(*last) == Some(*at) => {
+                *last = *at;
+                *count += 1;
+            }
+            _ => runs.push((*at, *at, 1)),
+        }
+    }
+    runs
+}
+
+impl Replica {
+    /// Reports runs that stopped moving (see
+    /// [`belfry_ledger::Ledger::mark_stuck`]): an error log line and a
+    /// counter for each, and a `stuck: ...` reason in `job_runs`. Returns
+    /// how many were found.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
+    pub async fn report_stuck_once(&self) -> Result<usize, SchedulerError> {
+        let stuck = self
+            .ledger
+            .mark_stuck(self.timing.stuck_after, 1_000)
+            .await?;
+        for (run_key, status, reason) in &stuck {
+            FireCounters::add(&self.counters.stuck_runs, 1);
+            tracing::error!(%run_key, %status, %reason, "run is stuck");
+        }
+        Ok(stuck.len())
+    }
+
+    /// Checks the fires this replica lost at the Redis lock at least
+    /// `after` ago: any that no replica recorded in the ledger (the lock
+    /// holder died between the lock and the insert) is treated as missed
+    /// and goes through the misfire policy, claimed through the ledger
+    /// alone. Returns how many were missing.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be read (the
+    /// entries are kept for the next pass).
+    pub async fn verify_lock_losses_once(&self, after: Duration) -> Result<usize, SchedulerError> {
+        let ready: Vec<(Arc<Schedule>, DateTime<Utc>)> = {
+            let mut losses = self.lock_losses.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ready = Vec::new();
+            while losses
+                .front()
+                .is_some_and(|(_, _, when)| when.elapsed() >= after)
+            {
+                if let Some((s, at, _)) = losses.pop_front() {
+                    ready.push((s, at));
+                }
+            }
+            ready
+        };
+        if ready.is_empty() {
+            return Ok(0);
+        }
+        // Pairs are built together so a fire and its key can never drift apart
+        // (a run key always builds for a validated schedule name).
+        let ready: Vec<(Arc<Schedule>, DateTime<Utc>, String)> = ready
+            .into_iter()
+            .filter_map(|(s, at)| {
+                belfry_protocol::run_key(&s.name, at)
+                    .ok()
+                    .map(|k| (s, at, k))
+            })
+            .collect();
+        let keys: Vec<(String, String)> = ready
+            .iter()
+            .map(|(s, _, k)| (s.name.clone(), k.clone()))
+            .collect();
+        let recorded = match self.ledger.recorded_keys(&keys).await {
+            Ok(r) => r,
+            Err(e) => {
+                let mut losses = self.lock_losses.lock().unwrap_or_else(|p| p.into_inner());
+                for (s, at, _) in ready {
+                    losses.push_front((s, at, std::time::Instant::now()));
+                }
+                return Err(e.into());
+            }
+        };
+        let mut missing = 0;
+        for (schedule, at, key) in &ready {
+            if !recorded.contains(key) {
+                missing += 1;
+                tracing::warn!(run_key = %key, "a fire lost at the lock was never recorded (its holder died?); recovering it");
+                self.remember_missed(schedule, *at);
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Applies each schedule's misfire policy to the fires this replica
+    /// could not claim (ledger down, clock skewed), once claiming works
+    /// again; returns the outcomes of the fires it made.
+    pub async fn recover_missed_once(&self, now: DateTime<Utc>) -> Vec<FireOutcome> {
+        let taken: std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)> = {
+            let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
+            if missed.is_empty() {
+                return Vec::new();
+            }
+            std::mem::take(&mut *missed)
+        };
+        if !self.guard.allows_claims() || !self.ledger.ping().await {
+            // Still unable to claim: keep them for the next pass.
+            let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
+            missed.extend(taken);
+            while missed.len() > MAX_REMEMBERED_MISSES {
+                missed.pop_front();
+                FireCounters::add(&self.counters.misfires_skipped, 1);
+            }
+            return Vec::new();
+        }
+        let mut by_schedule: std::collections::BTreeMap<
+            String,
+            (Arc<Schedule>, Vec<DateTime<Utc>>),
+        > = Default::default();
+        for (schedule, at) in taken {
+            by_schedule
+                .entry(schedule.name.clone())
+                .or_insert_with(|| (schedule.clone(), Vec::new()))
+                .1
+                .push(at);
+        }
+        let mut fires = Vec::new();
+        for (_, (schedule, mut instants)) in by_schedule {
+            instants.sort_unstable();
+            instants.dedup();
+            let due = DueInstants {
+                total: u64::try_from(instants.len()).unwrap_or(u64::MAX),
+                latest: instants,
+            };
+            fires.extend(self.decide(&schedule, &due, now, DueSpan::Listed(&due.latest)));
+        }
+        let outcomes = self.fire_recovered(fires).await;
+        if let Err(e) = self.record_skipped_once().await {
+            tracing::warn!(error = %e, "cannot record skipped fires yet; retrying");
+        }
+        outcomes
+    }
+
+    /// Applies each schedule's misfire policy to the fires missed while no
+    /// replica was running: the instants between the schedule's latest run
+    /// in the ledger and `now`. Every replica does this at start; the claim
+    /// path makes each recovered fire happen once.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be read.
+    pub async fn recover_after_downtime(
+        &self,
+        schedules: &[Arc<Schedule>],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<FireOutcome>, SchedulerError> {
+        let names: Vec<String> = schedules.iter().map(|s| s.name.clone()).collect();
+        let last = self.ledger.last_fires(&names).await?;
+        let mut fires = Vec::new();
+        for schedule in schedules {
+            // Never ran: only a one-shot whose instant passed has a miss.
+            let from = match last.get(&schedule.name) {
+                Some(last) => *last,
+                None => match schedule.first_instant() {
+                    Some(at) => at - chrono::Duration::seconds(1),
+                    None => continue,
+                },
+            };
+            // Lateness counts from each fire's wake-up, as in the timer.
+            let until = now - schedule.jitter_offset;
+            let due = crate::misfire::due_between(schedule, from, until, schedule.misfire.keep());
+            if due.total > 0 {
+                fires.extend(self.decide(schedule, &due, now, DueSpan::Between(from, until)));
+            }
+        }
+        let outcomes = self.fire_recovered(fires).await;
+        self.record_skipped_once().await?;
+        Ok(outcomes)
+    }
+
+    /// The fires `schedule`'s misfire policy keeps of `due`, judged at
+    /// `now`. Lateness counts from each fire's wake-up (its instant plus the
+    /// schedule's jitter), as in the timer and the late-claim pass, so a
+    /// jittered fire recovered soon after its wake-up is on time.
+    ///
+    /// `span` is what the due instants are: every instant of the schedule
+    /// in `(after, until]`, or exactly the listed ones; the skipped ones are
+    /// recorded as spans either way.
+    fn decide(
+        &self,
+        schedule: &Arc<Schedule>,
+        due: &DueInstants,
+        now: DateTime<Utc>,
+        span: DueSpan<'_>,
+    ) -> Vec<(Arc<Schedule>, DateTime<Utc>)> {
+        let decision = schedule.misfire.decide(
+            due,
+            now - schedule.jitter_offset,
+            self.timing.misfire_threshold,
+        );
+        if decision.skipped > 0 {
+            let skipped: Vec<Skipped> = match span {
+                DueSpan::Between(after, until) => vec![Skipped {
+                    schedule: schedule.clone(),
+                    count: decision.skipped,
+                    span: decision.skipped_span(after, until),
+                }],
+                // Listed instants need not be consecutive (others were
+                // claimed meanwhile): one span per run of consecutive
+                // skipped instants, so no span covers an instant nobody
+                // decided on.
+                DueSpan::Listed(instants) => consecutive_runs(schedule, instants, &decision.fire)
+                    .into_iter()
+                    .map(|(first, last, count)| Skipped {
+                        schedule: schedule.clone(),
+                        count,
+                        span: Some((first - chrono::Duration::seconds(1), last)),
+                    })
+                    .collect(),
+            };
+            self.count_skipped(&skipped);
+        }
+        decision
+            .fire
+            .into_iter()
+            .map(|at| (schedule.clone(), at))
+            .collect()
+    }
+
+    async fn fire_recovered(&self, fires: Vec<(Arc<Schedule>, DateTime<Utc>)>) -> Vec<FireOutcome> {
+        if !fires.is_empty() {
+            tracing::info!(
+                fires = fires.len(),
+                "firing missed fires kept by the misfire policies"
+            );
+            FireCounters::add(
+                &self.counters.misfires_recovered,
+                u64::try_from(fires.len()).unwrap_or(u64::MAX),
+            );
+        }
+        let mut outcomes = Vec::with_capacity(fires.len());
+        // One batch at a time, each as large as the timer's.
+        for chunk in fires.chunks(self.timing.max_batch) {
+            outcomes.extend(self.fire_batch(chunk, FireSource::Recovery).await);
+        }
+        outcomes
+    }
+}

@@ -1,0 +1,265 @@
+//! The loop a `belfry-scheduler` process runs: the timer loop that fires
+//! what is due in batches under a bound on fires in flight, with its
+//! background loops (late claims then outbox, the clock guard, recovery)
+//! as named functions, and the drain at shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use belfry_runtime::SharedClock;
+
+use super::Replica;
+use crate::claim::FireSource;
+use crate::counters::FireCounters;
+use crate::schedule::Schedule;
+use crate::schedule_sync::ScheduleChange;
+use crate::timer::Timer;
+
+/// How often fires this replica could not claim are looked at again.
+const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
+/// How long after losing a fire at the lock this replica checks that the
+/// winner recorded it: far longer than a claim takes.
+const LOCK_LOSS_CHECK_AFTER: Duration = Duration::from_secs(5);
+
+impl Replica {
+    /// Applies one schedule change to `timer`.
+    pub fn apply_change(
+        self: &Arc<Self>,
+        timer: &mut Timer,
+        change: ScheduleChange,
+        now: DateTime<Utc>,
+    ) {
+        match change {
+            ScheduleChange::Upsert(schedule) => {
+                let changed = timer.upsert(schedule.clone(), now);
+                tracing::info!(schedule = %schedule.name, changed, "schedule added, resumed or changed");
+                if changed {
+                    // A changed definition continues from now: its new
+                    // instants before now were never due.
+                    return;
+                }
+                // Fires missed while it was paused or absent follow its
+                // misfire policy (nothing happens when it ran recently).
+                let this = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = this.recover_after_downtime(&[schedule], now).await {
+                        tracing::warn!(error = %e, "misfire recovery for a changed schedule failed");
+                    }
+                });
+            }
+            ScheduleChange::Remove(name) => {
+                if timer.remove(&name) {
+                    tracing::info!(schedule = %name, "schedule removed or paused");
+                }
+            }
+        }
+    }
+
+    /// Runs the timer loop and the outbox reconciler until `cancel`,
+    /// reading time from `clock`.
+    ///
+    /// On cancellation it stops firing, then waits up to the shutdown
+    /// timeout for in-flight claims and publishes to finish.
+    pub async fn run(self: Arc<Self>, timer: Timer, clock: SharedClock, cancel: CancellationToken) {
+        // No schedule changes arrive: the sender is kept (not dropped) so
+        // the receiver never reports closed.
+        let (_keep, changes) = mpsc::unbounded_channel();
+        self.run_with_changes(timer, clock, cancel, changes).await;
+    }
+
+    /// [`Replica::run`], also applying schedule changes from `changes`
+    /// (see [`crate::schedule_sync`]) to the timer as they arrive. A
+    /// changed or resumed schedule first goes through misfire recovery for
+    /// the fires it missed while paused or absent.
+    pub async fn run_with_changes(
+        self: Arc<Self>,
+        mut timer: Timer,
+        clock: SharedClock,
+        cancel: CancellationToken,
+        mut changes: mpsc::UnboundedReceiver<ScheduleChange>,
+    ) {
+        // The clock is checked once before anything is claimed (first
+        // tick, misfire recovery), so a replica started with a wrong clock
+        // claims nothing early (or late) while the guard's loop has not run
+        // yet. A failed check keeps claims allowed: the loop retries, and
+        // run keys cannot collide anyway.
+        if let Err(e) = self.guard.check_once(&self.ledger, &clock).await {
+            tracing::warn!(error = %e, "first clock check failed; the guard retries");
+        }
+        let reconciling = tokio::spawn(self.clone().reconcile_loop(clock.clone(), cancel.clone()));
+        let guarding = {
+            let this = self.clone();
+            let (clock, cancel) = (clock.clone(), cancel.clone());
+            tokio::spawn(async move {
+                this.guard
+                    .run(
+                        &this.ledger,
+                        &clock,
+                        this.timing.clock_check_interval,
+                        cancel,
+                    )
+                    .await
+            })
+        };
+        let recovering = tokio::spawn(self.clone().recovery_loop(
+            timer.schedules(),
+            clock.clone(),
+            cancel.clone(),
+        ));
+        let mut inflight = JoinSet::new();
+        tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
+        self.timer_loop(&mut timer, &clock, &cancel, &mut changes, &mut inflight)
+            .await;
+        self.drain(inflight).await;
+        let _ = reconciling.await;
+        let _ = guarding.await;
+        let _ = recovering.await;
+        self.broker.close().await;
+        tracing::info!(instance = %self.instance, "scheduler replica stopped");
+    }
+
+    /// Fires what `timer` has due, in batches, until `cancel`; applies
+    /// schedule changes between fires. Fires go into `inflight`, bounded by
+    /// `max_inflight` permits (one per fire).
+    async fn timer_loop(
+        self: &Arc<Self>,
+        timer: &mut Timer,
+        clock: &SharedClock,
+        cancel: &CancellationToken,
+        changes: &mut mpsc::UnboundedReceiver<ScheduleChange>,
+        inflight: &mut JoinSet<Vec<super::FireOutcome>>,
+    ) {
+        let permits = Arc::new(Semaphore::new(self.timing.max_inflight));
+        loop {
+            while inflight.try_join_next().is_some() {}
+            let change = tokio::select! {
+                // Biased towards shutdown: once cancelled, no new fire is
+                // claimed even if one is due at the same moment. Due fires
+                // come before schedule changes, so a burst of changes cannot
+                // delay them; a change is applied between fires.
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = timer.wait(clock) => None,
+                change = changes.recv() => change,
+            };
+            // What is due is handed off before a change is applied, so a
+            // change arriving just as its schedule is due does not lose
+            // that fire.
+            let due = timer.due(clock.now());
+            self.count_skipped(&due.skipped);
+            let due_fires: Vec<(Arc<Schedule>, DateTime<Utc>)> =
+                due.fires.into_iter().map(|f| (f.schedule, f.at)).collect();
+            for batch in due_fires.chunks(self.timing.max_batch) {
+                // Everything due now goes out in batches (a lone fire is a
+                // batch of one, sent at once). Waiting for permits (one per
+                // fire) bounds in-flight fires; the timer catches up
+                // afterwards because instants come from the schedule, not
+                // from when this loop gets to them. Shutdown ends the wait:
+                // fires not yet started are not claimed.
+                let wanted = u32::try_from(batch.len()).unwrap_or(u32::MAX);
+                let permit = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    p = permits.clone().acquire_many_owned(wanted) => match p { Ok(p) => p, Err(_) => return },
+                };
+                let this = self.clone();
+                let batch = batch.to_vec();
+                inflight.spawn(async move {
+                    let _permit = permit;
+                    this.fire_batch(&batch, FireSource::Timer).await
+                });
+            }
+            if let Some(change) = change {
+                self.apply_change(timer, change, clock.now());
+            }
+        }
+    }
+
+    /// Waits up to the shutdown timeout for in-flight claims and publishes;
+    /// what is left stays claimed for the reconciler.
+    async fn drain(&self, mut inflight: JoinSet<Vec<super::FireOutcome>>) {
+        let pending = inflight.len();
+        tracing::info!(
+            pending,
+            "stopping: finishing in-flight claims and publishes"
+        );
+        let drained = tokio::time::timeout(self.timing.shutdown_timeout, async {
+            while inflight.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                left = inflight.len(),
+                "shutdown deadline passed; unfinished fires stay claimed for the reconciler"
+            );
+            inflight.abort_all();
+        }
+    }
+
+    /// Until `cancel`: misfire policies for late unpublished fires first,
+    /// then the outbox, so the reconciler never publishes a fire the policy
+    /// skips. A pass reads every late claim and always ends, so the outbox
+    /// runs after every pass, whatever the backlog; a full outbox page is
+    /// followed by the next at once.
+    async fn reconcile_loop(self: Arc<Self>, clock: SharedClock, cancel: CancellationToken) {
+        loop {
+            if let Err(e) = self.skip_late_claims_once(clock.now()).await {
+                tracing::warn!(error = %e, "late-claim pass failed; retrying");
+            }
+            let full = match self.reconciler.reconcile_once().await {
+                Ok(report) => {
+                    FireCounters::add(&self.counters.republished, report.republished as u64);
+                    report.more
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox pass failed; retrying");
+                    false
+                }
+            };
+            if full && !cancel.is_cancelled() {
+                continue;
+            }
+            // Either wakes the loop; a cancel between passes ends it.
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.timing.reconcile_interval) => {}
+            }
+        }
+    }
+
+    /// Fires missed while every replica was down, then, every few seconds
+    /// until `cancel`: stuck runs, fires lost at the lock, fires this
+    /// replica could not claim, and spans the timer skipped.
+    async fn recovery_loop(
+        self: Arc<Self>,
+        schedules: Vec<Arc<Schedule>>,
+        clock: SharedClock,
+        cancel: CancellationToken,
+    ) {
+        if let Err(e) = self.recover_after_downtime(&schedules, clock.now()).await {
+            tracing::error!(error = %e, "misfire recovery after downtime failed; those fires are not made");
+        }
+        loop {
+            // Either wakes the loop; a cancel between passes ends it.
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(RECOVERY_INTERVAL) => {}
+            }
+            if let Err(e) = self.report_stuck_once().await {
+                tracing::warn!(error = %e, "cannot look for stuck runs; retrying");
+            }
+            if let Err(e) = self.verify_lock_losses_once(LOCK_LOSS_CHECK_AFTER).await {
+                tracing::warn!(error = %e, "cannot check fires lost at the lock; retrying");
+            }
+            self.recover_missed_once(clock.now()).await;
+            if let Err(e) = self.record_skipped_once().await {
+                tracing::warn!(error = %e, "cannot record skipped fires yet; retrying");
+            }
+        }
+    }
+}
