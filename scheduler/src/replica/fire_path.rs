@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use belfry_dispatch::DispatchOutcome;
 
-use super::{FireOutcome, Replica};
+use super::{FireOutcome, Replica, SkipReason};
 use crate::claim::{ClaimOutcome, FireSource};
 use crate::counters::FireCounters;
 use crate::schedule::Schedule;
@@ -74,10 +74,9 @@ impl Replica {
             FireCounters::add(&self.counters.skipped_clock_skew, 1);
             self.remember_missed_from(source, schedule, at);
             return FireOutcome::Skipped {
-                reason: format!(
-                    "clock skew {} ms beyond the threshold",
-                    self.guard.last_skew_ms()
-                ),
+                reason: SkipReason::ClockSkew {
+                    skew_ms: self.guard.last_skew_ms(),
+                },
             };
         }
         let claimed = self.claimer.claim_from(schedule, at, source).await;
@@ -96,7 +95,7 @@ impl Replica {
             Ok(ClaimOutcome::LostAtLedger) => return FireOutcome::Lost,
             Ok(ClaimOutcome::Overlapped) => {
                 return FireOutcome::Skipped {
-                    reason: "overlap: the previous run is not finished".into(),
+                    reason: SkipReason::Overlap,
                 }
             }
             Err(e) => {
@@ -181,18 +180,15 @@ impl Replica {
         fire_spans: &[tracing::Span],
     ) -> Vec<FireOutcome> {
         if !self.guard.allows_claims() {
-            let reason = format!(
-                "clock skew {} ms beyond the threshold",
-                self.guard.last_skew_ms()
-            );
+            let reason = SkipReason::ClockSkew {
+                skew_ms: self.guard.last_skew_ms(),
+            };
             return fires
                 .iter()
                 .map(|(schedule, at)| {
                     FireCounters::add(&self.counters.skipped_clock_skew, 1);
                     self.remember_missed_from(source, schedule, *at);
-                    FireOutcome::Skipped {
-                        reason: reason.clone(),
-                    }
+                    FireOutcome::Skipped { reason }
                 })
                 .collect();
         }
@@ -223,7 +219,7 @@ impl Replica {
                 }
                 Ok(ClaimOutcome::LostAtLedger) => Some(FireOutcome::Lost),
                 Ok(ClaimOutcome::Overlapped) => Some(FireOutcome::Skipped {
-                    reason: "overlap: the previous run is not finished".into(),
+                    reason: SkipReason::Overlap,
                 }),
                 Err(reason) => {
                     FireCounters::add(&self.counters.claim_errors, 1);
@@ -337,10 +333,9 @@ impl Replica {
         let outcome = async {
             if !self.guard.allows_claims() {
                 return FireOutcome::Skipped {
-                    reason: format!(
-                        "clock skew {} ms beyond the threshold; this replica does not claim",
-                        self.guard.last_skew_ms()
-                    ),
+                    reason: SkipReason::ClockSkew {
+                        skew_ms: self.guard.last_skew_ms(),
+                    },
                 };
             }
             match self.claimer.claim_manual(schedule, force).await {
@@ -349,8 +344,7 @@ impl Replica {
                         .await
                 }
                 Ok(ClaimOutcome::Overlapped) => FireOutcome::Skipped {
-                    reason: "overlap: the previous run is not finished (force to run anyway)"
-                        .into(),
+                    reason: SkipReason::Overlap,
                 },
                 Ok(ClaimOutcome::LostAtLock | ClaimOutcome::LostAtLedger) => FireOutcome::Lost,
                 Err(e) => {

@@ -73,13 +73,38 @@ pub enum FireOutcome {
     /// The fire was not claimed here on purpose (overlap, clock skew).
     Skipped {
         /// Why.
-        reason: String,
+        reason: SkipReason,
     },
     /// The fire could not be claimed (ledger unreachable).
     ClaimFailed {
         /// Why.
         reason: String,
     },
+}
+
+/// Why a fire was not claimed on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// The schedule forbids overlap and its previous run is not finished.
+    Overlap,
+    /// This replica's clock differs from the database's by more than the
+    /// threshold, so it claims nothing (another replica does).
+    ClockSkew {
+        /// The last measured difference.
+        skew_ms: i64,
+    },
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SkipReason::Overlap => f.write_str("overlap: the previous run is not finished"),
+            SkipReason::ClockSkew { skew_ms } => write!(
+                f,
+                "clock skew {skew_ms} ms beyond the threshold; this replica does not claim"
+            ),
+        }
+    }
 }
 
 impl FireOutcome {

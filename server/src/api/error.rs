@@ -124,6 +124,33 @@ impl From<belfry_ledger::LedgerError> for ApiError {
     }
 }
 
+impl From<belfry_scheduler::OpsError> for ApiError {
+    fn from(e: belfry_scheduler::OpsError) -> Self {
+        use belfry_scheduler::OpsError;
+        match e {
+            OpsError::BadName(n) => Self::bad_request(n.to_string()).field("name"),
+            OpsError::NotFound { .. } => Self::not_found(e.to_string()),
+            OpsError::Exists { ref name } => Self::conflict(format!(
+                "{e}; replace it with PUT /v1/schedules/{name}"
+            ))
+            .field("name"),
+            OpsError::StoredInvalid { .. } => Self::conflict(e.to_string()),
+            OpsError::Overlap { ref name } => Self::conflict(format!(
+                "{name:?} forbids overlap and its previous run is not finished; send {{\"force\": true}} to run anyway"
+            )),
+            OpsError::BackfillOverlap { name, instants } => Self::conflict(format!(
+                "{name:?} forbids overlap, and a backfill of {instants} instants would run them \
+                 side by side; send \"force\": true to run them anyway, or backfill one instant \
+                 at a time"
+            )),
+            OpsError::Invalid { field, message } => Self::invalid(field, message),
+            OpsError::Schedule(e) => e.into(),
+            OpsError::NotClaimed { .. } => Self::unavailable(e.to_string()),
+            OpsError::Ledger(e) => e.into(),
+        }
+    }
+}
+
 impl From<belfry_scheduler::schedule::ScheduleError> for ApiError {
     fn from(e: belfry_scheduler::schedule::ScheduleError) -> Self {
         let field = e.field;

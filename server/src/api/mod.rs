@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use belfry_dispatch::Client;
 
 pub use auth::{Caller, Role, Tokens};
+use belfry_scheduler::ops::Ops;
 use belfry_scheduler::replica::Replica;
 pub use error::ApiError;
 
@@ -40,10 +41,9 @@ pub struct ApiState {
 }
 
 struct Inner {
-    replica: Arc<Replica>,
+    ops: Ops,
     client: Client,
     tokens: Tokens,
-    retention: Option<std::time::Duration>,
     trace_ui: Option<String>,
 }
 
@@ -57,10 +57,9 @@ impl ApiState {
         );
         Self {
             inner: Arc::new(Inner {
-                replica,
+                ops: Ops::new(replica),
                 client,
                 tokens,
-                retention: None,
                 trace_ui: None,
             }),
         }
@@ -71,13 +70,14 @@ impl ApiState {
     /// there may have been pruned and would run again.
     pub fn with_retention(mut self, retention: Option<std::time::Duration>) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.retention = retention;
+            inner.ops = inner.ops.clone().with_retention(retention);
         }
         self
     }
 
-    pub(crate) fn retention(&self) -> Option<std::time::Duration> {
-        self.inner.retention
+    /// The operator actions the handlers (and the web view) call.
+    pub(crate) fn ops(&self) -> &Ops {
+        &self.inner.ops
     }
 
     /// Links trace ids in the web view to a trace UI: `template` with
@@ -95,11 +95,11 @@ impl ApiState {
     }
 
     pub(crate) fn replica(&self) -> &Arc<Replica> {
-        &self.inner.replica
+        self.inner.ops.replica()
     }
 
     pub(crate) fn ledger(&self) -> &belfry_ledger::Ledger {
-        self.inner.replica.ledger()
+        self.replica().ledger()
     }
 
     pub(crate) fn client(&self) -> &Client {
@@ -211,8 +211,8 @@ pub async fn serve(
     Ok(bound)
 }
 
-/// One audit log line for a change: who (the token's name), what (the
-/// action), which schedule (or ad-hoc job name), and details.
+/// One audit log line for a change by `caller` (see
+/// [`belfry_scheduler::ops::audit`]).
 pub fn audit(caller: &Caller, action: &str, schedule: &str, detail: &str) {
-    tracing::info!(target: "belfry::audit", who = %caller.name, action, schedule, detail, "audit");
+    belfry_scheduler::ops::audit(&caller.name, action, schedule, detail);
 }

@@ -15,22 +15,18 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use chrono::{DateTime, Duration, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use belfry_ledger::ScheduleRow;
 use belfry_protocol::{validate_name, ScheduleSpec};
 
+use belfry_scheduler::ops::{Backfilled, OpsError, Triggered};
+use belfry_scheduler::schedule_sync::spec_of_row;
+
 use super::error::ApiError;
 use super::input::{self, PathParam, QueryParams};
-use super::{audit, ApiState, Caller};
-use belfry_scheduler::replica::FireOutcome;
-use belfry_scheduler::schedule::Schedule;
-use belfry_scheduler::schedule_sync::{schedule_of_row, spec_of_row};
-
-/// Most fire instants one backfill request may cover.
-pub const MAX_BACKFILL: usize = 10_000;
+use super::{ApiState, Caller};
 /// Most instants a preview returns.
 pub const MAX_PREVIEW: u32 = 100;
 /// Largest page of the schedule list.
@@ -58,31 +54,6 @@ pub fn view(row: &ScheduleRow) -> Value {
 pub(crate) fn checked_name(name: &str) -> Result<(), ApiError> {
     validate_name("schedule name", name)
         .map_err(|e| ApiError::bad_request(e.to_string()).field("name"))
-}
-
-/// The stored schedule `name`.
-///
-/// # Errors
-///
-/// 400 for a name outside the naming rule, 404 when there is none, 503
-/// when the ledger cannot answer.
-pub(crate) async fn stored(state: &ApiState, name: &str) -> Result<ScheduleRow, ApiError> {
-    checked_name(name)?;
-    state
-        .ledger()
-        .schedule(name)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no schedule named {name:?}")))
-}
-
-/// The schedule as stored after a change; if it cannot be read back, what
-/// was written (`written`): the change is made, so the answer must not be
-/// an error inviting a retry.
-async fn reread(state: &ApiState, name: &str, written: Value) -> Value {
-    match state.ledger().schedule(name).await {
-        Ok(Some(row)) => view(&row),
-        Ok(None) | Err(_) => written,
-    }
 }
 
 /// Reads a schedule body: the definition and an optional `paused`.
@@ -155,26 +126,11 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let bytes = input::body_bytes(body)?;
     let (spec, paused) = schedule_input(&bytes, None)?;
-    let mut row = Schedule::storable_row(&spec, Utc::now(), true)?;
-    row.paused = paused.unwrap_or(false);
-    if !state.ledger().insert_schedule(&row).await? {
-        return Err(ApiError::conflict(format!(
-            "a schedule named {:?} exists; replace it with PUT /v1/schedules/{}",
-            spec.name, spec.name
-        ))
-        .field("name"));
-    }
-    audit(
-        &caller,
-        "schedule.create",
-        &spec.name,
-        if row.paused { "paused" } else { "" },
-    );
-    Ok((
-        StatusCode::CREATED,
-        Json(reread(&state, &spec.name, view(&row)).await),
-    )
-        .into_response())
+    let row = state
+        .ops()
+        .create(&caller.name, &spec, paused.unwrap_or(false))
+        .await?;
+    Ok((StatusCode::CREATED, Json(view(&row))).into_response())
 }
 
 /// `GET /v1/schedules/{name}`.
@@ -182,7 +138,7 @@ pub async fn get_one(
     State(state): State<ApiState>,
     PathParam(name): PathParam,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(view(&stored(&state, &name).await?)))
+    Ok(Json(view(&state.ops().schedule(&name).await?)))
 }
 
 /// `PUT /v1/schedules/{name}`: replaces the definition of an existing
@@ -196,24 +152,13 @@ pub async fn replace(
     checked_name(&name)?;
     let bytes = input::body_bytes(body)?;
     let (spec, paused) = schedule_input(&bytes, Some(&name))?;
-    let current = state.ledger().schedule(&name).await?.ok_or_else(|| {
-        ApiError::not_found(format!(
-            "no schedule named {name:?}; create it with POST /v1/schedules"
-        ))
-    })?;
-    // A one-shot whose instant passed (it fired) can still be edited; only
-    // a new instant must be ahead.
-    let moved = spec.after.is_some() || spec_of_row(&current).map_or(true, |old| old.at != spec.at);
-    let row = Schedule::storable_row(&spec, Utc::now(), moved)?;
-    if !state.ledger().replace_schedule(&row, paused).await? {
-        return Err(ApiError::not_found(format!(
-            "no schedule named {name:?}; create it with POST /v1/schedules"
-        )));
+    match state.ops().replace(&caller.name, &spec, paused).await {
+        Ok(row) => Ok(Json(view(&row))),
+        Err(e @ OpsError::NotFound { .. }) => Err(ApiError::not_found(format!(
+            "{e}; create it with POST /v1/schedules"
+        ))),
+        Err(e) => Err(e.into()),
     }
-    audit(&caller, "schedule.replace", &name, "");
-    let mut written = row;
-    written.paused = paused.unwrap_or(current.paused);
-    Ok(Json(reread(&state, &name, view(&written)).await))
 }
 
 /// `DELETE /v1/schedules/{name}`: its runs stay in `job_runs`.
@@ -222,11 +167,7 @@ pub async fn delete(
     Extension(caller): Extension<Caller>,
     PathParam(name): PathParam,
 ) -> Result<StatusCode, ApiError> {
-    checked_name(&name)?;
-    if !state.ledger().delete_schedule(&name).await? {
-        return Err(ApiError::not_found(format!("no schedule named {name:?}")));
-    }
-    audit(&caller, "schedule.delete", &name, "");
+    state.ops().delete(&caller.name, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -236,40 +177,14 @@ async fn set_paused(
     name: &str,
     paused: bool,
 ) -> Result<Json<Value>, ApiError> {
-    run_set_paused(state, caller, name, paused, "").await?;
-    Ok(Json(
-        reread(state, name, json!({ "name": name, "paused": paused })).await,
-    ))
-}
-
-/// Pauses or resumes `name` on behalf of `caller` (the API's and the web
-/// view's), with its audit line.
-///
-/// # Errors
-///
-/// 400 bad name, 404 no such schedule, 503 the ledger cannot answer.
-pub(crate) async fn run_set_paused(
-    state: &ApiState,
-    caller: &Caller,
-    name: &str,
-    paused: bool,
-    detail: &str,
-) -> Result<(), ApiError> {
-    checked_name(name)?;
-    if !state.ledger().set_paused(name, paused).await? {
-        return Err(ApiError::not_found(format!("no schedule named {name:?}")));
-    }
-    audit(
-        caller,
-        if paused {
-            "schedule.pause"
-        } else {
-            "schedule.resume"
-        },
-        name,
-        detail,
-    );
-    Ok(())
+    let row = state
+        .ops()
+        .set_paused(&caller.name, name, paused, "")
+        .await?;
+    Ok(Json(row.as_ref().map_or_else(
+        || json!({ "name": name, "paused": paused }),
+        view,
+    )))
 }
 
 /// `POST /v1/schedules/{name}/pause`: no more fires until resumed.
@@ -291,17 +206,6 @@ pub async fn resume(
     set_paused(&state, &caller, &name, false).await
 }
 
-fn compiled(row: &ScheduleRow) -> Result<Schedule, ApiError> {
-    schedule_of_row(row, &mut belfry_scheduler::zoned_cron::CronCache::default()).map_err(
-        |message| {
-            ApiError::conflict(format!(
-                "the stored definition of {:?} is not valid ({message}); fix it with PUT first",
-                row.name
-            ))
-        },
-    )
-}
-
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct TriggerRequest {
@@ -309,15 +213,16 @@ struct TriggerRequest {
     force: bool,
 }
 
-/// What a trigger did.
-#[derive(Serialize)]
-pub(crate) struct Triggered {
-    pub(crate) outcome: &'static str,
-    pub(crate) run_id: uuid::Uuid,
-    pub(crate) run_key: Option<String>,
-    pub(crate) status: Option<String>,
-    pub(crate) trace_id: Option<String>,
-    pub(crate) message: Option<String>,
+/// The API's answer to a trigger.
+pub(crate) fn triggered_view(t: &Triggered) -> Value {
+    json!({
+        "outcome": t.outcome.label(),
+        "run_id": t.run_id,
+        "run_key": t.run.as_ref().map(|r| r.run_key.clone()),
+        "status": t.run.as_ref().map(|r| r.status_text.clone()),
+        "trace_id": t.run.as_ref().and_then(|r| r.trace_id.clone()),
+        "message": t.note,
+    })
 }
 
 /// `POST /v1/schedules/{name}/trigger` (`{"force": false}`): runs the
@@ -332,62 +237,11 @@ pub async fn trigger(
     checked_name(&name)?;
     let bytes = input::body_bytes(body)?;
     let request: TriggerRequest = input::typed(Value::Object(input::json_object(&bytes)?))?;
-    let body = run_trigger(&state, &caller, &name, request.force).await?;
-    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
-}
-
-/// Triggers `name` now on behalf of `caller` (the API's and the web view's
-/// "run now").
-///
-/// # Errors
-///
-/// 404 no such schedule, 409 overlap forbids it (or the stored definition
-/// is invalid), 503 the run could not be claimed.
-pub(crate) async fn run_trigger(
-    state: &ApiState,
-    caller: &Caller,
-    name: &str,
-    force: bool,
-) -> Result<Triggered, ApiError> {
-    let row = stored(state, name).await?;
-    let schedule = compiled(&row)?;
-    let outcome = state.replica().trigger(&schedule, force).await;
-    let (id, message) = match &outcome {
-        FireOutcome::Dispatched { id } => (*id, None),
-        FireOutcome::Unroutable { id } => (
-            *id,
-            Some(format!("no worker group serves job type {:?}; the run is dead", schedule.job_type)),
-        ),
-        FireOutcome::NotConfirmed { id, reason } => (
-            *id,
-            Some(format!("not yet confirmed by the broker ({reason}); the outbox publishes it")),
-        ),
-        FireOutcome::Skipped { reason } if reason.starts_with("overlap") => {
-            return Err(ApiError::conflict(format!(
-                "{name:?} forbids overlap and its previous run is not finished; send {{\"force\": true}} to run anyway"
-            )))
-        }
-        FireOutcome::Skipped { reason } | FireOutcome::ClaimFailed { reason } => {
-            return Err(ApiError::unavailable(format!("the run could not be claimed: {reason}; retry")))
-        }
-        FireOutcome::Lost => return Err(ApiError::unavailable("the run could not be claimed; retry")),
-    };
-    audit(
-        caller,
-        "schedule.trigger",
-        name,
-        &format!("run {id}{}", if force { " (forced)" } else { "" }),
-    );
-    // The run exists either way: a failed read-back only leaves fields empty.
-    let run = state.ledger().run(id).await.ok().flatten();
-    Ok(Triggered {
-        outcome: outcome.label(),
-        run_id: id,
-        run_key: run.as_ref().map(|r| r.run_key.clone()),
-        status: run.as_ref().map(|r| r.status_text.clone()),
-        trace_id: run.and_then(|r| r.trace_id),
-        message,
-    })
+    let done = state
+        .ops()
+        .trigger(&caller.name, &name, request.force)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(triggered_view(&done))).into_response())
 }
 
 #[derive(Deserialize)]
@@ -397,36 +251,6 @@ struct BackfillRequest {
     to: String,
     #[serde(default)]
     force: bool,
-}
-
-/// The fire instants of `schedule` in `[from, to)`.
-///
-/// # Errors
-///
-/// 422 when there are more than [`MAX_BACKFILL`].
-pub fn instants_between(
-    schedule: &Schedule,
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-) -> Result<Vec<DateTime<Utc>>, ApiError> {
-    let mut out = Vec::new();
-    // `next_after` is strict: start a second early so `from` itself counts.
-    let mut t = from - Duration::seconds(1);
-    while let Some(next) = schedule.next_after(t).filter(|n| *n < to) {
-        if next >= from {
-            if out.len() == MAX_BACKFILL {
-                return Err(ApiError::invalid(
-                    "to",
-                    format!(
-                        "the range holds more than {MAX_BACKFILL} fire instants; backfill it in smaller ranges"
-                    ),
-                ));
-            }
-            out.push(next);
-        }
-        t = next;
-    }
-    Ok(out)
 }
 
 /// `POST /v1/schedules/{name}/backfill` (`{"from": ..., "to": ...}`): every
@@ -441,25 +265,25 @@ pub async fn backfill(
     checked_name(&name)?;
     let bytes = input::body_bytes(body)?;
     let request: BackfillRequest = input::typed(Value::Object(input::json_object(&bytes)?))?;
-    Ok(Json(
-        run_backfill(
-            &state,
-            &caller,
-            &name,
-            &request.from,
-            &request.to,
-            request.force,
-        )
-        .await?,
-    ))
+    let done = run_backfill(
+        &state,
+        &caller,
+        &name,
+        &request.from,
+        &request.to,
+        request.force,
+    )
+    .await?;
+    Ok(Json(backfilled_view(&name, &done)))
 }
 
-/// Backfills `[from, to)` of `name` on behalf of `caller` (the API's and
-/// the web view's backfill), with every check of the API.
+/// Backfills `[from, to)` of `name` on behalf of `caller` from the
+/// request's texts (the API's and the web view's backfill).
 ///
 /// # Errors
 ///
-/// 404 no such schedule, 409 overlap without force, 422 a bad range.
+/// 422 for an instant that does not parse, and every error of
+/// [`belfry_scheduler::Ops::backfill`].
 pub(crate) async fn run_backfill(
     state: &ApiState,
     caller: &Caller,
@@ -467,94 +291,42 @@ pub(crate) async fn run_backfill(
     from: &str,
     to: &str,
     force: bool,
-) -> Result<Value, ApiError> {
-    let row = stored(state, name).await?;
+) -> Result<Backfilled, ApiError> {
+    checked_name(name)?;
     let body_instant = |field: &str, raw: &str| {
         input::instant(field, raw).map_err(|e| ApiError::invalid(field, e.message))
     };
     let from = body_instant("from", from)?;
     let to = body_instant("to", to)?;
-    if from >= to {
-        return Err(ApiError::invalid(
-            "to",
-            "to must be after from; the range is [from, to)",
-        ));
-    }
-    let now = Utc::now();
-    if to > now {
-        return Err(ApiError::invalid(
-            "to",
-            format!("to ({to}) is in the future; backfill covers past fires, later ones run on schedule"),
-        ));
-    }
-    if let Some(keep) = state.retention() {
-        let horizon = chrono::Duration::from_std(keep)
-            .ok()
-            .and_then(|keep| now.checked_sub_signed(keep));
-        if horizon.is_some_and(|h| from < h) {
-            return Err(ApiError::invalid(
-                "from",
-                format!(
-                    "from ({from}) is older than the run retention ({}): runs there may have been \
-                     pruned, so fires that ran would run again",
-                    humantime::format_duration(keep)
-                ),
-            ));
-        }
-    }
-    let schedule = std::sync::Arc::new(compiled(&row)?);
-    let instants = instants_between(&schedule, from, to)?;
-    let total = instants.len();
-    if schedule.overlap == belfry_scheduler::schedule::OverlapPolicy::Forbid
-        && instants.len() > 1
-        && !force
-    {
-        return Err(ApiError::conflict(format!(
-            "{name:?} forbids overlap, and a backfill of {} instants would run them side by side; \
-             send \"force\": true to run them anyway, or backfill one instant at a time",
-            instants.len()
-        )));
-    }
-    audit(
-        caller,
-        "schedule.backfill",
-        name,
-        &format!(
-            "[{from}, {to}): {} instants{}",
-            instants.len(),
-            if force { " (forced)" } else { "" }
-        ),
-    );
-    // Its own task: a client that disconnects does not cut a backfill off
-    // halfway (what it claimed would stay claimed for the outbox anyway).
-    let replica = state.replica().clone();
-    let outcomes = tokio::spawn(async move { replica.backfill(&schedule, &instants, force).await })
-        .await
-        .map_err(|e| ApiError::unavailable(format!("the backfill stopped: {e}")))?;
-    let mut counts = std::collections::BTreeMap::<&str, u64>::new();
-    let fires: Vec<Value> = outcomes
-        .iter()
-        .map(|(at, outcome)| {
-            let label = match outcome {
-                FireOutcome::Lost => "already_ran",
-                FireOutcome::ClaimFailed { .. } => "failed",
-                other => other.label(),
-            };
-            *counts.entry(label).or_default() += 1;
-            json!({ "scheduled_at": at, "outcome": label })
-        })
+    Ok(state
+        .ops()
+        .backfill(&caller.name, name, from, to, force)
+        .await?)
+}
+
+/// The API's answer to a backfill.
+pub(crate) fn backfilled_view(name: &str, done: &Backfilled) -> Value {
+    let counts: std::collections::BTreeMap<&str, u64> = done
+        .counts()
+        .into_iter()
+        .map(|(outcome, n)| (outcome.label(), n))
         .collect();
-    Ok(json!({
+    let fires: Vec<Value> = done
+        .fires
+        .iter()
+        .map(|(at, outcome)| json!({ "scheduled_at": at, "outcome": outcome.label() }))
+        .collect();
+    json!({
         "schedule": name,
-        "from": from,
-        "to": to,
-        "instants": total,
+        "from": done.from,
+        "to": done.to,
+        "instants": done.fires.len(),
         // dispatched, already_ran, skipped (overlap), not_confirmed (the
         // outbox publishes it), unroutable (no worker group: dead), failed
         // (not claimed: the ledger was unreachable; backfill again).
         "counts": counts,
         "fires": fires,
-    }))
+    })
 }
 
 /// `GET /v1/schedules/{name}/preview?count=N`: the next N fire instants
@@ -566,9 +338,7 @@ pub async fn preview(
 ) -> Result<Json<Value>, ApiError> {
     let q = QueryParams::parse(query.as_deref(), &["count"])?;
     let count = q.number("count", 10, 1, MAX_PREVIEW)?;
-    let row = stored(&state, &name).await?;
-    let schedule = compiled(&row)?;
-    let next = schedule.upcoming(Utc::now(), count as usize);
+    let (row, next) = state.ops().preview(&name, count as usize).await?;
     Ok(Json(json!({
         "schedule": name,
         "paused": row.paused,

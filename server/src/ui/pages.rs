@@ -478,33 +478,35 @@ pub async fn act(
         crate::api::schedules::checked_name(&name)?;
         match action.as_str() {
             "pause" | "resume" => {
-                crate::api::schedules::run_set_paused(
-                    &state,
-                    &caller,
-                    &name,
-                    action == "pause",
-                    "web view",
-                )
-                .await?;
+                state
+                    .ops()
+                    .set_paused(&caller.name, &name, action == "pause", "web view")
+                    .await?;
                 Ok(format!("{action}d"))
             }
             "trigger" => {
-                let t = crate::api::schedules::run_trigger(&state, &caller, &name, force).await?;
+                let t = state.ops().trigger(&caller.name, &name, force).await?;
                 Ok(format!(
                     "triggered: run {} ({})",
-                    t.run_key.unwrap_or_default(),
-                    t.outcome
+                    t.run.map(|r| r.run_key).unwrap_or_default(),
+                    t.outcome.label()
                 ))
             }
             "backfill" => {
                 let from = form.get("from").map(String::as_str).unwrap_or("");
                 let to = form.get("to").map(String::as_str).unwrap_or("");
-                let v =
+                let done =
                     crate::api::schedules::run_backfill(&state, &caller, &name, from, to, force)
                         .await?;
+                let counts: Vec<String> = done
+                    .counts()
+                    .into_iter()
+                    .map(|(outcome, n)| format!("{}: {n}", outcome.label()))
+                    .collect();
                 Ok(format!(
                     "backfilled {} instants: {}",
-                    v["instants"], v["counts"]
+                    done.fires.len(),
+                    counts.join(", ")
                 ))
             }
             other => Err(ApiError::not_found(format!("no action {other:?}"))),
