@@ -31,6 +31,7 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: delegates every call to the system allocator unchanged and only
 // adds bookkeeping on an atomic counter.
+#[allow(unsafe_code)] // `GlobalAlloc` is an unsafe trait; see bench/Cargo.toml.
 unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size(), Ordering::Relaxed);

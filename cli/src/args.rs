@@ -79,6 +79,7 @@ pub enum ScheduleCommand {
         /// Job type (with flags).
         #[arg(long, required_unless_present = "file")]
         job_type: Option<String>,
+        /// The schedule's other fields (flattened: each is its own flag).
         #[command(flatten)]
         fields: ScheduleFields,
         /// Create it paused.
@@ -92,6 +93,7 @@ pub enum ScheduleCommand {
         /// New job type.
         #[arg(long)]
         job_type: Option<String>,
+        /// The schedule's other fields (flattened: each is its own flag).
         #[command(flatten)]
         fields: ScheduleFields,
     },

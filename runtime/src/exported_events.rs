@@ -83,6 +83,7 @@ where
     // SAFETY (of the contract, no unsafe here): forwarding keeps the inner
     // layer reachable by downcast, which is how `OpenTelemetrySpanExt`
     // finds a span's OpenTelemetry context.
+    #[allow(unsafe_code)] // The trait's method is unsafe; see runtime/Cargo.toml.
     unsafe fn downcast_raw(&self, id: std::any::TypeId) -> Option<*const ()> {
         if id == std::any::TypeId::of::<Self>() {
             Some(self as *const Self as *const ())
