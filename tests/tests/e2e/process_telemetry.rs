@@ -103,11 +103,19 @@ async fn both_binaries_serve_metrics_and_export_one_trace_per_run() {
         "{text}"
     );
     assert!(!text.contains("belfry_publishes_total{result=\"confirmed\"} 0\n"));
-    let text = scrape(&worker_metrics).await;
-    assert!(
-        text.contains("belfry_jobs_total{job_type=\"noop\",outcome=\"succeeded\"}"),
-        "{text}"
-    );
+    // The worker counts a run after recording it in the ledger, so the
+    // counter may trail the row the test saw by a moment.
+    let succeeded = "belfry_jobs_total{job_type=\"noop\",outcome=\"succeeded\"}";
+    let counted = eventually(
+        "the worker to count the run",
+        Duration::from_secs(10),
+        || async {
+            let text = scrape(&worker_metrics).await;
+            text.contains(succeeded).then_some(text)
+        },
+    )
+    .await;
+    assert!(counted.contains(succeeded), "{counted}");
 
     // SIGTERM: both exit 0 after flushing their spans.
     assert!(terminate(scheduler).await.success());

@@ -1,0 +1,27 @@
+//! belfry's end-to-end tests as one test binary: each module was its own
+//! binary once; one binary links once, which is most of what building the
+//! tests costs. Two stay apart: `fault_suite` (it restarts the machine's
+//! services, so it runs alone) and `traces` (it installs a global tracing
+//! subscriber, which would record every other test's spans).
+//!
+//! Run one module with `cargo test -p belfry-tests --test e2e api::`, one
+//! test with its full path, e.g. `exactly_once::three_replicas_two_workers_every_fire_runs_exactly_once`.
+
+mod api;
+mod api_operator_story;
+mod backlog;
+mod batched_dispatch;
+mod builtin_jobs;
+mod exactly_once;
+mod lease;
+mod metrics;
+mod poison_values;
+mod process_api;
+mod process_telemetry;
+mod publish_confirm;
+mod retention;
+mod schedule_engine;
+mod ui;
+mod ui_browser;
+mod worker_library;
+mod worker_outcomes;
