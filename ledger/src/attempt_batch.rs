@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use uuid::Uuid;
 
 use crate::runs::AttemptEntry;
+use crate::status::waiting_statuses;
 use crate::{Ledger, LedgerError, RunStatus};
 
 /// Most writes in one statement.
@@ -218,11 +219,11 @@ impl Ledger {
         // `end_batch` do), so concurrent batches wait instead of
         // deadlocking.
         let rows = sqlx::query(
-            "WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) \
+            concat!("WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) \
                         AS b(job_name, run_key, worker, lease)), \
                   locked AS ( \
                  SELECT j.id FROM job_runs j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
-                 WHERE j.status IN ('claimed', 'dispatched', 'retrying') \
+                 WHERE j.status IN ", waiting_statuses!(), " \
                     OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now())) \
                  ORDER BY j.id FOR UPDATE OF j) \
              UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
@@ -230,9 +231,9 @@ impl Ledger {
                  lease_until = now() + make_interval(secs => b.lease), updated_at = now() \
              FROM b, locked \
              WHERE j.id = locked.id AND j.job_name = b.job_name AND j.run_key = b.run_key \
-               AND (j.status IN ('claimed', 'dispatched', 'retrying') \
+               AND (j.status IN ", waiting_statuses!(), " \
                     OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()))) \
-             RETURNING j.job_name, j.run_key, j.id, j.attempts",
+             RETURNING j.job_name, j.run_key, j.id, j.attempts"),
         )
         .bind(&names)
         .bind(&keys)

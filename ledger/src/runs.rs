@@ -11,11 +11,11 @@ use uuid::Uuid;
 
 use belfry_protocol::{JobMessage, JobOptions, TraceContext, MESSAGE_VERSION};
 
+use crate::status::waiting_statuses;
 use crate::{Ledger, LedgerError, RunStatus};
 
-/// Statuses a worker may start an attempt from.
 /// Statuses of a run no worker is executing right now.
-const WAITING: &str = "('claimed', 'dispatched', 'retrying')";
+const WAITING: &str = waiting_statuses!();
 
 /// A run to claim: the row a scheduler replica tries to insert for a fire.
 #[derive(Debug, Clone)]
@@ -450,16 +450,18 @@ impl Ledger {
             }
         };
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let row = sqlx::query(
+        let row = sqlx::query(concat!(
             "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
                  started_at = COALESCE(started_at, now()), worker = $3, next_dispatch_at = NULL, \
                  lease_until = now() + make_interval(secs => $4::double precision / 1000), \
                  updated_at = now() \
              WHERE job_name = $1 AND run_key = $2 \
-               AND (status IN ('claimed', 'dispatched', 'retrying') \
+               AND (status IN ",
+            waiting_statuses!(),
+            " \
                     OR (status = 'running' AND (lease_until IS NULL OR lease_until < now()))) \
-             RETURNING id, attempts",
-        )
+             RETURNING id, attempts"
+        ))
         .bind(&message.job_name)
         .bind(&message.run_key)
         .bind(worker)

@@ -78,6 +78,16 @@ impl FromStr for RunStatus {
     }
 }
 
+/// The statuses of a run that waits for a worker (`claimed`, `dispatched`,
+/// `retrying`) as an SQL list, written once for both backends' statements.
+/// A macro, so `concat!` builds each statement at compile time.
+macro_rules! waiting_statuses {
+    () => {
+        "('claimed', 'dispatched', 'retrying')"
+    };
+}
+pub(crate) use waiting_statuses;
+
 #[cfg(test)]
 mod tests {
     use super::*;

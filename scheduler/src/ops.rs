@@ -19,7 +19,7 @@ use belfry_protocol::{validate_name, NameError, ScheduleSpec};
 
 use crate::replica::{FireOutcome, Replica, SkipReason};
 use crate::schedule::{OverlapPolicy, Schedule, ScheduleError};
-use crate::schedule_sync::{schedule_of_row, spec_of_row};
+use crate::schedule_sync::{schedule_of_row, spec_of_row, StoredScheduleError};
 use crate::zoned_cron::CronCache;
 
 /// Most fire instants one backfill may cover.
@@ -45,13 +45,13 @@ pub enum OpsError {
     },
     /// The stored definition cannot be compiled (edited by hand, say).
     #[error(
-        "the stored definition of {name:?} is not valid ({message}); fix it with a replace first"
+        "the stored definition of {name:?} is not valid ({source}); fix it with a replace first"
     )]
     StoredInvalid {
         /// The schedule.
         name: String,
         /// What is wrong with it.
-        message: String,
+        source: StoredScheduleError,
     },
     /// The schedule forbids overlap and its previous run is not finished
     /// (trigger without force).
@@ -341,9 +341,9 @@ impl Ops {
 
     /// The compiled definition of a stored schedule.
     fn compiled(row: &ScheduleRow) -> Result<Schedule, OpsError> {
-        schedule_of_row(row, &mut CronCache::default()).map_err(|message| OpsError::StoredInvalid {
+        schedule_of_row(row, &mut CronCache::default()).map_err(|source| OpsError::StoredInvalid {
             name: row.name.clone(),
-            message,
+            source,
         })
     }
 

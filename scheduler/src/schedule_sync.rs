@@ -178,16 +178,38 @@ impl ScheduleSync {
     }
 }
 
+/// Why a stored schedule row does not define a schedule (it was edited by
+/// hand, or written by a version with other rules).
+#[derive(Debug, thiserror::Error)]
+pub enum StoredScheduleError {
+    /// The `spec` column is not a schedule definition.
+    #[error("stored definition of {name:?} is unreadable: {source}")]
+    Unreadable {
+        /// The schedule.
+        name: String,
+        /// Why it does not decode.
+        source: serde_json::Error,
+    },
+    /// The definition decodes but breaks a rule.
+    #[error(transparent)]
+    Invalid(#[from] crate::schedule::ScheduleError),
+}
+
 /// The definition a stored row holds: its `spec` column, or (rows written
 /// before specs were stored) one rebuilt from the summary columns.
 ///
 /// # Errors
 ///
-/// A message when the stored `spec` is not a schedule definition.
-pub fn spec_of_row(row: &ScheduleRow) -> Result<ScheduleSpec, String> {
+/// [`StoredScheduleError::Unreadable`] when the stored `spec` is not a
+/// schedule definition.
+pub fn spec_of_row(row: &ScheduleRow) -> Result<ScheduleSpec, StoredScheduleError> {
     match row.spec.clone() {
-        Some(json) => serde_json::from_value::<ScheduleSpec>(json)
-            .map_err(|e| format!("stored definition of {:?} is unreadable: {e}", row.name)),
+        Some(json) => serde_json::from_value::<ScheduleSpec>(json).map_err(|source| {
+            StoredScheduleError::Unreadable {
+                name: row.name.clone(),
+                source,
+            }
+        }),
         None => Ok(spec_from_columns(row)),
     }
 }
@@ -196,11 +218,14 @@ pub fn spec_of_row(row: &ScheduleRow) -> Result<ScheduleSpec, String> {
 ///
 /// # Errors
 ///
-/// A message when the stored definition is unreadable or no longer valid
-/// (edited by hand).
-pub fn schedule_of_row(row: &ScheduleRow, cache: &mut CronCache) -> Result<Schedule, String> {
-    spec_of_row(row)
-        .and_then(|spec| Schedule::from_spec_cached(&spec, cache).map_err(|e| e.to_string()))
+/// [`StoredScheduleError`] when the stored definition is unreadable or no
+/// longer valid.
+pub fn schedule_of_row(
+    row: &ScheduleRow,
+    cache: &mut CronCache,
+) -> Result<Schedule, StoredScheduleError> {
+    let spec = spec_of_row(row)?;
+    Ok(Schedule::from_spec_cached(&spec, cache)?)
 }
 
 fn compile(row: ScheduleRow, cache: &mut CronCache) -> ScheduleChange {

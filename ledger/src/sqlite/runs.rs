@@ -16,6 +16,7 @@ use belfry_protocol::JobMessage;
 use super::{now, now_plus, ts, SqliteLedger};
 use crate::attempt_batch::{BeginRequest, EndRequest};
 use crate::runs::{options_json, AttemptEntry, NewRun, OnRunConflict, RunRecord, RUN_COLUMNS};
+use crate::status::waiting_statuses;
 use crate::{LedgerError, RunStatus};
 
 /// The insert of a claim; one row.
@@ -38,13 +39,17 @@ const MARK_DISPATCHED: &str = "UPDATE job_runs SET \
      RETURNING status";
 
 /// Starts an attempt of a startable run (see `Ledger::try_begin`).
-const BEGIN: &str = "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
+const BEGIN: &str = concat!(
+    "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
          started_at = COALESCE(started_at, ?4), worker = ?3, next_dispatch_at = NULL, \
          lease_until = ?5, updated_at = ?4 \
      WHERE job_name = ?1 AND run_key = ?2 \
-       AND (status IN ('claimed', 'dispatched', 'retrying') \
+       AND (status IN ",
+    waiting_statuses!(),
+    " \
             OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?4))) \
-     RETURNING id, attempts";
+     RETURNING id, attempts"
+);
 
 /// Ends the attempt that holds the run (see `Ledger::end_attempt`).
 const END: &str = "UPDATE job_runs SET status = ?2, last_error = ?3, \
@@ -150,11 +155,12 @@ impl SqliteLedger {
     }
 
     pub(crate) async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
-        let done = sqlx::query(
+        let done = sqlx::query(concat!(
             "UPDATE job_runs SET status = 'dead', last_error = ?2, finished_at = ?3, \
                  updated_at = ?3 \
-             WHERE id = ?1 AND status IN ('claimed', 'dispatched', 'retrying')",
-        )
+             WHERE id = ?1 AND status IN ",
+            waiting_statuses!()
+        ))
         .bind(id)
         .bind(reason)
         .bind(now())
@@ -215,9 +221,12 @@ impl SqliteLedger {
         let action = match on_conflict {
             OnRunConflict::Nothing => "DO NOTHING",
             OnRunConflict::MarkDead => {
-                "DO UPDATE SET status = 'dead', last_error = excluded.last_error, \
+                concat!(
+                    "DO UPDATE SET status = 'dead', last_error = excluded.last_error, \
                  finished_at = excluded.updated_at, updated_at = excluded.updated_at \
-                 WHERE job_runs.status IN ('claimed', 'dispatched', 'retrying')"
+                 WHERE job_runs.status IN ",
+                    waiting_statuses!()
+                )
             }
         };
         let at = now();

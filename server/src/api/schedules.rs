@@ -42,7 +42,7 @@ pub fn view(row: &ScheduleRow) -> Value {
             // and say why it does not fire.
             let mut map = serde_json::Map::new();
             map.insert("name".into(), json!(row.name));
-            map.insert("invalid".into(), json!(message));
+            map.insert("invalid".into(), json!(message.to_string()));
             map
         }
     };

@@ -62,7 +62,10 @@ fn status_strip(fires: &[(DateTime<Utc>, String)]) -> String {
     out
 }
 
-fn upcoming(row: &ScheduleRow, count: usize) -> Result<Vec<DateTime<Utc>>, String> {
+fn upcoming(
+    row: &ScheduleRow,
+    count: usize,
+) -> Result<Vec<DateTime<Utc>>, belfry_scheduler::schedule_sync::StoredScheduleError> {
     schedule_of_row(row, &mut CronCache::default()).map(|s| s.upcoming(Utc::now(), count))
 }
 
@@ -253,7 +256,7 @@ pub async fn schedules(
                         .collect::<Vec<_>>()
                         .join("<br>")
                 })
-                .unwrap_or_else(|e| esc(&e));
+                .unwrap_or_else(|e| esc(&e.to_string()));
             let strip = by_name.get(row.name.as_str()).map(|f| status_strip(f)).unwrap_or_default();
             format!(
                 "<tr><td><a href=\"/ui/schedules/{}\">{}</a><div class=\"muted\">{}</div></td>\
@@ -438,7 +441,7 @@ pub async fn schedule(
                 .map(|t| format!("<li>{}</li>", when(Some(*t))))
                 .collect::<String>()
         })
-        .unwrap_or_else(|e| format!("<li>{}</li>", esc(&e)));
+        .unwrap_or_else(|e| format!("<li>{}</li>", esc(&e.to_string())));
     let definition = spec
         .as_ref()
         .ok()
