@@ -1,0 +1,154 @@
+//! The pages and actions of the web view, a file per page family, and
+//! what they share: the page frame, error pages, run tables and paging.
+
+mod login;
+mod overview;
+mod runs;
+mod schedules;
+
+pub use login::{login, login_form, logout};
+pub use overview::overview;
+pub use runs::{run, runs};
+pub use schedules::{act, schedule, schedules};
+
+use std::fmt::Write as _;
+
+use axum::response::{Html, IntoResponse, Response};
+use chrono::{DateTime, Utc};
+
+use belfry_ledger::{RunCursor, RunFilter, RunRecord, ScheduleRow};
+
+use super::html::{esc, page, when, Section};
+use crate::api::{ApiError, ApiState, Caller};
+use belfry_scheduler::schedule_sync::schedule_of_row;
+use belfry_scheduler::zoned_cron::CronCache;
+
+/// Schedules per page.
+pub(super) const SCHEDULE_PAGE: i64 = 100;
+/// Runs per page.
+pub(super) const RUN_PAGE: i64 = 50;
+/// Fires in a schedule's strip.
+pub(super) const STRIP: i64 = 20;
+/// Hours of the overview's chart.
+pub(super) const CHART_HOURS: i64 = 3;
+
+pub(super) type PageResult = Result<Response, Response>;
+
+pub(super) fn error_page(e: ApiError) -> Response {
+    let body = format!(
+        "<h1>{}</h1><div class=\"error\">{}</div><p><a href=\"/ui\">back to the overview</a></p>",
+        esc(e.status.canonical_reason().unwrap_or("error")),
+        esc(&e.message)
+    );
+    (
+        e.status,
+        Html(page("error", Section::None, None, false, &body)),
+    )
+        .into_response()
+}
+
+pub(super) fn html(
+    title: &str,
+    section: Section,
+    caller: &Caller,
+    refresh: bool,
+    body: &str,
+) -> Response {
+    Html(page(title, section, Some(&caller.name), refresh, body)).into_response()
+}
+
+pub(super) fn status_strip(fires: &[(DateTime<Utc>, String)]) -> String {
+    let mut out = String::from("<span class=\"strip\">");
+    // Oldest on the left, newest on the right.
+    for (at, status) in fires.iter().rev() {
+        let _ = write!(
+            out,
+            "<span class=\"s-{}\" title=\"{} {}\"></span>",
+            esc(status),
+            esc(&at.format("%Y-%m-%d %H:%M:%S").to_string()),
+            esc(status)
+        );
+    }
+    out.push_str("</span>");
+    out
+}
+
+pub(super) fn upcoming(
+    row: &ScheduleRow,
+    count: usize,
+) -> Result<Vec<DateTime<Utc>>, belfry_scheduler::schedule_sync::StoredScheduleError> {
+    schedule_of_row(row, &mut CronCache::default()).map(|s| s.upcoming(Utc::now(), count))
+}
+
+pub(super) fn run_rows(runs: &[RunRecord]) -> Vec<String> {
+    runs.iter()
+        .map(|r| {
+            let lateness = r
+                .dispatched_at
+                .map(|d| format!("{} ms", (d - r.scheduled_at).num_milliseconds()))
+                .unwrap_or_else(|| "-".into());
+            format!(
+                "<tr><td><a href=\"/ui/runs/{}\">{}</a></td><td>{}</td><td><span class=\"badge s-{}\">{}</span></td>\
+                 <td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+                r.id,
+                esc(&r.run_key),
+                esc(&r.job_type),
+                esc(&r.status_text),
+                esc(&r.status_text),
+                when(Some(r.scheduled_at)),
+                lateness,
+                r.attempts,
+                esc(r.worker.as_deref().unwrap_or("-")),
+                esc(&shortened(r.last_error.as_deref().unwrap_or(""), 300))
+            )
+        })
+        .collect()
+}
+
+/// `text` cut to at most `max` characters (on a character boundary), with
+/// an ellipsis when cut: lists stay small; the run's page shows it whole.
+pub(super) fn shortened(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+pub(super) const RUN_HEADERS: [&str; 8] = [
+    "run",
+    "job type",
+    "status",
+    "scheduled (UTC)",
+    "lateness",
+    "attempts",
+    "worker",
+    "last error",
+];
+
+pub(super) fn cursor_of(raw: Option<&str>) -> Result<Option<RunCursor>, Box<Response>> {
+    raw.map(crate::api::runs::decode_cursor)
+        .transpose()
+        .map_err(|e| Box::new(error_page(e)))
+}
+
+/// One page of runs matching `filter` from `cursor`, and whether more follow.
+pub(super) async fn run_page(
+    state: &ApiState,
+    filter: &RunFilter,
+    cursor: Option<&str>,
+) -> Result<(Vec<RunRecord>, bool), Response> {
+    let cursor = cursor_of(cursor).map_err(|e| *e)?;
+    let mut runs = state
+        .ledger()
+        .list_runs(filter, cursor, RUN_PAGE + 1)
+        .await
+        .map_err(|e| error_page(e.into()))?;
+    let more = runs.len() > RUN_PAGE as usize;
+    runs.truncate(RUN_PAGE as usize);
+    Ok((runs, more))
+}
+
+pub(super) fn next_cursor(runs: &[RunRecord]) -> Option<String> {
+    runs.last()
+        .map(|r| crate::api::runs::encode_cursor(RunCursor::after(r)))
+}
