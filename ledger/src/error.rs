@@ -91,6 +91,15 @@ impl LedgerError {
         }
     }
 
+    /// The database's own words, when it refused a statement (what an
+    /// operator should read, without the driver's wrapping).
+    pub fn database_message(&self) -> Option<&str> {
+        match self {
+            Self::Query(sqlx::Error::Database(db)) => Some(db.message()),
+            _ => None,
+        }
+    }
+
     /// True when the error is about reaching the database rather than about
     /// the data: the operation may succeed if retried later.
     pub fn is_transient(&self) -> bool {

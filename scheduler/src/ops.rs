@@ -90,6 +90,18 @@ pub enum OpsError {
         /// Why.
         reason: String,
     },
+    /// Another claim of the same run won (a race between replicas); retrying
+    /// makes a new run.
+    #[error("the run could not be claimed; retry")]
+    ClaimLost,
+    /// The backfill's task ended before its fires did (the process is
+    /// stopping, or it panicked); what it claimed stays claimed for the
+    /// outbox.
+    #[error("the backfill stopped: {reason}")]
+    Stopped {
+        /// Why.
+        reason: String,
+    },
     /// The ledger failed (see [`LedgerError::is_data_error`] for a value it
     /// refuses, as opposed to an outage).
     #[error(transparent)]
@@ -392,11 +404,7 @@ impl Ops {
                     reason: reason.clone(),
                 })
             }
-            FireOutcome::Lost => {
-                return Err(OpsError::NotClaimed {
-                    reason: "another claim won".into(),
-                })
-            }
+            FireOutcome::Lost => return Err(OpsError::ClaimLost),
         };
         audit(
             actor,
@@ -490,8 +498,8 @@ impl Ops {
         let outcomes =
             tokio::spawn(async move { replica.backfill(&schedule, &instants, force).await })
                 .await
-                .map_err(|e| OpsError::NotClaimed {
-                    reason: format!("the backfill stopped: {e}"),
+                .map_err(|e| OpsError::Stopped {
+                    reason: e.to_string(),
                 })?;
         Ok(Backfilled {
             from,

@@ -116,7 +116,10 @@ impl From<belfry_ledger::LedgerError> for ApiError {
         // A value the database refuses to store is the request's fault, not
         // the service's; the ledger's error type knows which is which.
         if e.is_data_error() {
-            return Self::invalid("body", format!("a value cannot be stored: {e}"));
+            let why = e
+                .database_message()
+                .map_or_else(|| e.to_string(), str::to_owned);
+            return Self::invalid("body", format!("a value cannot be stored: {why}"));
         }
         // The ledger's text names the failure without credentials; the
         // caller learns to retry.
@@ -134,7 +137,9 @@ impl From<belfry_scheduler::OpsError> for ApiError {
                 "{e}; replace it with PUT /v1/schedules/{name}"
             ))
             .field("name"),
-            OpsError::StoredInvalid { .. } => Self::conflict(e.to_string()),
+            OpsError::StoredInvalid { name, source } => Self::conflict(format!(
+                "the stored definition of {name:?} is not valid ({source}); fix it with PUT first"
+            )),
             OpsError::Overlap { ref name } => Self::conflict(format!(
                 "{name:?} forbids overlap and its previous run is not finished; send {{\"force\": true}} to run anyway"
             )),
@@ -145,7 +150,9 @@ impl From<belfry_scheduler::OpsError> for ApiError {
             )),
             OpsError::Invalid { field, message } => Self::invalid(field, message),
             OpsError::Schedule(e) => e.into(),
-            OpsError::NotClaimed { .. } => Self::unavailable(e.to_string()),
+            OpsError::NotClaimed { .. } | OpsError::ClaimLost | OpsError::Stopped { .. } => {
+                Self::unavailable(e.to_string())
+            }
             OpsError::Ledger(e) => e.into(),
         }
     }
@@ -160,6 +167,12 @@ impl From<belfry_scheduler::schedule::ScheduleError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // The one place an answer is logged: a service the API needs did not
+        // answer (the message names it, without credentials). A refusal of
+        // the request itself is the caller's to read.
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            tracing::warn!(error = %self.message, "API request failed: a service is unavailable");
+        }
         let body = Body {
             error: self.code,
             message: &self.message,

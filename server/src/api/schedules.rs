@@ -292,7 +292,9 @@ pub(crate) async fn run_backfill(
     to: &str,
     force: bool,
 ) -> Result<Backfilled, ApiError> {
-    checked_name(name)?;
+    // The schedule first, as before the range: a missing schedule is a 404
+    // whatever the range says.
+    state.ops().schedule(name).await?;
     let body_instant = |field: &str, raw: &str| {
         input::instant(field, raw).map_err(|e| ApiError::invalid(field, e.message))
     };

@@ -827,6 +827,20 @@ belfry_testkit::both_backends! {
             "dry_run",
         )
         .await;
+        // A missing schedule is a 404 whatever the range says (the schedule
+        // is looked up before the range is read).
+        assert_error(
+            &call(
+                Method::POST,
+                &s("/no-such-schedule/backfill"),
+                None,
+                Some(json!({"from": "last tuesday", "to": to.to_rfc3339()})),
+            )
+            .await,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            None,
+        );
         drop(api);
         env.teardown(&["default"]).await;
     }
