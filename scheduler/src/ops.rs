@@ -422,9 +422,10 @@ impl Ops {
         })
     }
 
-    /// Fires every instant of `name` in `[from, to)` through the normal
-    /// claim path, so instants that already ran are not repeated; works on
-    /// paused schedules. Runs in its own task: a caller that goes away does
+    /// Fires every instant of the stored schedule `row` (read with
+    /// [`Ops::schedule`]) in `[from, to)` through the normal claim path, so
+    /// instants that already ran are not repeated; works on paused
+    /// schedules. Runs in its own task: a caller that goes away does
     /// not cut it off halfway.
     ///
     /// # Errors
@@ -433,17 +434,16 @@ impl Ops {
     /// future or past the run retention, or holds more than
     /// [`MAX_BACKFILL`] instants; [`OpsError::BackfillOverlap`] for several
     /// instants of a schedule that forbids overlap without `force`;
-    /// [`OpsError::NotFound`], [`OpsError::StoredInvalid`], or the
-    /// ledger's.
+    /// [`OpsError::StoredInvalid`], or the ledger's.
     pub async fn backfill(
         &self,
         actor: &str,
-        name: &str,
+        row: &ScheduleRow,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
         force: bool,
     ) -> Result<Backfilled, OpsError> {
-        let row = self.schedule(name).await?;
+        let name = row.name.as_str();
         if from >= to {
             return Err(OpsError::Invalid {
                 field: "to",
@@ -474,7 +474,7 @@ impl Ops {
                 });
             }
         }
-        let schedule = Arc::new(Self::compiled(&row)?);
+        let schedule = Arc::new(Self::compiled(row)?);
         let instants = instants_between(&schedule, from, to)?;
         if schedule.overlap == OverlapPolicy::Forbid && instants.len() > 1 && !force {
             return Err(OpsError::BackfillOverlap {

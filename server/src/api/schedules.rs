@@ -294,7 +294,7 @@ pub(crate) async fn run_backfill(
 ) -> Result<Backfilled, ApiError> {
     // The schedule first, as before the range: a missing schedule is a 404
     // whatever the range says.
-    state.ops().schedule(name).await?;
+    let row = state.ops().schedule(name).await?;
     let body_instant = |field: &str, raw: &str| {
         input::instant(field, raw).map_err(|e| ApiError::invalid(field, e.message))
     };
@@ -302,7 +302,7 @@ pub(crate) async fn run_backfill(
     let to = body_instant("to", to)?;
     Ok(state
         .ops()
-        .backfill(&caller.name, name, from, to, force)
+        .backfill(&caller.name, &row, from, to, force)
         .await?)
 }
 
