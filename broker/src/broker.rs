@@ -12,10 +12,10 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use belfry_ledger::JobQueue;
 use belfry_protocol::Topology;
 
 use crate::consumption::Consumption;
+use crate::embedded_queue::{EmbeddedLink, JobQueue};
 use crate::publisher::Publisher;
 use crate::BrokerError;
 
@@ -55,13 +55,6 @@ pub struct Broker {
 enum Link {
     Amqp(Arc<Inner>),
     Embedded(EmbeddedLink),
-}
-
-/// The embedded queue with the names of its namespace.
-#[derive(Clone, Debug)]
-pub(crate) struct EmbeddedLink {
-    pub(crate) queue: JobQueue,
-    pub(crate) topology: Topology,
 }
 
 impl std::fmt::Debug for Broker {
@@ -110,27 +103,27 @@ impl Broker {
 
     /// The job queue of an embedded database as the broker: no RabbitMQ,
     /// the same routing, confirms, acks and dead letters (see
-    /// [`belfry_ledger::JobQueue`]).
+    /// [`JobQueue`]).
     pub fn embedded(queue: JobQueue, topology: Topology) -> Self {
         Self {
             link: Link::Embedded(EmbeddedLink { queue, topology }),
         }
     }
 
-    /// The broker that goes with `ledger`: the embedded database's own job
-    /// queue, or RabbitMQ at `amqp_url` (named `connection_name`) for a
-    /// Postgres ledger.
+    /// The embedded queue when there is one (`queue`: the job queue of an
+    /// embedded ledger's file), or else RabbitMQ at `amqp_url`, named
+    /// `connection_name`.
     ///
     /// # Errors
     ///
-    /// As [`Broker::connect`], for a Postgres ledger.
-    pub async fn for_ledger(
-        ledger: &belfry_ledger::Ledger,
+    /// As [`Broker::connect`], without an embedded queue.
+    pub async fn embedded_or_connect(
+        queue: Option<JobQueue>,
         amqp_url: &str,
         topology: Topology,
         connection_name: &str,
     ) -> Result<Self, BrokerError> {
-        match ledger.job_queue() {
+        match queue {
             Some(queue) => Ok(Self::embedded(queue, topology)),
             None => Self::connect(amqp_url, topology, connection_name).await,
         }

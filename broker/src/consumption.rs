@@ -14,7 +14,7 @@ use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions};
 use lapin::Channel;
 
-use belfry_ledger::JobQueue;
+use crate::embedded_queue::{JobQueue, QueuedMessage};
 use belfry_protocol::topology::HEADER_TRACEPARENT;
 
 use crate::BrokerError;
@@ -148,7 +148,7 @@ impl Delivery {
 async fn settle<F, Fut>(what: &'static str, op: F) -> Result<(), BrokerError>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<bool, belfry_ledger::LedgerError>>,
+    Fut: std::future::Future<Output = Result<bool, sqlx::Error>>,
 {
     let deadline = tokio::time::Instant::now() + SETTLE_FOR;
     let mut pause = Duration::from_millis(100);
@@ -189,7 +189,7 @@ enum Kind {
         /// Most messages taken at once (the prefetch).
         prefetch: u16,
         /// Taken, not yet handed out: given back by `close`.
-        taken: std::collections::VecDeque<belfry_ledger::QueuedMessage>,
+        taken: std::collections::VecDeque<QueuedMessage>,
     },
 }
 

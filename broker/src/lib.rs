@@ -6,16 +6,20 @@
 //! The scheduler and the worker see only [`Broker`], [`Publisher`],
 //! [`PublishOutcome`], [`Consumption`] and [`Delivery`], so the embedded
 //! mode puts its database-backed queue ([`Broker::embedded`],
-//! `belfry_ledger::JobQueue`) behind the same shape.
+//! [`JobQueue`], in `embedded_queue`) behind the same shape. The embedded
+//! queue's code is here; its table lives in the embedded ledger's file,
+//! on connections the ledger hands out, so this crate needs no ledger.
 
 mod broker;
 mod consumption;
+mod embedded_queue;
 mod error;
 mod publisher;
 mod publisher_slot;
 
 pub use broker::Broker;
 pub use consumption::{Consumption, Delivery};
+pub use embedded_queue::{JobQueue, OutgoingMessage, QueuedMessage};
 pub use error::BrokerError;
 pub use publisher::{DeadLetter, PublishOutcome, Publisher};
 pub use publisher_slot::PublisherSlot;

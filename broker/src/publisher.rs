@@ -13,14 +13,13 @@ use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel};
 
-use belfry_ledger::OutgoingMessage;
 use belfry_protocol::topology::{
     CONTENT_TYPE_JSON, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ORIGINAL_ROUTING_KEY,
     HEADER_TRACEPARENT, HEADER_TRACESTATE, HEADER_VERSION,
 };
 use belfry_protocol::{JobMessage, Topology, MESSAGE_VERSION};
 
-use crate::broker::EmbeddedLink;
+use crate::embedded_queue::{EmbeddedLink, OutgoingMessage};
 use crate::BrokerError;
 
 /// How long to wait for the broker's confirm before giving up on a publish.

@@ -244,14 +244,7 @@ impl Client {
         // the outbox's to finish; an error now would invite a caller
         // without an idempotency key to enqueue it twice.
         let published = due_now
-            && match self.dispatcher.dispatch(&run.to_message()).await {
-                Ok(outcome) => outcome == DispatchOutcome::Dispatched,
-                Err(e) => {
-                    tracing::warn!(run_key = %run_key, error = %e,
-                        "enqueued job's publish could not be recorded; the outbox publishes it");
-                    false
-                }
-            };
+            && self.dispatcher.dispatch(&run.to_message()).await == DispatchOutcome::Dispatched;
         Ok(Enqueued::Created {
             id,
             run_key,

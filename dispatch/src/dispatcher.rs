@@ -54,37 +54,25 @@ impl Dispatcher {
         }
     }
 
-    /// Publishes a freshly claimed run's `message` and records the answer.
-    ///
-    /// # Errors
-    ///
-    /// [`DispatchError::Ledger`] when the broker answered but the ledger
-    /// could not record it (the run stays in the outbox; a republish is
-    /// safe).
-    pub async fn dispatch(&self, message: &JobMessage) -> Result<DispatchOutcome, DispatchError> {
-        match self.publish(message).await {
-            Ok(PublishOutcome::Confirmed) => {
-                belfry_runtime::failpoint::hit("after_publish_before_dispatched");
-                self.ledger.mark_dispatched(message.message_id).await?;
-                Ok(DispatchOutcome::Dispatched)
-            }
-            Ok(PublishOutcome::Unroutable) => {
-                self.unroutable(message).await?;
-                Ok(DispatchOutcome::Unroutable)
-            }
-            Ok(PublishOutcome::Nacked) => Ok(not_confirmed(
-                message,
-                "the broker nacked the publish".into(),
-            )),
-            Err(reason) => Ok(not_confirmed(message, reason)),
-        }
+    /// Publishes a freshly claimed run's `message` and records the answer:
+    /// a batch of one ([`Dispatcher::dispatch_many`]), its `publish` span a
+    /// child of the caller's span (or, outside the run's trace, of the
+    /// run's stored context).
+    pub async fn dispatch(&self, message: &JobMessage) -> DispatchOutcome {
+        self.dispatch_many(std::slice::from_ref(message), &[tracing::Span::current()])
+            .await
+            .pop()
+            .unwrap_or_else(|| DispatchOutcome::NotConfirmed("not published".into()))
     }
 
     /// Publishes freshly claimed runs pipelined and records the answers:
     /// one statement marks every confirmed run `dispatched`; returned runs
     /// become `dead` one by one (rare); unconfirmed ones stay in the outbox.
     /// Each message gets its own `publish` span under its fire's span
-    /// (`parents`, one per message), so every run keeps its own trace.
+    /// (`parents`, one per message), so every run keeps its own trace; a
+    /// parent outside the run's trace (an ad-hoc job enqueued under a
+    /// caller's span, or under none) gives way to the run's stored context,
+    /// so the row's trace id and the worker's spans agree.
     /// One outcome per message, in order; a failure to record is reported
     /// as [`DispatchOutcome::NotConfirmed`] (the run stays `claimed`, and a
     /// republish is safe).
@@ -96,7 +84,7 @@ impl Dispatcher {
         let spans: Vec<tracing::Span> = messages
             .iter()
             .zip(parents)
-            .map(|(message, parent)| publish_span(self.system, message, parent.id()))
+            .map(|(message, parent)| run_publish_span(self.system, message, parent))
             .collect();
         // With OpenTelemetry on, each message carries its publish span's
         // context, as a single publish does.
@@ -216,21 +204,7 @@ impl Dispatcher {
     }
 
     async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, String> {
-        let span = publish_span(self.system, message, tracing::Span::current().id());
-        // The publish span belongs to the run's trace. Under a `fire` or a
-        // caller's span that already is the case; otherwise (an ad-hoc job
-        // enqueued outside any span) it is parented on the run's stored
-        // context, so the row's trace id and the worker's spans agree.
-        if belfry_runtime::trace_propagation::enabled() {
-            let caller = crate::run_trace::current();
-            let same = match (&caller, &message.trace) {
-                (Some(c), Some(m)) => c.trace_id() == m.trace_id(),
-                _ => false,
-            };
-            if !same {
-                crate::run_trace::continue_in(&span, message.trace.as_ref());
-            }
-        }
+        let span = run_publish_span(self.system, message, &tracing::Span::current());
         async {
             // With OpenTelemetry on, the message carries this span's
             // context, so the worker's spans become its children; the row
@@ -269,6 +243,30 @@ fn publish_span(
         messaging.system = system, messaging.operation.type = "send",
         messaging.rabbitmq.destination.routing_key = %message.job_type,
         messaging.message.id = %message.message_id, belfry.publish = tracing::field::Empty)
+}
+
+/// The `publish` span of `message` under `parent`, in the run's trace.
+/// Under a `fire` (or a republish) span that already is the case;
+/// otherwise (an ad-hoc job enqueued outside any span, or under a caller's
+/// span of another trace) it is parented on the run's stored context, so
+/// the row's trace id and the worker's spans agree.
+fn run_publish_span(
+    system: &'static str,
+    message: &JobMessage,
+    parent: &tracing::Span,
+) -> tracing::Span {
+    let span = publish_span(system, message, parent.id());
+    if belfry_runtime::trace_propagation::enabled() {
+        let caller = parent.in_scope(crate::run_trace::current);
+        let same = match (&caller, &message.trace) {
+            (Some(c), Some(m)) => c.trace_id() == m.trace_id(),
+            _ => false,
+        };
+        if !same {
+            crate::run_trace::continue_in(&span, message.trace.as_ref());
+        }
+    }
+    span
 }
 
 /// The `belfry.publish` value of a publish span.

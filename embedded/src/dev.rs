@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use belfry_broker::Broker;
+use belfry_broker::{Broker, JobQueue};
 use belfry_ledger::Ledger;
 use belfry_protocol::Topology;
 use belfry_runtime::Settings;
@@ -76,9 +76,10 @@ pub async fn start(
         Mode::Embedded { database_url } => {
             let ledger = Ledger::connect(database_url, scheduler.db_pool.max(4)).await?;
             ledger.migrate().await?;
-            let queue = ledger.job_queue().ok_or_else(|| {
+            let file = ledger.embedded_file().ok_or_else(|| {
                 DevError::Config(format!("{database_url} is not an embedded database"))
             })?;
+            let queue = JobQueue::new(file.reader, file.writer, file.session, file.queue_ready);
             let broker = Broker::embedded(
                 queue,
                 Topology::new(&scheduler.namespace).map_err(|e| DevError::Config(e.to_string()))?,

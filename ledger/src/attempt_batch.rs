@@ -14,12 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use uuid::Uuid;
 
 use crate::runs::AttemptEntry;
-use crate::status::waiting_statuses;
 use crate::{Ledger, LedgerError, RunStatus};
 
 /// Most writes in one statement.
@@ -204,53 +202,7 @@ impl Ledger {
         &self,
         batch: &[BeginRequest],
     ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.begin_batch(batch).await,
-        };
-        let names: Vec<&str> = batch.iter().map(|r| r.job_name.as_str()).collect();
-        let keys: Vec<&str> = batch.iter().map(|r| r.run_key.as_str()).collect();
-        let workers: Vec<&str> = batch.iter().map(|r| r.worker.as_str()).collect();
-        let leases: Vec<f64> = batch.iter().map(|r| r.lease.as_secs_f64()).collect();
-        // Same guard as `try_begin`, row by row. A run named twice in one
-        // batch is updated once; the other request gets no row and takes
-        // the slow path, which sees the run held. Rows are locked in id
-        // order first (as the schedulers' batched `dispatched` update and
-        // `end_batch` do), so concurrent batches wait instead of
-        // deadlocking.
-        let rows = sqlx::query(
-            concat!("WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) \
-                        AS b(job_name, run_key, worker, lease)), \
-                  locked AS ( \
-                 SELECT j.id FROM job_runs j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
-                 WHERE j.status IN ", waiting_statuses!(), " \
-                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now())) \
-                 ORDER BY j.id FOR UPDATE OF j) \
-             UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
-                 started_at = COALESCE(j.started_at, now()), worker = b.worker, next_dispatch_at = NULL, \
-                 lease_until = now() + make_interval(secs => b.lease), updated_at = now() \
-             FROM b, locked \
-             WHERE j.id = locked.id AND j.job_name = b.job_name AND j.run_key = b.run_key \
-               AND (j.status IN ", waiting_statuses!(), " \
-                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()))) \
-             RETURNING j.job_name, j.run_key, j.id, j.attempts"),
-        )
-        .bind(&names)
-        .bind(&keys)
-        .bind(&workers)
-        .bind(&leases)
-        .fetch_all(pool)
-        .await?;
-        let mut started = std::collections::HashMap::with_capacity(rows.len());
-        for r in rows {
-            let name: String = r.try_get("job_name")?;
-            let key: String = r.try_get("run_key")?;
-            started.insert((name, key), (r.try_get("id")?, r.try_get("attempts")?));
-        }
-        Ok(batch
-            .iter()
-            .map(|r| started.remove(&(r.job_name.clone(), r.run_key.clone())))
-            .collect())
+        self.store.begin_batch(batch).await
     }
 
     /// Ends every attempt of `batch` that still holds its run, in one
@@ -258,61 +210,7 @@ impl Ledger {
     /// superseded attempt sharing a batch with its successor is told its
     /// outcome was not written.
     pub(crate) async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.end_batch(batch).await,
-        };
-        let ids: Vec<Uuid> = batch.iter().map(|r| r.id).collect();
-        let statuses: Vec<&str> = batch.iter().map(|r| r.status.as_str()).collect();
-        let errors: Vec<Option<&str>> = batch.iter().map(|r| r.last_error.as_deref()).collect();
-        let terminal: Vec<bool> = batch.iter().map(|r| r.status.is_terminal()).collect();
-        let entries = batch
-            .iter()
-            .map(|r| serde_json::to_value(&r.entry))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
-        let redispatch: Vec<Option<DateTime<Utc>>> =
-            batch.iter().map(|r| r.redispatch_at).collect();
-        let attempts: Vec<i32> = batch.iter().map(|r| r.entry.attempt).collect();
-        // Same guard as `end_attempt`: only the attempt that holds the run
-        // writes its outcome. Rows are locked in id order first (see
-        // `begin_batch`).
-        let rows = sqlx::query(
-            "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::jsonb[], \
-                        $6::timestamptz[], $7::int[]) \
-                        AS b(id, status, last_error, terminal, entry, redispatch_at, attempt)), \
-                  locked AS ( \
-                 SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
-                 WHERE j.status = 'running' AND j.attempts = b.attempt \
-                 ORDER BY j.id FOR UPDATE OF j) \
-             UPDATE job_runs j SET status = b.status, last_error = b.last_error, \
-                 finished_at = CASE WHEN b.terminal THEN now() ELSE NULL END, \
-                 attempt_log = j.attempt_log || jsonb_build_array(b.entry), \
-                 next_dispatch_at = b.redispatch_at, lease_until = NULL, updated_at = now() \
-             FROM b, locked \
-             WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
-             RETURNING j.id, j.attempts",
-        )
-        .bind(&ids)
-        .bind(&statuses)
-        .bind(&errors)
-        .bind(&terminal)
-        .bind(&entries)
-        .bind(&redispatch)
-        .bind(&attempts)
-        .fetch_all(pool)
-        .await?;
-        let mut written = std::collections::HashSet::with_capacity(rows.len());
-        for r in rows {
-            written.insert((
-                r.try_get::<Uuid, _>("id")?,
-                r.try_get::<i32, _>("attempts")?,
-            ));
-        }
-        Ok(batch
-            .iter()
-            .map(|r| written.contains(&(r.id, r.entry.attempt)))
-            .collect())
+        self.store.end_batch(batch).await
     }
 
     /// Extends the lease of every attempt in `held` (`(run id, attempt)`)
@@ -332,33 +230,6 @@ impl Ledger {
         if held.is_empty() {
             return Ok(Default::default());
         }
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.renew_leases(held, lease).await,
-        };
-        let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
-        let attempts: Vec<i32> = held.iter().map(|(_, a)| *a).collect();
-        // Rows are locked in id order first, as the other batched
-        // statements do, so a heartbeat never deadlocks with them.
-        // `updated_at` is left alone: a heartbeat is not progress.
-        let rows = sqlx::query(
-            "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS b(id, attempt)), \
-                  locked AS ( \
-                 SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
-                 WHERE j.status = 'running' AND j.attempts = b.attempt \
-                 ORDER BY j.id FOR UPDATE OF j) \
-             UPDATE job_runs j SET lease_until = now() + make_interval(secs => $3) \
-             FROM b, locked \
-             WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
-             RETURNING j.id, j.attempts",
-        )
-        .bind(&ids)
-        .bind(&attempts)
-        .bind(lease.as_secs_f64())
-        .fetch_all(pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get("id")?, r.try_get("attempts")?)))
-            .collect()
+        self.store.renew_leases(held, lease).await
     }
 }

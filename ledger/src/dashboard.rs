@@ -6,7 +6,6 @@
 //! index probe per schedule on `(job_name, scheduled_at DESC)`).
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 
 use crate::{Ledger, LedgerError};
 
@@ -59,27 +58,7 @@ impl Ledger {
         &self,
         since: DateTime<Utc>,
     ) -> Result<Vec<MinuteCount>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.runs_per_minute(since).await,
-        };
-        let rows = sqlx::query(
-            "SELECT date_trunc('minute', scheduled_at) AS minute, status, count(*) AS n \
-             FROM job_runs WHERE scheduled_at >= $1 AND scheduled_at <= now() \
-             GROUP BY 1, 2 ORDER BY 1",
-        )
-        .bind(since)
-        .fetch_all(pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(MinuteCount {
-                    minute: r.try_get("minute")?,
-                    status: r.try_get("status")?,
-                    count: r.try_get("n")?,
-                })
-            })
-            .collect()
+        self.store.runs_per_minute(since).await
     }
 
     /// The overview's counts; replicas and workers seen since `seen_since`.
@@ -88,55 +67,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn overview(&self, seen_since: DateTime<Utc>) -> Result<Overview, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.overview(seen_since).await,
-        };
-        let counts = sqlx::query(
-            "SELECT \
-               (SELECT count(*) FROM job_runs \
-                  WHERE status IN ('claimed', 'dispatched', 'running', 'retrying')) AS in_flight, \
-               (SELECT count(*) FROM job_runs \
-                  WHERE status IN ('claimed', 'dispatched', 'running', 'retrying') \
-                    AND last_error LIKE 'stuck:%') AS stuck, \
-               (SELECT count(*) FILTER (WHERE status = 'dead') FROM job_runs \
-                  WHERE finished_at > now() - interval '1 day') AS dead, \
-               (SELECT count(*) FILTER (WHERE status = 'failed') FROM job_runs \
-                  WHERE finished_at > now() - interval '1 day') AS failed",
-        )
-        .fetch_one(pool)
-        .await?;
-        let seen = |sql: &'static str| {
-            let pool = pool.clone();
-            async move {
-                let rows = sqlx::query(sql).bind(seen_since).fetch_all(&pool).await?;
-                rows.into_iter()
-                    .map(|r| Ok((r.try_get::<String, _>("who")?, r.try_get("last")?)))
-                    .collect::<Result<Vec<(String, DateTime<Utc>)>, LedgerError>>()
-            }
-        };
-        // Both look only at fires scheduled in the window (the
-        // (scheduled_at, id) index), not at the whole table.
-        let replicas = seen(
-            "SELECT claimed_by AS who, max(claimed_at) AS last FROM job_runs \
-             WHERE scheduled_at >= $1 AND claimed_by IS NOT NULL AND claimed_at IS NOT NULL \
-             GROUP BY 1 ORDER BY 2 DESC LIMIT 50",
-        )
-        .await?;
-        let workers = seen(
-            "SELECT worker AS who, max(started_at) AS last FROM job_runs \
-             WHERE scheduled_at >= $1 AND worker IS NOT NULL AND started_at IS NOT NULL \
-             GROUP BY 1 ORDER BY 2 DESC LIMIT 50",
-        )
-        .await?;
-        Ok(Overview {
-            in_flight: counts.try_get("in_flight")?,
-            stuck: counts.try_get("stuck")?,
-            dead_last_day: counts.try_get("dead")?,
-            failed_last_day: counts.try_get("failed")?,
-            replicas,
-            workers,
-        })
+        self.store.overview(seen_since).await
     }
 
     /// How many runs are in each status (statuses with none are absent).
@@ -147,16 +78,7 @@ impl Ledger {
     pub async fn count_by_status(
         &self,
     ) -> Result<std::collections::HashMap<String, i64>, LedgerError> {
-        let rows = match self.pg() {
-            Ok(pool) => {
-                sqlx::query_as::<_, (String, i64)>(
-                    "SELECT status, count(*) FROM job_runs GROUP BY status",
-                )
-                .fetch_all(pool)
-                .await?
-            }
-            Err(lite) => lite.count_by_status().await?,
-        };
+        let rows = self.store.count_by_status().await?;
         Ok(rows.into_iter().collect())
     }
 
@@ -171,33 +93,6 @@ impl Ledger {
         names: &[String],
         per: i64,
     ) -> Result<Vec<RecentFire>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.recent_fires(names, per).await,
-        };
-        let rows = sqlx::query(
-            "SELECT n.name AS job_name, f.scheduled_at, f.status FROM unnest($1::text[]) AS n(name) \
-             CROSS JOIN LATERAL ( \
-                 SELECT scheduled_at, status FROM ( \
-                     (SELECT scheduled_at, status FROM job_runs r WHERE r.job_name = n.name \
-                      ORDER BY scheduled_at DESC LIMIT $2) \
-                     UNION ALL \
-                     (SELECT scheduled_at, 'skipped' AS status FROM skipped_fires s \
-                      WHERE s.job_name = n.name ORDER BY scheduled_at DESC LIMIT $2)) u \
-                 ORDER BY scheduled_at DESC LIMIT $2) f",
-        )
-        .bind(names)
-        .bind(per)
-        .fetch_all(pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(RecentFire {
-                    job_name: r.try_get("job_name")?,
-                    scheduled_at: r.try_get("scheduled_at")?,
-                    status: r.try_get("status")?,
-                })
-            })
-            .collect()
+        self.store.recent_fires(names, per).await
     }
 }

@@ -10,11 +10,14 @@
 //! The ledger is one narrow seam: the scheduler's claim and dispatch and the
 //! worker's outcome recording only talk to the database through it.
 //! [`Ledger::connect`] picks the backend from the URL (`postgres://` or
-//! `sqlite:`); every method means the same on both (the same states, the
-//! same guards, the same unique constraint), and only the SQL differs:
-//! Postgres statements live in the modules named after what they do,
-//! their SQLite counterparts in `sqlite/` (see its docs for what the
-//! embedded database does differently and why it is safe). The embedded
+//! `sqlite:`) once; every method means the same on both (the same states,
+//! the same guards, the same unique constraint), and only the SQL differs.
+//! The modules named after what they do (`runs`, `schedules`, `outbox`,
+//! ...) hold the types and the documented API; the SQL lives behind one
+//! seam (`store`: traits both backends implement with the same signatures)
+//! in `postgres/` and `sqlite/`, which mirror each other file for file
+//! (see `sqlite/` for what the embedded database does differently and why
+//! it is safe). The embedded
 //! database also holds the job queue ([`JobQueue`]) that replaces RabbitMQ
 //! in embedded mode.
 
@@ -24,6 +27,7 @@ mod dashboard;
 mod error;
 mod fire_history;
 mod outbox;
+mod postgres;
 mod retention;
 mod run_query;
 mod runs;
@@ -32,8 +36,10 @@ mod schedules;
 mod skipped_range;
 mod sqlite;
 mod status;
+mod store;
 mod stored_text;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -49,24 +55,28 @@ pub use runs::{AttemptEntry, AttemptStart, NewRun, RunRecord, RUN_COLUMNS};
 pub use schedule_listener::ScheduleListener;
 pub use schedules::ScheduleRow;
 pub use skipped_range::SkippedRange;
-pub use sqlite::{JobQueue, OutgoingMessage, QueuedMessage};
 pub use status::RunStatus;
 pub use stored_text::storable;
 
-/// The embedded migrations of `migrations/`.
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+/// The connections of an embedded database, as its job queue needs them.
+#[derive(Debug, Clone)]
+pub struct EmbeddedFile {
+    /// Readers (WAL lets them run beside the writer).
+    pub reader: sqlx::SqlitePool,
+    /// The file's one writing connection: the queue writes through it too,
+    /// so its writes and the ledger's are serialised together.
+    pub writer: sqlx::SqlitePool,
+    /// This opening of the file (one process owns it).
+    pub session: String,
+    /// Woken after every publish and requeue; shared by every handle.
+    pub queue_ready: Arc<tokio::sync::Notify>,
+}
 
 /// A handle on the ledger database (cheap to clone: a pool).
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    backend: Backend,
-}
-
-/// Where the ledger lives.
-#[derive(Debug, Clone)]
-enum Backend {
-    Postgres(PgPool),
-    Sqlite(sqlite::SqliteLedger),
+    /// The database, chosen once by [`Ledger::connect`].
+    store: Arc<dyn store::Store>,
 }
 
 impl Ledger {
@@ -87,7 +97,7 @@ impl Ledger {
         if url.starts_with("sqlite:") {
             let store = sqlite::SqliteLedger::open(url, max_connections).await?;
             return Ok(Self {
-                backend: Backend::Sqlite(store),
+                store: Arc::new(store),
             });
         }
         let connect_err = |source| LedgerError::Connect {
@@ -101,49 +111,37 @@ impl Ledger {
             .connect_with(options)
             .await
             .map_err(connect_err)?;
-        Ok(Self {
-            backend: Backend::Postgres(pool),
-        })
+        Ok(Self::from_pool(pool))
     }
 
     /// Wraps an existing Postgres pool (tests, embedding applications).
     pub fn from_pool(pool: PgPool) -> Self {
         Self {
-            backend: Backend::Postgres(pool),
+            store: Arc::new(postgres::PgStore { pool }),
         }
     }
 
     /// The Postgres pool, for callers that need their own queries; `None`
     /// for the embedded ledger.
     pub fn pg_pool(&self) -> Option<&PgPool> {
-        match &self.backend {
-            Backend::Postgres(pool) => Some(pool),
-            Backend::Sqlite(_) => None,
-        }
+        self.store.pg_pool()
     }
 
     /// Whether this is the embedded (SQLite) ledger.
     pub fn is_embedded(&self) -> bool {
-        matches!(self.backend, Backend::Sqlite(_))
+        self.store.embedded().is_some()
     }
 
-    /// The job queue held in the embedded database; `None` on Postgres
+    /// The embedded database's connections, for the job queue that lives
+    /// in the same file (`belfry_broker::JobQueue`); `None` on Postgres
     /// (the distributed mode queues in RabbitMQ).
-    pub fn job_queue(&self) -> Option<JobQueue> {
-        match &self.backend {
-            Backend::Postgres(_) => None,
-            Backend::Sqlite(store) => Some(JobQueue {
-                store: store.clone(),
-            }),
-        }
-    }
-
-    /// The Postgres pool, or the embedded ledger to hand the call to.
-    fn pg(&self) -> Result<&PgPool, &sqlite::SqliteLedger> {
-        match &self.backend {
-            Backend::Postgres(pool) => Ok(pool),
-            Backend::Sqlite(store) => Err(store),
-        }
+    pub fn embedded_file(&self) -> Option<EmbeddedFile> {
+        self.store.embedded().map(|lite| EmbeddedFile {
+            reader: lite.pool.clone(),
+            writer: lite.writer.clone(),
+            session: lite.session.clone(),
+            queue_ready: lite.queue_ready.clone(),
+        })
     }
 
     /// Applies pending migrations.
@@ -158,20 +156,12 @@ impl Ledger {
     /// [`LedgerError::Migrate`] when a migration fails or the database holds
     /// a migration this build does not know (a newer version ran here).
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.migrate().await,
-        };
-        MIGRATOR.run(pool).await?;
-        Ok(())
+        self.store.migrate().await
     }
 
     /// Whether the database answers a trivial query.
     pub async fn ping(&self) -> bool {
-        match self.pg() {
-            Ok(pool) => sqlx::query("SELECT 1").execute(pool).await.is_ok(),
-            Err(lite) => lite.ping().await,
-        }
+        self.store.ping().await
     }
 
     /// Reads the database's clock, with this process's clock (`local`) read
@@ -186,22 +176,7 @@ impl Ledger {
         &self,
         local: &(dyn Fn() -> DateTime<Utc> + Send + Sync),
     ) -> Result<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>), LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(_) => {
-                let before = local();
-                return Ok((before, Utc::now(), local()));
-            }
-        };
-        // Hold a connection first, so waiting for the pool is not timed:
-        // only the query's round trip is.
-        let mut conn = pool.acquire().await?;
-        let before = local();
-        let db: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *conn)
-            .await?;
-        let after = local();
-        Ok((before, db, after))
+        self.store.clock_probe(local).await
     }
 
     /// Follows changes to `schedules`: Postgres `LISTEN` on `channel`, or the
@@ -211,18 +186,12 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the listener cannot connect.
     pub async fn listen_schedules(&self, channel: &str) -> Result<ScheduleListener, LedgerError> {
-        match self.pg() {
-            Ok(pool) => ScheduleListener::postgres(pool, channel).await,
-            Err(lite) => Ok(ScheduleListener::local(lite.schedule_changes.subscribe())),
-        }
+        self.store.listen_schedules(channel).await
     }
 
     /// Closes the pool (and, for the embedded ledger, gives up the file
     /// once every clone is dropped).
     pub async fn close(&self) {
-        match self.pg() {
-            Ok(pool) => pool.close().await,
-            Err(lite) => lite.close().await,
-        }
+        self.store.close().await
     }
 }

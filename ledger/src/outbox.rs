@@ -14,7 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::runs::{RunRecord, RUN_COLUMNS};
+use crate::runs::RunRecord;
 use crate::{Ledger, LedgerError};
 
 impl Ledger {
@@ -30,35 +30,7 @@ impl Ledger {
         limit: i64,
         lease: Duration,
     ) -> Result<Vec<RunRecord>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.take_due(limit, lease).await,
-        };
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        // One statement: the CTE locks due rows (skipping rows another
-        // replica holds), the UPDATE leases them; the lock is held until the
-        // statement commits, so no two replicas take the same row.
-        let rows = sqlx::query_as(&format!(
-            "WITH due AS ( \
-                 SELECT id FROM job_runs \
-                 WHERE next_dispatch_at <= now() AND status IN ('claimed', 'retrying') \
-                 ORDER BY next_dispatch_at \
-                 LIMIT $1 \
-                 FOR UPDATE SKIP LOCKED) \
-             UPDATE job_runs j SET next_dispatch_at = now() + make_interval(secs => $2::double precision / 1000) \
-             FROM due WHERE j.id = due.id \
-             RETURNING {}",
-            RUN_COLUMNS
-                .split(", ")
-                .map(|c| format!("j.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-        .bind(limit)
-        .bind(lease_ms)
-        .fetch_all(pool)
-        .await?;
-        Ok(rows)
+        self.store.take_due(limit, lease).await
     }
 
     /// Records that a run taken from the outbox (with lease `lease`, its
@@ -75,21 +47,7 @@ impl Ledger {
         id: Uuid,
         lease: DateTime<Utc>,
     ) -> Result<bool, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.mark_republished(id, lease).await,
-        };
-        let done = sqlx::query(
-            "UPDATE job_runs SET \
-                 status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
-                 dispatched_at = now(), next_dispatch_at = NULL, updated_at = now() \
-             WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = $2",
-        )
-        .bind(id)
-        .bind(lease)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.store.mark_republished(id, lease).await
     }
 
     /// Moves a run's next publish to `at` (a failed publish is tried again
@@ -104,19 +62,6 @@ impl Ledger {
         lease: DateTime<Utc>,
         at: DateTime<Utc>,
     ) -> Result<bool, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.postpone_dispatch(id, lease, at).await,
-        };
-        let done = sqlx::query(
-            "UPDATE job_runs SET next_dispatch_at = $2 \
-             WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = $3",
-        )
-        .bind(id)
-        .bind(at)
-        .bind(lease)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.store.postpone_dispatch(id, lease, at).await
     }
 }

@@ -23,29 +23,7 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.prune_finished_runs(cutoff, batch).await,
-        };
-        let done = sqlx::query(&format!(
-            "WITH doomed AS ( \
-                 SELECT r.id FROM job_runs r \
-                 WHERE r.finished_at < $1 \
-                   AND (NOT COALESCE({}, false) \
-                        OR EXISTS (SELECT 1 FROM job_runs n \
-                                   WHERE n.job_name = r.job_name AND n.scheduled_at > r.scheduled_at \
-                                     AND {})) \
-                 ORDER BY r.finished_at LIMIT $2 \
-                 FOR UPDATE SKIP LOCKED) \
-             DELETE FROM job_runs WHERE id IN (SELECT id FROM doomed)",
-            crate::fire_history::live_fire("r"),
-            crate::fire_history::live_fire("n")
-        ))
-        .bind(cutoff)
-        .bind(batch)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.store.prune_finished_runs(cutoff, batch).await
     }
 
     /// Deletes up to `batch` records of skipped fires made before `cutoff`;
@@ -59,11 +37,7 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.prune_skipped_fires(cutoff, batch).await,
-        };
-        prune_recorded(pool, "skipped_fires", cutoff, batch).await
+        self.store.prune_skipped_fires(cutoff, batch).await
     }
 }
 

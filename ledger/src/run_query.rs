@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::runs::{RunRecord, RUN_COLUMNS};
+use crate::runs::RunRecord;
 use crate::{Ledger, LedgerError, RunStatus};
 
 /// Which runs to list. Empty fields do not filter.
@@ -62,15 +62,7 @@ impl Ledger {
         cursor: Option<RunCursor>,
         limit: i64,
     ) -> Result<Vec<RunRecord>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.list_runs(filter, cursor, limit).await,
-        };
-        let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!(
-            "SELECT {RUN_COLUMNS} FROM job_runs WHERE TRUE"
-        ));
-        push_run_filter(&mut q, filter, cursor, limit, |at| at);
-        Ok(q.build_query_as().fetch_all(pool).await?)
+        self.store.list_runs(filter, cursor, limit).await
     }
 }
 

@@ -6,16 +6,11 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
 use uuid::Uuid;
 
 use belfry_protocol::{JobMessage, JobOptions, TraceContext, MESSAGE_VERSION};
 
-use crate::status::waiting_statuses;
 use crate::{Ledger, LedgerError, RunStatus};
-
-/// Statuses of a run no worker is executing right now.
-const WAITING: &str = waiting_statuses!();
 
 /// A run to claim: the row a scheduler replica tries to insert for a fire.
 #[derive(Debug, Clone)]
@@ -204,11 +199,15 @@ impl RunRecord {
 }
 
 /// Where a run stands, read in one statement with the database's clock.
-struct RunState {
-    id: Uuid,
-    status: RunStatus,
-    lease_until: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
+pub(crate) struct RunState {
+    /// The run.
+    pub(crate) id: Uuid,
+    /// Its status.
+    pub(crate) status: RunStatus,
+    /// Until when its current attempt holds it.
+    pub(crate) lease_until: Option<DateTime<Utc>>,
+    /// The database's clock when this was read.
+    pub(crate) now: DateTime<Utc>,
 }
 
 /// What a worker learns when it asks to start an attempt.
@@ -257,43 +256,9 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn claim(&self, run: &NewRun) -> Result<bool, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.claim(run).await,
-        };
-        self.claim_in(pool, run).await
-    }
-
-    /// [`Ledger::claim`] on `executor` (a pool or an open transaction).
-    pub(crate) async fn claim_in<'e, E>(
-        &self,
-        executor: E,
-        run: &NewRun,
-    ) -> Result<bool, LedgerError>
-    where
-        E: sqlx::Executor<'e, Database = sqlx::Postgres>,
-    {
-        let inserted = sqlx::query(
-            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-                 claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at) \
-             VALUES ($1, $2, $3, $4, 'claimed', $5, $6, $7, now(), $8, $9, $10, $11) \
-             ON CONFLICT (job_name, run_key) DO NOTHING \
-             RETURNING id",
-        )
-        .bind(run.id)
-        .bind(&run.job_name)
-        .bind(&run.run_key)
-        .bind(&run.job_type)
-        .bind(&run.payload)
-        .bind(run.scheduled_at)
-        .bind(&run.claimed_by)
-        .bind(&run.trace_id)
-        .bind(&run.traceparent)
-        .bind(options_json(&run.options)?)
-        .bind(run.next_dispatch_at)
-        .fetch_optional(executor)
-        .await?;
-        Ok(inserted.is_some())
+        // A batch of one: the batch's statement is the only claim.
+        let won = self.claim_many(std::slice::from_ref(run)).await?;
+        Ok(won.contains(&run.id))
     }
 
     /// Marks a claimed run `dispatched` after the broker confirmed it.
@@ -306,28 +271,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.mark_dispatched(id).await,
-        };
-        let done = sqlx::query(
-            "UPDATE job_runs SET status = 'dispatched', dispatched_at = now(), \
-                 next_dispatch_at = NULL, updated_at = now() \
-             WHERE id = $1 AND status = 'claimed'",
-        )
-        .bind(id)
-        .execute(pool)
-        .await?;
-        // dispatched_at is also worth having when the worker was faster.
-        if done.rows_affected() == 0 {
-            sqlx::query(
-                "UPDATE job_runs SET dispatched_at = now() WHERE id = $1 AND dispatched_at IS NULL",
-            )
-            .bind(id)
-            .execute(pool)
-            .await?;
-        }
-        Ok(done.rows_affected() == 1)
+        self.store.mark_dispatched(id).await
     }
 
     /// Marks a run no worker is executing `dead` with `reason`. Returns
@@ -338,20 +282,7 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
         let reason = &*crate::storable(reason);
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.mark_dead(id, reason).await,
-        };
-        let done = sqlx::query(&format!(
-            "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
-                 updated_at = now() \
-             WHERE id = $1 AND status IN {WAITING}"
-        ))
-        .bind(id)
-        .bind(reason)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.store.mark_dead(id, reason).await
     }
 
     /// Starts the next attempt of the run `message` belongs to: counts it
@@ -378,10 +309,15 @@ impl Ledger {
         lease: std::time::Duration,
     ) -> Result<AttemptStart, LedgerError> {
         // The common path is one statement: the row exists and is startable.
-        if let Some(start) = self.try_begin(message, worker, lease).await? {
+        if let Some(start) = self
+            .store
+            .try_begin(&message.job_name, &message.run_key, worker, lease)
+            .await?
+        {
             return Ok(start);
         }
         if let Some(state) = self
+            .store
             .state_by_key(&message.job_name, &message.run_key)
             .await?
         {
@@ -391,10 +327,15 @@ impl Ledger {
         // had it) and start it like any other.
         self.insert_from_message(message, RunStatus::Dispatched, None, OnRunConflict::Nothing)
             .await?;
-        if let Some(start) = self.try_begin(message, worker, lease).await? {
+        if let Some(start) = self
+            .store
+            .try_begin(&message.job_name, &message.run_key, worker, lease)
+            .await?
+        {
             return Ok(start);
         }
         let state = self
+            .store
             .state_by_key(&message.job_name, &message.run_key)
             .await?
             .ok_or_else(|| LedgerError::Corrupt(format!("run {} vanished", message.run_key)))?;
@@ -425,97 +366,17 @@ impl Ledger {
         // The row became startable between the two statements (another
         // transition raced us, or the lease just expired); one more try
         // settles it.
-        match self.try_begin(message, worker, lease).await? {
+        match self
+            .store
+            .try_begin(&message.job_name, &message.run_key, worker, lease)
+            .await?
+        {
             Some(start) => Ok(start),
             None => Ok(AttemptStart::Busy {
                 id: state.id,
                 until: state.lease_until.unwrap_or(state.now),
             }),
         }
-    }
-
-    async fn try_begin(
-        &self,
-        message: &JobMessage,
-        worker: &str,
-        lease: std::time::Duration,
-    ) -> Result<Option<AttemptStart>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => {
-                let started = lite
-                    .try_begin(&message.job_name, &message.run_key, worker, lease)
-                    .await?;
-                return Ok(started.map(|(id, attempt)| AttemptStart::Started { id, attempt }));
-            }
-        };
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let row = sqlx::query(concat!(
-            "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
-                 started_at = COALESCE(started_at, now()), worker = $3, next_dispatch_at = NULL, \
-                 lease_until = now() + make_interval(secs => $4::double precision / 1000), \
-                 updated_at = now() \
-             WHERE job_name = $1 AND run_key = $2 \
-               AND (status IN ",
-            waiting_statuses!(),
-            " \
-                    OR (status = 'running' AND (lease_until IS NULL OR lease_until < now()))) \
-             RETURNING id, attempts"
-        ))
-        .bind(&message.job_name)
-        .bind(&message.run_key)
-        .bind(worker)
-        .bind(lease_ms)
-        .fetch_optional(pool)
-        .await?;
-        row.map(|r| {
-            Ok(AttemptStart::Started {
-                id: r.try_get("id")?,
-                attempt: r.try_get("attempts")?,
-            })
-        })
-        .transpose()
-    }
-
-    async fn state_by_key(
-        &self,
-        job_name: &str,
-        run_key: &str,
-    ) -> Result<Option<RunState>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => {
-                let state = lite.state_by_key(job_name, run_key).await?;
-                return state
-                    .map(|(id, status, lease_until, now)| {
-                        Ok(RunState {
-                            id,
-                            status: status.parse().map_err(LedgerError::Corrupt)?,
-                            lease_until,
-                            now,
-                        })
-                    })
-                    .transpose();
-            }
-        };
-        let row = sqlx::query(
-            "SELECT id, status, lease_until, now() AS now FROM job_runs \
-             WHERE job_name = $1 AND run_key = $2",
-        )
-        .bind(job_name)
-        .bind(run_key)
-        .fetch_optional(pool)
-        .await?;
-        row.map(|r| {
-            let status: String = r.try_get("status")?;
-            Ok(RunState {
-                id: r.try_get("id")?,
-                status: status.parse().map_err(LedgerError::Corrupt)?,
-                lease_until: r.try_get("lease_until")?,
-                now: r.try_get("now")?,
-            })
-        })
-        .transpose()
     }
 
     /// Records a run that can never be processed (unknown job type, id
@@ -556,16 +417,10 @@ impl Ledger {
         last_error: Option<&str>,
         on_conflict: OnRunConflict,
     ) -> Result<u64, LedgerError> {
-        let done = match self.pg() {
-            Ok(pool) => {
-                self.insert_from_message_pg(pool, message, status, last_error, on_conflict)
-                    .await
-            }
-            Err(lite) => {
-                lite.insert_from_message(message, status, last_error, on_conflict)
-                    .await
-            }
-        };
+        let done = self
+            .store
+            .insert_from_message(message, status, last_error, on_conflict)
+            .await;
         match done {
             Ok(rows) => Ok(rows),
             // The run key is handled by ON CONFLICT; a unique violation here
@@ -578,48 +433,6 @@ impl Ledger {
             }
             Err(e) => Err(e.into()),
         }
-    }
-
-    async fn insert_from_message_pg(
-        &self,
-        pool: &sqlx::PgPool,
-        message: &JobMessage,
-        status: RunStatus,
-        last_error: Option<&str>,
-        on_conflict: OnRunConflict,
-    ) -> Result<u64, sqlx::Error> {
-        let on_conflict = match on_conflict {
-            OnRunConflict::Nothing => "DO NOTHING".to_owned(),
-            OnRunConflict::MarkDead => format!(
-                "DO UPDATE SET status = 'dead', last_error = EXCLUDED.last_error, \
-                 finished_at = now(), updated_at = now() WHERE job_runs.status IN {WAITING}"
-            ),
-        };
-        let options =
-            options_json(&message.options).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
-        let trace = message.trace.as_ref();
-        let done = sqlx::query(&format!(
-            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-                 dispatched_at, last_error, finished_at, trace_id, traceparent, options) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN now() END, $11, $12, $13) \
-             ON CONFLICT (job_name, run_key) {on_conflict}"
-        ))
-        .bind(message.message_id)
-        .bind(&message.job_name)
-        .bind(&message.run_key)
-        .bind(&message.job_type)
-        .bind(status.as_str())
-        .bind(&message.payload)
-        .bind(message.scheduled_at)
-        .bind(message.published_at)
-        .bind(last_error)
-        .bind(status.is_terminal())
-        .bind(trace.and_then(|t| t.trace_id()))
-        .bind(trace.map(|t| t.traceparent.as_str()))
-        .bind(options)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected())
     }
 
     /// Records the end of attempt `entry.attempt` and moves the run to `status`
@@ -652,33 +465,9 @@ impl Ledger {
         let entry = &entry.clone().into_storable();
         let last_error = last_error.map(crate::storable);
         let last_error = last_error.as_deref();
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => {
-                return lite
-                    .end_attempt(id, status, entry, last_error, redispatch_at)
-                    .await
-            }
-        };
-        let entry_json = serde_json::to_value(entry)
-            .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
-        let done = sqlx::query(
-            "UPDATE job_runs SET status = $2, last_error = $3, \
-                 finished_at = CASE WHEN $4 THEN now() ELSE NULL END, \
-                 attempt_log = attempt_log || jsonb_build_array($5::jsonb), \
-                 next_dispatch_at = $6, lease_until = NULL, updated_at = now() \
-             WHERE id = $1 AND status = 'running' AND attempts = $7",
-        )
-        .bind(id)
-        .bind(status.as_str())
-        .bind(last_error)
-        .bind(status.is_terminal())
-        .bind(entry_json)
-        .bind(redispatch_at)
-        .bind(entry.attempt)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.store
+            .end_attempt(id, status, entry, last_error, redispatch_at)
+            .await
     }
 
     /// Hands interrupted attempt `attempt` back (worker shutting down): the
@@ -696,21 +485,7 @@ impl Ledger {
         reason: &str,
     ) -> Result<bool, LedgerError> {
         let reason = &*crate::storable(reason);
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.hand_back(id, attempt, reason).await,
-        };
-        let done = sqlx::query(
-            "UPDATE job_runs SET status = 'retrying', last_error = $2, lease_until = NULL, \
-                 updated_at = now() \
-             WHERE id = $1 AND status = 'running' AND attempts = $3",
-        )
-        .bind(id)
-        .bind(reason)
-        .bind(attempt)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.store.hand_back(id, attempt, reason).await
     }
 
     /// One run by id.
@@ -719,16 +494,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.run(id).await,
-        };
-        Ok(
-            sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM job_runs WHERE id = $1"))
-                .bind(id)
-                .fetch_optional(pool)
-                .await?,
-        )
+        self.store.run(id).await
     }
 
     /// One run by `(job_name, run_key)`.
@@ -741,17 +507,7 @@ impl Ledger {
         job_name: &str,
         run_key: &str,
     ) -> Result<Option<RunRecord>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.run_by_key(job_name, run_key).await,
-        };
-        Ok(sqlx::query_as(&format!(
-            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = $1 AND run_key = $2"
-        ))
-        .bind(job_name)
-        .bind(run_key)
-        .fetch_optional(pool)
-        .await?)
+        self.store.run_by_key(job_name, run_key).await
     }
 
     /// The runs of `job_name`, oldest fire first, at most `limit`.
@@ -760,18 +516,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.runs_of(job_name, limit).await,
-        };
-        Ok(sqlx::query_as(&format!(
-            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = $1 \
-             ORDER BY scheduled_at ASC LIMIT $2"
-        ))
-        .bind(job_name)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+        self.store.runs_of(job_name, limit).await
     }
 }
 

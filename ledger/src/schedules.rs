@@ -5,7 +5,6 @@
 //! the replicas run.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 
 use crate::{Ledger, LedgerError};
 
@@ -48,25 +47,7 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached or the row
     /// breaks a table constraint.
     pub async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.upsert_schedule(row).await,
-        };
-        // Rows that did not change are left alone, so replicas starting
-        // together do not wake each other with notifications.
-        self.write_schedule(
-            pool,
-            row,
-            "DO UPDATE SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
-                 timezone = EXCLUDED.timezone, job_type = EXCLUDED.job_type, \
-                 payload = EXCLUDED.payload, options = EXCLUDED.options, spec = EXCLUDED.spec \
-             WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
-                    schedules.payload, schedules.options, schedules.spec) \
-                   IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_ms, EXCLUDED.timezone, \
-                    EXCLUDED.job_type, EXCLUDED.payload, EXCLUDED.options, EXCLUDED.spec)",
-        )
-        .await?;
-        Ok(())
+        self.store.upsert_schedule(row).await
     }
 
     /// Stores a new schedule (with `row.paused`). Returns `false`, and
@@ -77,38 +58,7 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached or the row
     /// breaks a table constraint.
     pub async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.insert_schedule(row).await,
-        };
-        Ok(self.write_schedule(pool, row, "DO NOTHING").await? == 1)
-    }
-
-    /// Inserts `row`, with `on_conflict` (an `ON CONFLICT (name)` action)
-    /// deciding what happens to an existing schedule; rows written.
-    async fn write_schedule(
-        &self,
-        pool: &sqlx::PgPool,
-        row: &ScheduleRow,
-        on_conflict: &str,
-    ) -> Result<u64, LedgerError> {
-        let done = sqlx::query(&format!(
-            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused, options, spec) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-             ON CONFLICT (name) {on_conflict}"
-        ))
-        .bind(&row.name)
-        .bind(&row.cron)
-        .bind(row.every_ms)
-        .bind(&row.timezone)
-        .bind(&row.job_type)
-        .bind(&row.payload)
-        .bind(row.paused)
-        .bind(&row.options)
-        .bind(&row.spec)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.store.insert_schedule(row).await
     }
 
     /// Replaces the definition of the existing schedule `row.name`; its
@@ -124,27 +74,7 @@ impl Ledger {
         row: &ScheduleRow,
         paused: Option<bool>,
     ) -> Result<bool, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.replace_schedule(row, paused).await,
-        };
-        let done = sqlx::query(
-            "UPDATE schedules SET cron = $2, every_ms = $3, timezone = $4, job_type = $5, \
-                 payload = $6, options = $7, spec = $8, paused = COALESCE($9, paused) \
-             WHERE name = $1",
-        )
-        .bind(&row.name)
-        .bind(&row.cron)
-        .bind(row.every_ms)
-        .bind(&row.timezone)
-        .bind(&row.job_type)
-        .bind(&row.payload)
-        .bind(&row.options)
-        .bind(&row.spec)
-        .bind(paused)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.store.replace_schedule(row, paused).await
     }
 
     /// Deletes one schedule; its runs stay in `job_runs`. Returns whether
@@ -154,15 +84,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.delete_schedule(name).await,
-        };
-        let done = sqlx::query("DELETE FROM schedules WHERE name = $1")
-            .bind(name)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        self.store.delete_schedule(name).await
     }
 
     /// All stored schedules, by name.
@@ -171,16 +93,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.schedules().await,
-        };
-        Ok(sqlx::query_as(
-            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
-             FROM schedules ORDER BY name",
-        )
-        .fetch_all(pool)
-        .await?)
+        self.store.schedules().await
     }
 
     /// Up to `limit` stored schedules by name, after `after` (keyset
@@ -194,18 +107,7 @@ impl Ledger {
         after: Option<&str>,
         limit: i64,
     ) -> Result<Vec<ScheduleRow>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.schedules_page(after, limit).await,
-        };
-        Ok(sqlx::query_as(
-            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
-             FROM schedules WHERE ($1::text IS NULL OR name > $1) ORDER BY name LIMIT $2",
-        )
-        .bind(after)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+        self.store.schedules_page(after, limit).await
     }
 
     /// One stored schedule.
@@ -214,17 +116,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.schedule(name).await,
-        };
-        Ok(sqlx::query_as(
-            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
-             FROM schedules WHERE name = $1",
-        )
-        .bind(name)
-        .fetch_optional(pool)
-        .await?)
+        self.store.schedule(name).await
     }
 
     /// The name and last change of every stored schedule: what a replica
@@ -234,16 +126,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.schedule_versions().await,
-        };
-        let rows = sqlx::query("SELECT name, updated_at FROM schedules")
-            .fetch_all(pool)
-            .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get("name")?, r.try_get("updated_at")?)))
-            .collect()
+        self.store.schedule_versions().await
     }
 
     /// Sets a schedule's paused flag. Returns whether the schedule exists.
@@ -252,16 +135,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.set_paused(name, paused).await,
-        };
-        let done = sqlx::query("UPDATE schedules SET paused = $2 WHERE name = $1")
-            .bind(name)
-            .bind(paused)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        self.store.set_paused(name, paused).await
     }
 
     /// Deletes the stored schedules whose names are not in `keep`; returns
@@ -274,15 +148,6 @@ impl Ledger {
         &self,
         keep: &[String],
     ) -> Result<Vec<String>, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.delete_schedules_except(keep).await,
-        };
-        Ok(
-            sqlx::query_scalar("DELETE FROM schedules WHERE NOT (name = ANY($1)) RETURNING name")
-                .bind(keep)
-                .fetch_all(pool)
-                .await?,
-        )
+        self.store.delete_schedules_except(keep).await
     }
 }

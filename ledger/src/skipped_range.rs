@@ -44,37 +44,7 @@ impl Ledger {
         if ranges.is_empty() {
             return Ok(());
         }
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.record_skipped_ranges(ranges).await,
-        };
-        let names: Vec<&str> = ranges.iter().map(|r| r.job_name.as_str()).collect();
-        let after: Vec<DateTime<Utc>> = ranges.iter().map(|r| r.after).collect();
-        let until: Vec<DateTime<Utc>> = ranges.iter().map(|r| r.until).collect();
-        let counts: Vec<i64> = ranges
-            .iter()
-            .map(|r| i64::try_from(r.skipped).unwrap_or(i64::MAX))
-            .collect();
-        let reasons: Vec<String> = ranges
-            .iter()
-            .map(|r| crate::storable(&r.reason).into_owned())
-            .collect();
-        let by: Vec<&str> = ranges.iter().map(|r| r.recorded_by.as_str()).collect();
-        sqlx::query(
-            "INSERT INTO skipped_ranges (job_name, after_at, until_at, skipped, reason, recorded_by) \
-             SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], \
-                                  $5::text[], $6::text[]) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(&names)
-        .bind(&after)
-        .bind(&until)
-        .bind(&counts)
-        .bind(&reasons)
-        .bind(&by)
-        .execute(pool)
-        .await?;
-        Ok(())
+        self.store.record_skipped_ranges(ranges).await
     }
 
     /// Deletes up to `batch` skipped spans recorded before `cutoff`;
@@ -88,10 +58,6 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        let pool = match self.pg() {
-            Ok(pool) => pool,
-            Err(lite) => return lite.prune_skipped_ranges(cutoff, batch).await,
-        };
-        crate::retention::prune_recorded(pool, "skipped_ranges", cutoff, batch).await
+        self.store.prune_skipped_ranges(cutoff, batch).await
     }
 }

@@ -88,6 +88,9 @@ macro_rules! waiting_statuses {
 }
 pub(crate) use waiting_statuses;
 
+/// Statuses of a run no worker is executing right now, as an SQL list.
+pub(crate) const WAITING: &str = waiting_statuses!();
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -104,105 +104,29 @@ impl Claimer {
         self.lock.as_ref()
     }
 
-    /// Tries to own the fire of `schedule` at `at`.
+    /// Tries to own the fire of `schedule` at `at` from the timer: a batch
+    /// of one ([`Claimer::claim_batch`]), its `claim` span a child of the
+    /// caller's span (so the run's trace is the caller's).
     ///
     /// # Errors
     ///
-    /// [`SchedulerError::Ledger`] when the ledger cannot be reached (the
-    /// fire is not claimed by this replica); [`SchedulerError::Name`] when the
-    /// schedule name cannot form a run key (validated schedules always can).
+    /// The ledger's error, as text, when it cannot be reached (the fire is
+    /// not claimed by this replica), or the run key's when the schedule name
+    /// cannot form one (validated schedules always can).
     pub async fn claim(
         &self,
         schedule: &Schedule,
         at: DateTime<Utc>,
-    ) -> Result<ClaimOutcome, SchedulerError> {
-        self.claim_from(schedule, at, FireSource::Timer).await
-    }
-
-    /// [`Claimer::claim`] through the ledger alone, skipping the lock: for
-    /// recovered fires, whose lock may still be held by a replica that died
-    /// before recording them (the ledger decides correctly either way).
-    ///
-    /// # Errors
-    ///
-    /// As [`Claimer::claim`].
-    pub async fn claim_unlocked(
-        &self,
-        schedule: &Schedule,
-        at: DateTime<Utc>,
-    ) -> Result<ClaimOutcome, SchedulerError> {
-        self.claim_from(schedule, at, FireSource::Recovery).await
-    }
-
-    /// [`Claimer::claim`] for a fire from `source` (see [`FireSource`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`Claimer::claim`].
-    pub async fn claim_from(
-        &self,
-        schedule: &Schedule,
-        at: DateTime<Utc>,
-        source: FireSource,
-    ) -> Result<ClaimOutcome, SchedulerError> {
+    ) -> Result<ClaimOutcome, String> {
         let span = tracing::info_span!(
             "claim",
-            belfry.lock = source.uses_lock() && self.lock.is_some(),
+            belfry.lock = self.lock.is_some(),
             belfry.claim = tracing::field::Empty
         );
-        let outcome = self
-            .claim_inner(schedule, at, source)
-            .instrument(span.clone())
-            .await;
-        span.record("belfry.claim", claim_label(outcome.as_ref().ok()));
-        outcome
-    }
-
-    async fn claim_inner(
-        &self,
-        schedule: &Schedule,
-        at: DateTime<Utc>,
-        source: FireSource,
-    ) -> Result<ClaimOutcome, SchedulerError> {
-        let use_lock = source.uses_lock();
-        let key = run_key(&schedule.name, at).map_err(|belfry_protocol::RunKeyError::Name(e)| e)?;
-        let mut locked = false;
-        if let Some(lock) = self.lock.as_ref().filter(|_| use_lock) {
-            match lock.try_acquire(&schedule.name, &key).await {
-                Ok(LockOutcome::Acquired) => locked = true,
-                Ok(LockOutcome::HeldElsewhere) => {
-                    FireCounters::add(&self.counters.claims_lost_lock, 1);
-                    tracing::debug!(run_key = %key, "fire taken by another replica (lock)");
-                    return Ok(ClaimOutcome::LostAtLock);
-                }
-                Err(_) => {
-                    // Already logged (rate-limited) by the lock; the ledger
-                    // alone still decides correctly.
-                    FireCounters::add(&self.counters.lock_fallbacks, 1);
-                }
-            }
-        }
-        let run = self.new_run(schedule, key, at, source.claimed_by(&self.instance));
-        let claimed = match self.insert(&run, schedule.overlap, true).await {
-            Ok(Some(claimed)) => claimed,
-            Ok(None) => return Ok(ClaimOutcome::Overlapped),
-            Err(e) => {
-                // The fire is not recorded: give the lock back so another
-                // replica is not turned away from a fire nobody owns.
-                if let (true, Some(lock)) = (locked, &self.lock) {
-                    lock.release(&run.job_name, &run.run_key).await;
-                }
-                return Err(e.into());
-            }
-        };
-        if claimed {
-            FireCounters::add(&self.counters.claims_won, 1);
-            Ok(ClaimOutcome::Won(Box::new(run)))
-        } else {
-            FireCounters::add(&self.counters.claims_lost_ledger, 1);
-            tracing::debug!(run_key = %run.run_key, "fire taken by another replica (ledger)");
-            Ok(ClaimOutcome::LostAtLedger)
-        }
+        self.claim_batch(&[(schedule, at)], &[span], FireSource::Timer)
+            .await
+            .pop()
+            .unwrap_or_else(|| Err("not claimed".into()))
     }
 
     /// Claims a manual run of `schedule` (an operator's "run it now"): its
@@ -316,18 +240,20 @@ impl Claimer {
         }
     }
 
-    /// Claims many fires at once, one outcome per fire in order: one
-    /// pipelined Redis round trip takes every lock (fires whose lock is held
-    /// elsewhere are lost there and cost nothing more), then one multi-row
-    /// insert claims the rest, each row decided by the unique constraint as
-    /// in [`Claimer::claim`]. `claim_spans` (one per fire) receive each
+    /// Claims fires, one outcome per fire in order; every fire is claimed
+    /// here, a lone fire as a batch of one. One pipelined Redis round trip
+    /// takes every lock (with [`FireSource::Timer`]; fires whose lock is
+    /// held elsewhere are lost there and cost nothing more), then one
+    /// multi-row insert claims the fires of schedules that allow overlap,
+    /// each row decided by the unique constraint, while each fire of a
+    /// schedule that forbids overlap gets its per-schedule decision
+    /// ([`belfry_ledger::Ledger::claim_exclusive_with`]: claimed, or
+    /// recorded as skipped). `claim_spans` (one per fire) receive each
     /// fire's `belfry.claim`, and each run's trace starts in its span.
     ///
-    /// Only for schedules that allow overlap: a forbidding schedule's claim
-    /// needs its per-schedule decision ([`Claimer::claim`]).
-    ///
-    /// An unreachable ledger fails every fire of the batch (`Err`), after
-    /// giving back the locks it took.
+    /// A fire the ledger could not record fails (`Err`, the ledger's error
+    /// as text) after giving back the lock it took: an unreachable ledger
+    /// fails every fire of the batch.
     pub async fn claim_batch(
         &self,
         fires: &[(&Schedule, DateTime<Utc>)],
@@ -373,6 +299,7 @@ impl Claimer {
         }
         let mut runs = Vec::new();
         let mut run_index = Vec::new();
+        let mut exclusive = Vec::new();
         for (i, ((schedule, at), key)) in fires.iter().zip(&keys).enumerate() {
             if outcomes[i].is_none() {
                 // Inside the fire's claim span: the run's trace is its fire's.
@@ -384,32 +311,47 @@ impl Claimer {
                         source.claimed_by(&self.instance),
                     )
                 });
-                runs.push(run);
-                run_index.push(i);
+                if schedule.overlap == OverlapPolicy::Forbid {
+                    exclusive.push((i, run));
+                } else {
+                    runs.push(run);
+                    run_index.push(i);
+                }
             }
         }
-        match self.ledger.claim_many(&runs).await {
+        // Both kinds at once: the exclusive claims are decided one by one,
+        // each under its own schedule's advisory lock, so they do not wait
+        // for the batch (nor it for them).
+        let decided = futures::future::join_all(exclusive.into_iter().map(|(i, run)| {
+            let span = claim_spans[i].clone();
+            async move { (i, self.insert(&run, OverlapPolicy::Forbid, true).await, run) }
+                .instrument(span)
+        }));
+        let (decided, batch) = tokio::join!(decided, self.claim_shared(&runs));
+        for (i, inserted, run) in decided {
+            outcomes[i] = Some(match inserted {
+                Ok(Some(won)) => Ok(self.claimed(run, won)),
+                Ok(None) => Ok(ClaimOutcome::Overlapped),
+                Err(e) => {
+                    self.release(locked[i], &fires[i].0.name, &keys[i]).await;
+                    Err(e.to_string())
+                }
+            });
+        }
+        match batch {
             Ok(won) => {
                 for (run, i) in runs.into_iter().zip(run_index) {
-                    outcomes[i] = Some(Ok(if won.contains(&run.id) {
-                        FireCounters::add(&self.counters.claims_won, 1);
-                        ClaimOutcome::Won(Box::new(run))
-                    } else {
-                        FireCounters::add(&self.counters.claims_lost_ledger, 1);
-                        ClaimOutcome::LostAtLedger
-                    }));
+                    let this = won.contains(&run.id);
+                    outcomes[i] = Some(Ok(self.claimed(run, this)));
                 }
             }
             Err(e) => {
                 // Nothing of the batch is recorded: give the locks back so
                 // other replicas are not turned away from fires nobody owns.
-                if let Some(lock) = &self.lock {
-                    let releases = run_index
-                        .iter()
-                        .filter(|i| locked[**i])
-                        .map(|i| lock.release(&fires[*i].0.name, &keys[*i]));
-                    futures::future::join_all(releases).await;
-                }
+                let releases = run_index
+                    .iter()
+                    .map(|i| self.release(locked[*i], &fires[*i].0.name, &keys[*i]));
+                futures::future::join_all(releases).await;
                 let reason = e.to_string();
                 for i in run_index {
                     outcomes[i] = Some(Err(reason.clone()));
@@ -425,6 +367,41 @@ impl Claimer {
                 outcome
             })
             .collect()
+    }
+}
+
+impl Claimer {
+    /// One multi-row insert for the fires of schedules that allow overlap
+    /// (none: nothing to ask).
+    async fn claim_shared(
+        &self,
+        runs: &[NewRun],
+    ) -> Result<std::collections::HashSet<Uuid>, belfry_ledger::LedgerError> {
+        if runs.is_empty() {
+            return Ok(std::collections::HashSet::new());
+        }
+        self.ledger.claim_many(runs).await
+    }
+
+    /// The outcome of a run the ledger recorded (`won`) or found taken,
+    /// counted.
+    fn claimed(&self, run: NewRun, won: bool) -> ClaimOutcome {
+        if won {
+            FireCounters::add(&self.counters.claims_won, 1);
+            ClaimOutcome::Won(Box::new(run))
+        } else {
+            FireCounters::add(&self.counters.claims_lost_ledger, 1);
+            tracing::debug!(run_key = %run.run_key, "fire taken by another replica (ledger)");
+            ClaimOutcome::LostAtLedger
+        }
+    }
+
+    /// Gives back the lock of a fire nobody recorded (when this claim took
+    /// it), so another replica is not turned away from a fire nobody owns.
+    async fn release(&self, locked: bool, name: &str, key: &str) {
+        if let (true, Some(lock)) = (locked, &self.lock) {
+            lock.release(name, key).await;
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use lapin::BasicProperties;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use belfry_broker::{Broker, Publisher};
+use belfry_broker::{Broker, JobQueue, Publisher};
 use belfry_ledger::{Ledger, NewRun, RunRecord, RunStatus};
 use belfry_protocol::{run_key, JobMessage, Topology, TraceContext, MESSAGE_VERSION};
 
@@ -265,9 +265,8 @@ impl TestEnv {
         ledger.migrate().await.unwrap_or_else(|e| panic!("{e}"));
         let namespace = format!("t{id}");
         let topology = Topology::new(&namespace).unwrap_or_else(|e| panic!("{e}"));
-        let queue = ledger
-            .job_queue()
-            .unwrap_or_else(|| panic!("an embedded ledger has a job queue"));
+        let queue =
+            embedded_queue(&ledger).unwrap_or_else(|| panic!("an embedded ledger has a job queue"));
         let broker = Broker::embedded(queue, topology.clone());
         Self {
             database: path.display().to_string(),
@@ -408,8 +407,8 @@ impl TestEnv {
 
     /// Publishes raw bytes to the job exchange with `routing_key`.
     pub async fn publish_raw(&self, routing_key: &str, body: &[u8]) {
-        if let Some(queue) = self.ledger.job_queue() {
-            let message = belfry_ledger::OutgoingMessage {
+        if let Some(queue) = embedded_queue(&self.ledger) {
+            let message = belfry_broker::OutgoingMessage {
                 routing_key,
                 body,
                 message_id: None,
@@ -447,7 +446,7 @@ impl TestEnv {
 
     /// Takes every message now in the dead-letter queue: `(body, reason)`.
     pub async fn drain_dead_letters(&self) -> Vec<(Vec<u8>, String)> {
-        if let Some(queue) = self.ledger.job_queue() {
+        if let Some(queue) = embedded_queue(&self.ledger) {
             return queue
                 .drain_dead_letters()
                 .await
@@ -737,9 +736,16 @@ pub async fn wait_running(env: &TestEnv, message: &JobMessage, within: Duration)
     .await;
 }
 
+/// The job queue in an embedded ledger's file; `None` on Postgres.
+pub fn embedded_queue(ledger: &Ledger) -> Option<JobQueue> {
+    ledger
+        .embedded_file()
+        .map(|f| JobQueue::new(f.reader, f.writer, f.session, f.queue_ready))
+}
+
 /// Counts messages currently in `queue`, or `None` when it does not exist.
 pub async fn queue_len(env: &TestEnv, queue: &str) -> Option<u32> {
-    if let Some(q) = env.ledger.job_queue() {
+    if let Some(q) = embedded_queue(&env.ledger) {
         let ready = q.depth(queue).await.unwrap_or_else(|e| panic!("{e}"));
         return u32::try_from(ready).ok();
     }

@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use belfry_broker::{Broker, PublisherSlot};
+use belfry_broker::{Broker, JobQueue, PublisherSlot};
 use belfry_ledger::{AttemptBatcher, Ledger};
 use belfry_protocol::{validate_name, Topology};
 
@@ -68,8 +68,12 @@ impl Worker {
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
         ledger.migrate().await?;
-        let broker = Broker::for_ledger(
-            &ledger,
+        // An embedded ledger's file holds the job queue too.
+        let queue = ledger
+            .embedded_file()
+            .map(|f| JobQueue::new(f.reader, f.writer, f.session, f.queue_ready));
+        let broker = Broker::embedded_or_connect(
+            queue,
             &config.amqp_url,
             topology,
             &format!("belfry-worker {} ({})", config.instance, config.group),

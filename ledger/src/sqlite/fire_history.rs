@@ -11,13 +11,40 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use uuid::Uuid;
 
+use async_trait::async_trait;
+
 use super::{now, now_minus, ts, SqliteLedger};
 use crate::fire_history::{live_fire, ExclusiveClaim, LateClaim};
 use crate::runs::NewRun;
+use crate::store::FireHistoryStore;
 use crate::LedgerError;
 
-impl SqliteLedger {
-    pub(crate) async fn last_fires(
+async fn insert_skip(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    job_name: &str,
+    run_key: &str,
+    scheduled_at: &str,
+    reason: &str,
+    by: &str,
+) -> Result<(), LedgerError> {
+    sqlx::query(
+        "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by, recorded_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+    )
+    .bind(job_name)
+    .bind(run_key)
+    .bind(scheduled_at)
+    .bind(reason)
+    .bind(by)
+    .bind(now())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl FireHistoryStore for SqliteLedger {
+    async fn last_fires(
         &self,
         job_names: &[String],
     ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
@@ -39,7 +66,7 @@ impl SqliteLedger {
         Ok(out)
     }
 
-    pub(crate) async fn claim_exclusive_with(
+    async fn claim_exclusive_with(
         &self,
         run: &NewRun,
         record_skip: bool,
@@ -95,7 +122,7 @@ impl SqliteLedger {
         })
     }
 
-    pub(crate) async fn late_claims(
+    async fn late_claims(
         &self,
         older_than: Duration,
         grace: Duration,
@@ -124,7 +151,7 @@ impl SqliteLedger {
         .await?)
     }
 
-    pub(crate) async fn skip_claimed(
+    async fn skip_claimed(
         &self,
         ids: &[Uuid],
         reason: &str,
@@ -161,7 +188,7 @@ impl SqliteLedger {
         Ok(skipped)
     }
 
-    pub(crate) async fn recorded_keys(
+    async fn recorded_keys(
         &self,
         keys: &[(String, String)],
     ) -> Result<HashSet<String>, LedgerError> {
@@ -182,7 +209,7 @@ impl SqliteLedger {
         Ok(found)
     }
 
-    pub(crate) async fn mark_stuck(
+    async fn mark_stuck(
         &self,
         after: Duration,
         limit: i64,
@@ -219,7 +246,7 @@ impl SqliteLedger {
             .collect()
     }
 
-    pub(crate) async fn skipped_fires(
+    async fn skipped_fires(
         &self,
         job_name: &str,
         limit: i64,
@@ -236,27 +263,4 @@ impl SqliteLedger {
             .map(|r| Ok((r.try_get("run_key")?, r.try_get("reason")?)))
             .collect()
     }
-}
-
-async fn insert_skip(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    job_name: &str,
-    run_key: &str,
-    scheduled_at: &str,
-    reason: &str,
-    by: &str,
-) -> Result<(), LedgerError> {
-    sqlx::query(
-        "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by, recorded_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
-    )
-    .bind(job_name)
-    .bind(run_key)
-    .bind(scheduled_at)
-    .bind(reason)
-    .bind(by)
-    .bind(now())
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
 }

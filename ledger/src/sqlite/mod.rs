@@ -24,7 +24,6 @@
 //!   commits back.
 
 mod fire_history;
-mod job_queue;
 mod outbox;
 mod runs;
 mod schedules;
@@ -41,8 +40,10 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::SqlitePool;
 use tokio::sync::{broadcast, Notify};
 
-pub use job_queue::{JobQueue, OutgoingMessage, QueuedMessage};
+use async_trait::async_trait;
 
+use crate::schedule_listener::ScheduleListener;
+use crate::store::Lifecycle;
 use crate::LedgerError;
 
 /// The embedded migrations of `sqlite-migrations/`.
@@ -164,26 +165,6 @@ impl SqliteLedger {
         })
     }
 
-    /// Applies pending migrations of the embedded schema.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Migrate`] when a migration fails or the file holds a
-    /// migration this build does not know.
-    pub(crate) async fn migrate(&self) -> Result<(), LedgerError> {
-        MIGRATOR.run(&self.writer).await?;
-        // Once per opening of the file: later calls (a replica and a worker
-        // of this process migrating in turn) must not end this process's
-        // own live leases.
-        if self
-            .taken_over
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            return Ok(());
-        }
-        self.take_over_from_previous_owner().await
-    }
-
     /// A run left `running` in the file belongs to a process that is gone
     /// (this one owns the file, and has not started anything yet): its
     /// lease is ended now instead of when it would have run out, so the
@@ -209,11 +190,6 @@ impl SqliteLedger {
         Ok(())
     }
 
-    /// Whether the database answers a trivial query.
-    pub(crate) async fn ping(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
-    }
-
     /// Starts a transaction that holds the write lock from its first
     /// statement, for read-then-write decisions.
     pub(crate) async fn write_tx(
@@ -227,16 +203,63 @@ impl SqliteLedger {
         // No receiver (no replica running) is fine: nothing to tell.
         let _ = self.schedule_changes.send(name.to_owned());
     }
+}
 
-    /// The `taken_by` value of `consumer` in this session.
-    pub(crate) fn holder(&self, consumer: &str) -> String {
-        format!("{}/{consumer}", self.session)
+#[async_trait]
+impl Lifecycle for SqliteLedger {
+    /// Applies pending migrations of the embedded schema.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Migrate`] when a migration fails or the file holds a
+    /// migration this build does not know.
+    async fn migrate(&self) -> Result<(), LedgerError> {
+        MIGRATOR.run(&self.writer).await?;
+        // Once per opening of the file: later calls (a replica and a worker
+        // of this process migrating in turn) must not end this process's
+        // own live leases.
+        if self
+            .taken_over
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        self.take_over_from_previous_owner().await
+    }
+
+    /// Whether the database answers a trivial query.
+    async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    /// The embedded database has no clock of its own: its answer is the
+    /// system clock.
+    async fn clock_probe(
+        &self,
+        local: &(dyn Fn() -> DateTime<Utc> + Send + Sync),
+    ) -> Result<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>), LedgerError> {
+        let before = local();
+        Ok((before, Utc::now(), local()))
+    }
+
+    /// In-process announcements stand for `LISTEN/NOTIFY` (one process
+    /// owns the file).
+    async fn listen_schedules(&self, _channel: &str) -> Result<ScheduleListener, LedgerError> {
+        Ok(ScheduleListener::local(self.schedule_changes.subscribe()))
     }
 
     /// Closes the pool (connections finish their statements first).
-    pub(crate) async fn close(&self) {
+    async fn close(&self) {
         self.pool.close().await;
         self.writer.close().await;
+    }
+
+    fn pg_pool(&self) -> Option<&sqlx::PgPool> {
+        None
+    }
+
+    fn embedded(&self) -> Option<&SqliteLedger> {
+        Some(self)
     }
 }
 

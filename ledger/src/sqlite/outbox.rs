@@ -8,16 +8,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use async_trait::async_trait;
+
 use super::{now, now_plus, ts, SqliteLedger};
 use crate::runs::{RunRecord, RUN_COLUMNS};
+use crate::store::OutboxStore;
 use crate::LedgerError;
 
-impl SqliteLedger {
-    pub(crate) async fn take_due(
-        &self,
-        limit: i64,
-        lease: Duration,
-    ) -> Result<Vec<RunRecord>, LedgerError> {
+#[async_trait]
+impl OutboxStore for SqliteLedger {
+    async fn take_due(&self, limit: i64, lease: Duration) -> Result<Vec<RunRecord>, LedgerError> {
         Ok(sqlx::query_as(&format!(
             "UPDATE job_runs SET next_dispatch_at = ?3 \
              WHERE id IN (SELECT id FROM job_runs \
@@ -32,11 +32,7 @@ impl SqliteLedger {
         .await?)
     }
 
-    pub(crate) async fn mark_republished(
-        &self,
-        id: Uuid,
-        lease: DateTime<Utc>,
-    ) -> Result<bool, LedgerError> {
+    async fn mark_republished(&self, id: Uuid, lease: DateTime<Utc>) -> Result<bool, LedgerError> {
         let done = sqlx::query(
             "UPDATE job_runs SET \
                  status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
@@ -51,7 +47,7 @@ impl SqliteLedger {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(crate) async fn postpone_dispatch(
+    async fn postpone_dispatch(
         &self,
         id: Uuid,
         lease: DateTime<Utc>,

@@ -13,10 +13,16 @@ use uuid::Uuid;
 
 use belfry_protocol::JobMessage;
 
+use async_trait::async_trait;
+
 use super::{now, now_plus, ts, SqliteLedger};
 use crate::attempt_batch::{BeginRequest, EndRequest};
-use crate::runs::{options_json, AttemptEntry, NewRun, OnRunConflict, RunRecord, RUN_COLUMNS};
+use crate::runs::{
+    options_json, AttemptEntry, AttemptStart, NewRun, OnRunConflict, RunRecord, RunState,
+    RUN_COLUMNS,
+};
 use crate::status::waiting_statuses;
+use crate::store::RunStore;
 use crate::{LedgerError, RunStatus};
 
 /// The insert of a claim; one row.
@@ -58,15 +64,55 @@ const END: &str = "UPDATE job_runs SET status = ?2, last_error = ?3, \
          next_dispatch_at = ?6, lease_until = NULL, updated_at = ?8 \
      WHERE id = ?1 AND status = 'running' AND attempts = ?7";
 
-impl SqliteLedger {
-    pub(crate) async fn claim(&self, run: &NewRun) -> Result<bool, LedgerError> {
-        let mut tx = self.writer.begin().await?;
-        let won = claim_in(&mut tx, run).await?;
-        tx.commit().await?;
-        Ok(won)
-    }
+pub(super) async fn claim_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    run: &NewRun,
+) -> Result<bool, LedgerError> {
+    let inserted: Option<Uuid> = sqlx::query_scalar(CLAIM)
+        .bind(run.id)
+        .bind(&run.job_name)
+        .bind(&run.run_key)
+        .bind(&run.job_type)
+        .bind(&run.payload)
+        .bind(ts(run.scheduled_at))
+        .bind(&run.claimed_by)
+        .bind(now())
+        .bind(&run.trace_id)
+        .bind(&run.traceparent)
+        .bind(options_json(&run.options)?)
+        .bind(ts(run.next_dispatch_at))
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(inserted.is_some())
+}
 
-    pub(crate) async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
+async fn end_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    id: Uuid,
+    status: RunStatus,
+    entry: &AttemptEntry,
+    last_error: Option<&str>,
+    redispatch_at: Option<DateTime<Utc>>,
+) -> Result<bool, LedgerError> {
+    let entry_json = serde_json::to_string(entry)
+        .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
+    let done = sqlx::query(END)
+        .bind(id)
+        .bind(status.as_str())
+        .bind(last_error)
+        .bind(status.is_terminal())
+        .bind(entry_json)
+        .bind(redispatch_at.map(ts))
+        .bind(entry.attempt)
+        .bind(now())
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+#[async_trait]
+impl RunStore for SqliteLedger {
+    async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
         let mut won = HashSet::with_capacity(runs.len());
         let at = now();
         // Multi-row inserts of at most 256 rows (13 parameters each, far
@@ -108,7 +154,7 @@ impl SqliteLedger {
         Ok(won)
     }
 
-    pub(crate) async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
+    async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
         let at = now();
         // The two statements of the Postgres version, in one transaction:
         // only a `claimed` row moves (that is the answer); a row a fast
@@ -138,7 +184,7 @@ impl SqliteLedger {
         Ok(moved)
     }
 
-    pub(crate) async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError> {
+    async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError> {
         let mut touched = 0;
         let at = now();
         let mut tx = self.write_tx().await?;
@@ -154,7 +200,7 @@ impl SqliteLedger {
         Ok(touched)
     }
 
-    pub(crate) async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
+    async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
         let done = sqlx::query(concat!(
             "UPDATE job_runs SET status = 'dead', last_error = ?2, finished_at = ?3, \
                  updated_at = ?3 \
@@ -169,13 +215,13 @@ impl SqliteLedger {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(crate) async fn try_begin(
+    async fn try_begin(
         &self,
         job_name: &str,
         run_key: &str,
         worker: &str,
         lease: Duration,
-    ) -> Result<Option<(Uuid, i32)>, LedgerError> {
+    ) -> Result<Option<AttemptStart>, LedgerError> {
         let row = sqlx::query(BEGIN)
             .bind(job_name)
             .bind(run_key)
@@ -184,15 +230,20 @@ impl SqliteLedger {
             .bind(now_plus(lease))
             .fetch_optional(&self.writer)
             .await?;
-        row.map(|r| Ok((r.try_get("id")?, r.try_get("attempts")?)))
-            .transpose()
+        row.map(|r| {
+            Ok(AttemptStart::Started {
+                id: r.try_get("id")?,
+                attempt: r.try_get("attempts")?,
+            })
+        })
+        .transpose()
     }
 
-    pub(crate) async fn state_by_key(
+    async fn state_by_key(
         &self,
         job_name: &str,
         run_key: &str,
-    ) -> Result<Option<(Uuid, String, Option<DateTime<Utc>>, DateTime<Utc>)>, LedgerError> {
+    ) -> Result<Option<RunState>, LedgerError> {
         let row = sqlx::query(
             "SELECT id, status, lease_until FROM job_runs WHERE job_name = ?1 AND run_key = ?2",
         )
@@ -201,17 +252,18 @@ impl SqliteLedger {
         .fetch_optional(&self.pool)
         .await?;
         row.map(|r| {
-            Ok((
-                r.try_get("id")?,
-                r.try_get("status")?,
-                r.try_get("lease_until")?,
-                Utc::now(),
-            ))
+            let status: String = r.try_get("status")?;
+            Ok(RunState {
+                id: r.try_get("id")?,
+                status: status.parse().map_err(LedgerError::Corrupt)?,
+                lease_until: r.try_get("lease_until")?,
+                now: Utc::now(),
+            })
         })
         .transpose()
     }
 
-    pub(crate) async fn insert_from_message(
+    async fn insert_from_message(
         &self,
         message: &JobMessage,
         status: RunStatus,
@@ -258,7 +310,7 @@ impl SqliteLedger {
         Ok(done.rows_affected())
     }
 
-    pub(crate) async fn end_attempt(
+    async fn end_attempt(
         &self,
         id: Uuid,
         status: RunStatus,
@@ -272,12 +324,7 @@ impl SqliteLedger {
         Ok(done)
     }
 
-    pub(crate) async fn hand_back(
-        &self,
-        id: Uuid,
-        attempt: i32,
-        reason: &str,
-    ) -> Result<bool, LedgerError> {
+    async fn hand_back(&self, id: Uuid, attempt: i32, reason: &str) -> Result<bool, LedgerError> {
         let done = sqlx::query(
             "UPDATE job_runs SET status = 'retrying', last_error = ?2, lease_until = NULL, \
                  updated_at = ?4 \
@@ -292,7 +339,7 @@ impl SqliteLedger {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(crate) async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
+    async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
         Ok(
             sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM job_runs WHERE id = ?1"))
                 .bind(id)
@@ -301,7 +348,7 @@ impl SqliteLedger {
         )
     }
 
-    pub(crate) async fn run_by_key(
+    async fn run_by_key(
         &self,
         job_name: &str,
         run_key: &str,
@@ -315,11 +362,7 @@ impl SqliteLedger {
         .await?)
     }
 
-    pub(crate) async fn runs_of(
-        &self,
-        job_name: &str,
-        limit: i64,
-    ) -> Result<Vec<RunRecord>, LedgerError> {
+    async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
         Ok(sqlx::query_as(&format!(
             "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = ?1 \
              ORDER BY scheduled_at ASC LIMIT ?2"
@@ -330,7 +373,7 @@ impl SqliteLedger {
         .await?)
     }
 
-    pub(crate) async fn begin_batch(
+    async fn begin_batch(
         &self,
         batch: &[BeginRequest],
     ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
@@ -360,7 +403,7 @@ impl SqliteLedger {
         Ok(out)
     }
 
-    pub(crate) async fn renew_leases(
+    async fn renew_leases(
         &self,
         held: &[(Uuid, i32)],
         lease: std::time::Duration,
@@ -386,7 +429,7 @@ impl SqliteLedger {
         Ok(renewed)
     }
 
-    pub(crate) async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
+    async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
         let mut out = Vec::with_capacity(batch.len());
         let mut tx = self.write_tx().await?;
         for r in batch {
@@ -405,50 +448,4 @@ impl SqliteLedger {
         tx.commit().await?;
         Ok(out)
     }
-}
-
-pub(super) async fn claim_in(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    run: &NewRun,
-) -> Result<bool, LedgerError> {
-    let inserted: Option<Uuid> = sqlx::query_scalar(CLAIM)
-        .bind(run.id)
-        .bind(&run.job_name)
-        .bind(&run.run_key)
-        .bind(&run.job_type)
-        .bind(&run.payload)
-        .bind(ts(run.scheduled_at))
-        .bind(&run.claimed_by)
-        .bind(now())
-        .bind(&run.trace_id)
-        .bind(&run.traceparent)
-        .bind(options_json(&run.options)?)
-        .bind(ts(run.next_dispatch_at))
-        .fetch_optional(&mut **tx)
-        .await?;
-    Ok(inserted.is_some())
-}
-
-async fn end_in(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    id: Uuid,
-    status: RunStatus,
-    entry: &AttemptEntry,
-    last_error: Option<&str>,
-    redispatch_at: Option<DateTime<Utc>>,
-) -> Result<bool, LedgerError> {
-    let entry_json = serde_json::to_string(entry)
-        .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
-    let done = sqlx::query(END)
-        .bind(id)
-        .bind(status.as_str())
-        .bind(last_error)
-        .bind(status.is_terminal())
-        .bind(entry_json)
-        .bind(redispatch_at.map(ts))
-        .bind(entry.attempt)
-        .bind(now())
-        .execute(&mut **tx)
-        .await?;
-    Ok(done.rows_affected() == 1)
 }

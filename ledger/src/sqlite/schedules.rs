@@ -6,32 +6,14 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
+use async_trait::async_trait;
+
 use super::{now, SqliteLedger};
 use crate::schedules::{ScheduleRow, SCHEDULE_COLUMNS};
+use crate::store::ScheduleStore;
 use crate::LedgerError;
 
 impl SqliteLedger {
-    pub(crate) async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
-        // Rows that did not change are left alone (no announcement either).
-        self.write_schedule(
-            row,
-            "DO UPDATE SET cron = excluded.cron, every_ms = excluded.every_ms, \
-                 timezone = excluded.timezone, job_type = excluded.job_type, \
-                 payload = excluded.payload, options = excluded.options, spec = excluded.spec, \
-                 updated_at = excluded.updated_at \
-             WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
-                    schedules.payload, schedules.options, schedules.spec) \
-                   IS NOT (excluded.cron, excluded.every_ms, excluded.timezone, \
-                    excluded.job_type, excluded.payload, excluded.options, excluded.spec)",
-        )
-        .await?;
-        Ok(())
-    }
-
-    pub(crate) async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError> {
-        Ok(self.write_schedule(row, "DO NOTHING").await? == 1)
-    }
-
     async fn write_schedule(
         &self,
         row: &ScheduleRow,
@@ -60,8 +42,32 @@ impl SqliteLedger {
         }
         Ok(done.rows_affected())
     }
+}
 
-    pub(crate) async fn replace_schedule(
+#[async_trait]
+impl ScheduleStore for SqliteLedger {
+    async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
+        // Rows that did not change are left alone (no announcement either).
+        self.write_schedule(
+            row,
+            "DO UPDATE SET cron = excluded.cron, every_ms = excluded.every_ms, \
+                 timezone = excluded.timezone, job_type = excluded.job_type, \
+                 payload = excluded.payload, options = excluded.options, spec = excluded.spec, \
+                 updated_at = excluded.updated_at \
+             WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
+                    schedules.payload, schedules.options, schedules.spec) \
+                   IS NOT (excluded.cron, excluded.every_ms, excluded.timezone, \
+                    excluded.job_type, excluded.payload, excluded.options, excluded.spec)",
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError> {
+        Ok(self.write_schedule(row, "DO NOTHING").await? == 1)
+    }
+
+    async fn replace_schedule(
         &self,
         row: &ScheduleRow,
         paused: Option<bool>,
@@ -90,7 +96,7 @@ impl SqliteLedger {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(crate) async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError> {
+    async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError> {
         let done = sqlx::query("DELETE FROM schedules WHERE name = ?1")
             .bind(name)
             .execute(&self.writer)
@@ -101,7 +107,7 @@ impl SqliteLedger {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(crate) async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
+    async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
         Ok(sqlx::query_as(&format!(
             "SELECT {SCHEDULE_COLUMNS} FROM schedules ORDER BY name"
         ))
@@ -109,7 +115,7 @@ impl SqliteLedger {
         .await?)
     }
 
-    pub(crate) async fn schedules_page(
+    async fn schedules_page(
         &self,
         after: Option<&str>,
         limit: i64,
@@ -124,7 +130,7 @@ impl SqliteLedger {
         .await?)
     }
 
-    pub(crate) async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError> {
+    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError> {
         Ok(sqlx::query_as(&format!(
             "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE name = ?1"
         ))
@@ -133,9 +139,7 @@ impl SqliteLedger {
         .await?)
     }
 
-    pub(crate) async fn schedule_versions(
-        &self,
-    ) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
+    async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
         let rows = sqlx::query("SELECT name, updated_at FROM schedules")
             .fetch_all(&self.pool)
             .await?;
@@ -144,7 +148,7 @@ impl SqliteLedger {
             .collect()
     }
 
-    pub(crate) async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
+    async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
         let done = sqlx::query("UPDATE schedules SET paused = ?2, updated_at = ?3 WHERE name = ?1")
             .bind(name)
             .bind(paused)
@@ -157,10 +161,7 @@ impl SqliteLedger {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(crate) async fn delete_schedules_except(
-        &self,
-        keep: &[String],
-    ) -> Result<Vec<String>, LedgerError> {
+    async fn delete_schedules_except(&self, keep: &[String]) -> Result<Vec<String>, LedgerError> {
         let keep_json = serde_json::to_string(keep)
             .map_err(|e| LedgerError::Corrupt(format!("schedule names: {e}")))?;
         let gone: Vec<String> = sqlx::query_scalar(

@@ -6,15 +6,41 @@
 use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::Row;
 
+use async_trait::async_trait;
+
 use super::{now, ts, SqliteLedger};
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::live_fire;
 use crate::run_query::{push_run_filter, RunCursor, RunFilter};
 use crate::runs::{RunRecord, RUN_COLUMNS};
+use crate::store::ViewStore;
 use crate::LedgerError;
 
 impl SqliteLedger {
-    pub(crate) async fn list_runs(
+    /// Deletes up to `batch` rows of `table` (a record of skips) recorded
+    /// before `cutoff`, oldest first; returns how many.
+    async fn prune_recorded(
+        &self,
+        table: &'static str,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        let done = sqlx::query(&format!(
+            "DELETE FROM {table} WHERE rowid IN ( \
+                 SELECT rowid FROM {table} WHERE recorded_at < ?1 \
+                 ORDER BY recorded_at LIMIT ?2)"
+        ))
+        .bind(ts(cutoff))
+        .bind(batch)
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[async_trait]
+impl ViewStore for SqliteLedger {
+    async fn list_runs(
         &self,
         filter: &RunFilter,
         cursor: Option<RunCursor>,
@@ -27,10 +53,7 @@ impl SqliteLedger {
         Ok(q.build_query_as().fetch_all(&self.pool).await?)
     }
 
-    pub(crate) async fn runs_per_minute(
-        &self,
-        since: DateTime<Utc>,
-    ) -> Result<Vec<MinuteCount>, LedgerError> {
+    async fn runs_per_minute(&self, since: DateTime<Utc>) -> Result<Vec<MinuteCount>, LedgerError> {
         let rows = sqlx::query(
             "SELECT substr(scheduled_at, 1, 16) AS minute, status, count(*) AS n \
              FROM job_runs WHERE scheduled_at >= ?1 AND scheduled_at <= ?2 \
@@ -55,10 +78,7 @@ impl SqliteLedger {
             .collect()
     }
 
-    pub(crate) async fn overview(
-        &self,
-        seen_since: DateTime<Utc>,
-    ) -> Result<Overview, LedgerError> {
+    async fn overview(&self, seen_since: DateTime<Utc>) -> Result<Overview, LedgerError> {
         let day_ago = ts(Utc::now() - chrono::Duration::days(1));
         let counts = sqlx::query(
             "SELECT \
@@ -104,7 +124,7 @@ impl SqliteLedger {
         })
     }
 
-    pub(crate) async fn count_by_status(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+    async fn count_by_status(&self) -> Result<Vec<(String, i64)>, LedgerError> {
         Ok(
             sqlx::query_as("SELECT status, count(*) FROM job_runs GROUP BY status")
                 .fetch_all(&self.pool)
@@ -112,7 +132,7 @@ impl SqliteLedger {
         )
     }
 
-    pub(crate) async fn recent_fires(
+    async fn recent_fires(
         &self,
         names: &[String],
         per: i64,
@@ -145,7 +165,7 @@ impl SqliteLedger {
         Ok(out)
     }
 
-    pub(crate) async fn prune_finished_runs(
+    async fn prune_finished_runs(
         &self,
         cutoff: DateTime<Utc>,
         batch: i64,
@@ -169,7 +189,7 @@ impl SqliteLedger {
         Ok(done.rows_affected())
     }
 
-    pub(crate) async fn prune_skipped_fires(
+    async fn prune_skipped_fires(
         &self,
         cutoff: DateTime<Utc>,
         batch: i64,
@@ -177,7 +197,7 @@ impl SqliteLedger {
         self.prune_recorded("skipped_fires", cutoff, batch).await
     }
 
-    pub(crate) async fn prune_skipped_ranges(
+    async fn prune_skipped_ranges(
         &self,
         cutoff: DateTime<Utc>,
         batch: i64,
@@ -185,7 +205,7 @@ impl SqliteLedger {
         self.prune_recorded("skipped_ranges", cutoff, batch).await
     }
 
-    pub(crate) async fn record_skipped_ranges(
+    async fn record_skipped_ranges(
         &self,
         ranges: &[crate::SkippedRange],
     ) -> Result<(), LedgerError> {
@@ -207,25 +227,5 @@ impl SqliteLedger {
         }
         tx.commit().await?;
         Ok(())
-    }
-
-    /// Deletes up to `batch` rows of `table` (a record of skips) recorded
-    /// before `cutoff`, oldest first; returns how many.
-    async fn prune_recorded(
-        &self,
-        table: &'static str,
-        cutoff: DateTime<Utc>,
-        batch: i64,
-    ) -> Result<u64, LedgerError> {
-        let done = sqlx::query(&format!(
-            "DELETE FROM {table} WHERE rowid IN ( \
-                 SELECT rowid FROM {table} WHERE recorded_at < ?1 \
-                 ORDER BY recorded_at LIMIT ?2)"
-        ))
-        .bind(ts(cutoff))
-        .bind(batch)
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected())
     }
 }

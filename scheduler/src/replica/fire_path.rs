@@ -10,6 +10,7 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use belfry_dispatch::DispatchOutcome;
+use belfry_ledger::NewRun;
 
 use super::{FireOutcome, Replica, SkipReason};
 use crate::claim::{ClaimOutcome, FireSource};
@@ -31,124 +32,34 @@ fn settled(outcomes: Vec<Option<FireOutcome>>) -> Vec<FireOutcome> {
 }
 
 impl Replica {
-    /// Claims and, when won, dispatches the fire of `schedule` at `at`.
+    /// Claims and, when won, dispatches the fire of `schedule` at `at`: a
+    /// batch of one ([`Replica::fire_batch`] from the timer).
     ///
     /// A fire that cannot be claimed here (the ledger is unreachable, or
     /// this replica's clock is skewed) is remembered as missed; the recovery
     /// loop applies the schedule's misfire policy to it once claiming works
     /// again.
     pub async fn fire(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) -> FireOutcome {
-        self.fire_with(schedule, at, FireSource::Timer).await
+        let fire = [(schedule.clone(), at)];
+        self.fire_batch(&fire, FireSource::Timer)
+            .await
+            .pop()
+            .unwrap_or(FireOutcome::ClaimFailed {
+                reason: "not fired".into(),
+            })
     }
 
-    async fn fire_with(
-        &self,
-        schedule: &Arc<Schedule>,
-        at: DateTime<Utc>,
-        source: FireSource,
-    ) -> FireOutcome {
-        // The root of the run's trace: claim and publish are its children,
-        // and the worker's spans continue under the publish span.
-        // Its children carry only what they add (the instance is the
-        // exporter's `service.instance.id`).
-        let span = tracing::info_span!("fire", job.name = %schedule.name, job.type = %schedule.job_type,
-            belfry.fire_at = %at, belfry.run_key = tracing::field::Empty,
-            trace_id = tracing::field::Empty, belfry.outcome = tracing::field::Empty);
-        let outcome = self
-            .fire_inner(schedule, at, source, &span)
-            .instrument(span.clone())
-            .await;
-        span.record("belfry.outcome", outcome.label());
-        outcome
-    }
-
-    async fn fire_inner(
-        &self,
-        schedule: &Arc<Schedule>,
-        at: DateTime<Utc>,
-        source: FireSource,
-        span: &tracing::Span,
-    ) -> FireOutcome {
-        FireCounters::add(&self.counters.fires, 1);
-        if !self.guard.allows_claims() {
-            FireCounters::add(&self.counters.skipped_clock_skew, 1);
-            self.remember_missed_from(source, schedule, at);
-            return FireOutcome::Skipped {
-                reason: SkipReason::ClockSkew {
-                    skew_ms: self.guard.last_skew_ms(),
-                },
-            };
-        }
-        let claimed = self.claimer.claim_from(schedule, at, source).await;
-        let run = match claimed {
-            Ok(ClaimOutcome::Won(run)) => {
-                belfry_runtime::failpoint::hit("after_claim_before_publish");
-                run
-            }
-            Ok(ClaimOutcome::LostAtLock) => {
-                // Another replica holds the lock; if it dies before
-                // recording the fire, nobody would. Check later that the
-                // fire was recorded.
-                self.remember_lock_loss(schedule, at);
-                return FireOutcome::Lost;
-            }
-            Ok(ClaimOutcome::LostAtLedger) => return FireOutcome::Lost,
-            Ok(ClaimOutcome::Overlapped) => {
-                return FireOutcome::Skipped {
-                    reason: SkipReason::Overlap,
-                }
-            }
-            Err(e) => {
-                FireCounters::add(&self.counters.claim_errors, 1);
-                tracing::error!(schedule = %schedule.name, %at, error = %e, "fire could not be claimed; the misfire policy decides once the ledger is back");
-                self.remember_missed_from(source, schedule, at);
-                return FireOutcome::ClaimFailed {
-                    reason: e.to_string(),
-                };
-            }
-        };
-        self.dispatch_won(&run, at, source, span).await
-    }
-
-    /// Claims and dispatches `fires` as one batch: one pipelined Redis
-    /// round trip for the locks, one multi-row insert, publishes pipelined
-    /// under a confirm window, one update marking the confirmed ones
-    /// `dispatched`. Outcomes per fire, in order, exactly as [`Replica::fire`]
-    /// would give them (a fire that could not be claimed is remembered for
-    /// its misfire policy); every fire keeps its own `fire` span and trace.
-    /// Schedules that forbid overlap take the single-fire path. A batch of
-    /// one is a single fire. `source` says whether the lock is taken and how
-    /// the runs are recorded (see [`FireSource`]).
+    /// Claims and dispatches `fires` as one batch (the only fire path: a
+    /// lone fire is a batch of one): one pipelined Redis round trip for the
+    /// locks, one multi-row insert (each fire of a schedule that forbids
+    /// overlap decided on its own, under its schedule's advisory lock),
+    /// publishes pipelined under a confirm window, one update marking the
+    /// confirmed ones `dispatched`. Outcomes per fire, in order (a fire that
+    /// could not be claimed is remembered for its misfire policy); every
+    /// fire is the root of its own `fire` span and trace. `source` says
+    /// whether the lock is taken and how the runs are recorded (see
+    /// [`FireSource`]).
     pub async fn fire_batch(
-        &self,
-        fires: &[(Arc<Schedule>, DateTime<Utc>)],
-        source: FireSource,
-    ) -> Vec<FireOutcome> {
-        if let [(schedule, at)] = fires {
-            return vec![self.fire_with(schedule, *at, source).await];
-        }
-        let (exclusive, shared): (Vec<usize>, Vec<usize>) = (0..fires.len())
-            .partition(|i| fires[*i].0.overlap == crate::schedule::OverlapPolicy::Forbid);
-        let single = futures::future::join_all(
-            exclusive
-                .iter()
-                .map(|i| self.fire_with(&fires[*i].0, fires[*i].1, source)),
-        );
-        let shared_fires: Vec<(Arc<Schedule>, DateTime<Utc>)> =
-            shared.iter().map(|i| fires[*i].clone()).collect();
-        let batched = self.fire_shared(&shared_fires, source);
-        let (single, batched) = tokio::join!(single, batched);
-        let mut outcomes: Vec<Option<FireOutcome>> = vec![None; fires.len()];
-        for (i, o) in exclusive.into_iter().zip(single) {
-            outcomes[i] = Some(o);
-        }
-        for (i, o) in shared.into_iter().zip(batched) {
-            outcomes[i] = Some(o);
-        }
-        settled(outcomes)
-    }
-
-    async fn fire_shared(
         &self,
         fires: &[(Arc<Schedule>, DateTime<Utc>)],
         source: FireSource,
@@ -157,7 +68,10 @@ impl Replica {
             return Vec::new();
         }
         FireCounters::add(&self.counters.fires, fires.len() as u64);
-        // Each fire is the root of its run's trace, as in the single path.
+        // Each fire is the root of its run's trace: claim and publish are
+        // its children, and the worker's spans continue under the publish
+        // span. Its children carry only what they add (the instance is the
+        // exporter's `service.instance.id`).
         let fire_spans: Vec<tracing::Span> = fires
             .iter()
             .map(|(schedule, at)| {
@@ -166,14 +80,14 @@ impl Replica {
                     trace_id = tracing::field::Empty, belfry.outcome = tracing::field::Empty)
             })
             .collect();
-        let outcomes = self.fire_shared_inner(fires, source, &fire_spans).await;
+        let outcomes = self.claim_and_dispatch(fires, source, &fire_spans).await;
         for (span, outcome) in fire_spans.iter().zip(&outcomes) {
             span.record("belfry.outcome", outcome.label());
         }
         outcomes
     }
 
-    async fn fire_shared_inner(
+    async fn claim_and_dispatch(
         &self,
         fires: &[(Arc<Schedule>, DateTime<Utc>)],
         source: FireSource,
@@ -214,6 +128,9 @@ impl Replica {
                     None
                 }
                 Ok(ClaimOutcome::LostAtLock) => {
+                    // Another replica holds the lock; if it dies before
+                    // recording the fire, nobody would. Check later that
+                    // the fire was recorded.
                     self.remember_lock_loss(schedule, *at);
                     Some(FireOutcome::Lost)
                 }
@@ -232,28 +149,51 @@ impl Replica {
             .iter()
             .any(|o| matches!(o, Some(FireOutcome::ClaimFailed { .. })))
         {
-            tracing::error!(fires = fires.len(), "a batch of fires could not be claimed; the misfire policy decides once the ledger is back");
+            tracing::error!(
+                fires = fires.len(),
+                "fires could not be claimed; the misfire policy decides once the ledger is back"
+            );
         }
         if !won.is_empty() {
             belfry_runtime::failpoint::hit("after_claim_before_publish");
-            let mut messages = Vec::with_capacity(won.len());
-            let mut parents = Vec::with_capacity(won.len());
-            for (i, run) in &won {
-                let span = &fire_spans[*i];
-                span.record("belfry.run_key", run.run_key.as_str());
-                span.record("trace_id", run.trace_id.as_deref().unwrap_or(""));
-                span.in_scope(|| tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed"));
-                messages.push(run.to_message());
-                parents.push(span.clone());
-            }
-            let publishing = std::time::Instant::now();
-            let dispatched = self.dispatcher.dispatch_many(&messages, &parents).await;
-            let took = publishing.elapsed().as_secs_f64();
-            for ((i, run), outcome) in won.into_iter().zip(dispatched) {
-                outcomes[i] = Some(self.record_dispatch(run.id, fires[i].1, source, outcome, took));
+            let runs: Vec<(&NewRun, &tracing::Span)> = won
+                .iter()
+                .map(|(i, run)| (run.as_ref(), &fire_spans[*i]))
+                .collect();
+            let dispatched = self.dispatch_won(&runs, source).await;
+            for ((i, _), outcome) in won.iter().zip(dispatched) {
+                outcomes[*i] = Some(outcome);
             }
         }
         settled(outcomes)
+    }
+
+    /// Publishes runs this replica just claimed, each under its fire's (or
+    /// trigger's) span, pipelined, and records the broker's answers: one
+    /// outcome per run, in order.
+    async fn dispatch_won(
+        &self,
+        runs: &[(&NewRun, &tracing::Span)],
+        source: FireSource,
+    ) -> Vec<FireOutcome> {
+        let mut messages = Vec::with_capacity(runs.len());
+        let mut parents = Vec::with_capacity(runs.len());
+        for (run, span) in runs {
+            span.record("belfry.run_key", run.run_key.as_str());
+            span.record("trace_id", run.trace_id.as_deref().unwrap_or(""));
+            span.in_scope(|| tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed"));
+            messages.push(run.to_message());
+            parents.push((*span).clone());
+        }
+        let publishing = std::time::Instant::now();
+        let dispatched = self.dispatcher.dispatch_many(&messages, &parents).await;
+        let took = publishing.elapsed().as_secs_f64();
+        runs.iter()
+            .zip(dispatched)
+            .map(|((run, _), outcome)| {
+                self.record_dispatch(run.id, run.scheduled_at, source, outcome, took)
+            })
+            .collect()
     }
 
     /// Counts a dispatched fire and turns the broker's answer into its
@@ -291,37 +231,6 @@ impl Replica {
         }
     }
 
-    /// Publishes a run this replica just claimed and records the outcome.
-    async fn dispatch_won(
-        &self,
-        run: &belfry_ledger::NewRun,
-        at: DateTime<Utc>,
-        source: FireSource,
-        span: &tracing::Span,
-    ) -> FireOutcome {
-        span.record("belfry.run_key", run.run_key.as_str());
-        span.record("trace_id", run.trace_id.as_deref().unwrap_or(""));
-        tracing::info!(run_key = %run.run_key, id = %run.id, trace_id = run.trace_id.as_deref().unwrap_or(""), "fire claimed");
-        let publishing = std::time::Instant::now();
-        match self.dispatcher.dispatch(&run.to_message()).await {
-            Ok(outcome) => self.record_dispatch(
-                run.id,
-                at,
-                source,
-                outcome,
-                publishing.elapsed().as_secs_f64(),
-            ),
-            Err(e) => {
-                FireCounters::add(&self.counters.publish_errors, 1);
-                tracing::error!(run_key = %run.run_key, error = %e, "dispatch could not be recorded; the run stays claimed");
-                FireOutcome::NotConfirmed {
-                    id: run.id,
-                    reason: e.to_string(),
-                }
-            }
-        }
-    }
-
     /// Runs `schedule` now, outside its timetable (an operator's manual
     /// trigger): a run with its own run key, subject to the schedule's
     /// overlap policy unless `force`, published like any fire. Works on a
@@ -339,10 +248,14 @@ impl Replica {
                 };
             }
             match self.claimer.claim_manual(schedule, force).await {
-                Ok(ClaimOutcome::Won(run)) => {
-                    self.dispatch_won(&run, run.scheduled_at, FireSource::Manual, &span)
-                        .await
-                }
+                Ok(ClaimOutcome::Won(run)) => self
+                    .dispatch_won(&[(&run, &span)], FireSource::Manual)
+                    .await
+                    .pop()
+                    .unwrap_or(FireOutcome::NotConfirmed {
+                        id: run.id,
+                        reason: "not dispatched".into(),
+                    }),
                 Ok(ClaimOutcome::Overlapped) => FireOutcome::Skipped {
                     reason: SkipReason::Overlap,
                 },
@@ -396,6 +309,15 @@ impl Replica {
     pub async fn tick_once(&self, timer: &mut Timer, now: DateTime<Utc>) -> Vec<FireOutcome> {
         let due = timer.due(now);
         self.count_skipped(&due.skipped);
-        futures::future::join_all(due.fires.iter().map(|f| self.fire(&f.schedule, f.at))).await
+        let fires: Vec<(Arc<Schedule>, DateTime<Utc>)> = due
+            .fires
+            .iter()
+            .map(|f| (f.schedule.clone(), f.at))
+            .collect();
+        let mut outcomes = Vec::with_capacity(fires.len());
+        for batch in fires.chunks(self.timing.max_batch.max(1)) {
+            outcomes.extend(self.fire_batch(batch, FireSource::Timer).await);
+        }
+        outcomes
     }
 }

@@ -32,7 +32,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use belfry_broker::Broker;
+use belfry_broker::{Broker, JobQueue};
 use belfry_ledger::Ledger;
 use belfry_protocol::Topology;
 
@@ -211,8 +211,12 @@ impl Replica {
     ) -> Result<(Self, ScheduleSync, Vec<Arc<Schedule>>), SchedulerError> {
         let topology = Topology::new(&config.namespace)?;
         let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
-        let broker = Broker::for_ledger(
-            &ledger,
+        // An embedded ledger's file holds the job queue too.
+        let queue = ledger
+            .embedded_file()
+            .map(|f| JobQueue::new(f.reader, f.writer, f.session, f.queue_ready));
+        let broker = Broker::embedded_or_connect(
+            queue,
             &config.amqp_url,
             topology,
             &format!("belfry-scheduler {}", config.instance),

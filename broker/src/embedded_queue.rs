@@ -1,5 +1,6 @@
 //! The embedded job queue: what RabbitMQ does for belfry, in the embedded
-//! database (table `job_queue`).
+//! database (table `job_queue`, created by the embedded ledger's
+//! migrations, since one file holds both).
 //!
 //! - **Routing**: a message goes to every queue bound to its routing key
 //!   (`queue_bindings`, written when a worker group starts); none bound is
@@ -17,10 +18,20 @@
 //!   file), and only the consumer holding a message can ack, requeue or
 //!   reject it.
 
-use sqlx::Row;
+//!
+//! The queue shares the ledger's connections to the file (the embedded
+//! ledger hands them out: `Ledger::embedded_file`, so that this crate
+//! needs no ledger): every write goes through the ledger's one writing
+//! connection, so queue writes and ledger writes are serialised together
+//! instead of contending for SQLite's write lock.
 
-use super::{now, SqliteLedger};
-use crate::LedgerError;
+use std::sync::Arc;
+
+use chrono::Utc;
+use sqlx::{Row, SqlitePool};
+use tokio::sync::Notify;
+
+use belfry_protocol::Topology;
 
 /// A message taken from a queue, not yet acknowledged.
 #[derive(Debug, Clone)]
@@ -50,11 +61,56 @@ pub struct OutgoingMessage<'a> {
     pub traceparent: Option<&'a str>,
 }
 
-/// The embedded job queue of one embedded ledger (cheap to clone); see the
-/// module docs. Obtained from [`crate::Ledger::job_queue`].
+/// The embedded job queue of one embedded database (cheap to clone); see
+/// the module docs.
 #[derive(Debug, Clone)]
 pub struct JobQueue {
-    pub(crate) store: SqliteLedger,
+    reader: SqlitePool,
+    writer: SqlitePool,
+    session: String,
+    ready: Arc<Notify>,
+}
+
+/// The embedded queue with the names of its namespace: what
+/// [`crate::Broker`] and [`crate::Publisher`] hold in embedded mode.
+#[derive(Clone, Debug)]
+pub(crate) struct EmbeddedLink {
+    pub(crate) queue: JobQueue,
+    pub(crate) topology: Topology,
+}
+
+/// `now` as the embedded database writes instants: UTC, microseconds,
+/// fixed width (the ledger's format, so that text order is time order).
+fn now() -> String {
+    Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+impl JobQueue {
+    /// The queue of an embedded database: `reader` and `writer` are the
+    /// ledger's pools on the file (every write of the queue goes through
+    /// `writer`, the file's one writing connection), `session` names this
+    /// opening of the file (rows are taken as `{session}/{consumer}`; rows
+    /// of any other session belong to a process that is gone) and `ready`
+    /// is woken after every publish and requeue (shared by every handle on
+    /// the file).
+    pub fn new(
+        reader: SqlitePool,
+        writer: SqlitePool,
+        session: String,
+        ready: Arc<Notify>,
+    ) -> Self {
+        Self {
+            reader,
+            writer,
+            session,
+            ready,
+        }
+    }
+
+    /// The `taken_by` value of `consumer` in this session.
+    fn holder(&self, consumer: &str) -> String {
+        format!("{}/{consumer}", self.session)
+    }
 }
 
 impl JobQueue {
@@ -62,150 +118,9 @@ impl JobQueue {
     ///
     /// # Errors
     ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn bind(&self, queue: &str, job_types: &[String]) -> Result<(), LedgerError> {
-        self.store.queue_bind(queue, job_types).await
-    }
-
-    /// Publishes `messages` in one transaction; for each, how many queues
-    /// it went to (0: unroutable, nothing stored).
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails (nothing stored).
-    pub async fn publish(&self, messages: &[OutgoingMessage<'_>]) -> Result<Vec<u64>, LedgerError> {
-        self.store.queue_publish(messages).await
-    }
-
-    /// Takes up to `limit` of the oldest free messages of `queue` for
-    /// `consumer`, oldest first.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn take(
-        &self,
-        queue: &str,
-        consumer: &str,
-        limit: u16,
-    ) -> Result<Vec<QueuedMessage>, LedgerError> {
-        self.store.queue_take(queue, consumer, limit).await
-    }
-
-    /// Acknowledges (deletes) a taken message; `false` when it was no
-    /// longer held by this process.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn ack(&self, seq: i64, consumer: &str) -> Result<bool, LedgerError> {
-        self.store.queue_ack(seq, consumer).await
-    }
-
-    /// Gives a taken message back to its queue.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn requeue(&self, seq: i64, consumer: &str) -> Result<bool, LedgerError> {
-        self.store.queue_requeue(seq, consumer).await
-    }
-
-    /// Moves a taken message to the dead letters with `reason`.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn reject(
-        &self,
-        seq: i64,
-        consumer: &str,
-        reason: &str,
-        by: &str,
-    ) -> Result<bool, LedgerError> {
-        self.store.queue_reject(seq, consumer, reason, by).await
-    }
-
-    /// Stores a dead letter.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn dead_letter(
-        &self,
-        message: &OutgoingMessage<'_>,
-        reason: &str,
-        by: &str,
-    ) -> Result<(), LedgerError> {
-        self.store.queue_dead_letter(message, reason, by).await
-    }
-
-    /// Prepares `queue` for a consumer of this process: frees the messages of `queue`
-    /// held by consumers of a process that is gone (another session of the
-    /// file); how many were freed.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn open_consumer(&self, queue: &str) -> Result<u64, LedgerError> {
-        self.store.queue_release_stale(queue).await
-    }
-
-    /// Closes `consumer`: the messages it holds go back to their queue, as a
-    /// broker requeues a closed channel's unacknowledged deliveries.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails (the messages are
-    /// freed by the next consumer to open instead).
-    pub async fn close_consumer(&self, consumer: &str) -> Result<u64, LedgerError> {
-        let done = sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE taken_by = ?1")
-            .bind(self.store.holder(consumer))
-            .execute(&self.store.writer)
-            .await?;
-        self.store.queue_ready.notify_waiters();
-        Ok(done.rows_affected())
-    }
-
-    /// Takes every dead letter: `(body, reason)`, oldest first.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn drain_dead_letters(&self) -> Result<Vec<(Vec<u8>, String)>, LedgerError> {
-        self.store.queue_drain_dead_letters().await
-    }
-
-    /// Messages of `queue` ready for delivery (not taken), as a broker's
-    /// message count.
-    ///
-    /// # Errors
-    ///
-    /// [`LedgerError::Query`] when the database fails.
-    pub async fn depth(&self, queue: &str) -> Result<i64, LedgerError> {
-        self.store.queue_depth(queue).await
-    }
-
-    /// Notified after every publish and requeue (consumers wait on it
-    /// between polls).
-    pub fn ready(&self) -> std::sync::Arc<tokio::sync::Notify> {
-        self.store.queue_ready.clone()
-    }
-
-    /// Whether the database answers.
-    pub async fn ping(&self) -> bool {
-        self.store.ping().await
-    }
-}
-
-impl SqliteLedger {
-    /// Binds `queue` to each of `job_types` (idempotent).
-    pub(crate) async fn queue_bind(
-        &self,
-        queue: &str,
-        job_types: &[String],
-    ) -> Result<(), LedgerError> {
-        let mut tx = self.write_tx().await?;
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn bind(&self, queue: &str, job_types: &[String]) -> Result<(), sqlx::Error> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         for job_type in job_types {
             sqlx::query("INSERT INTO queue_bindings (job_type, queue) VALUES (?1, ?2) ON CONFLICT DO NOTHING")
                 .bind(job_type)
@@ -219,13 +134,14 @@ impl SqliteLedger {
 
     /// Publishes `messages` in one transaction; for each, how many queues
     /// it went to (0: unroutable, nothing stored).
-    pub(crate) async fn queue_publish(
-        &self,
-        messages: &[OutgoingMessage<'_>],
-    ) -> Result<Vec<u64>, LedgerError> {
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails (nothing stored).
+    pub async fn publish(&self, messages: &[OutgoingMessage<'_>]) -> Result<Vec<u64>, sqlx::Error> {
         let at = now();
         let mut routed = Vec::with_capacity(messages.len());
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         for m in messages {
             let done = sqlx::query(
                 "INSERT INTO job_queue (queue, routing_key, body, message_id, traceparent, enqueued_at) \
@@ -242,17 +158,22 @@ impl SqliteLedger {
         }
         tx.commit().await?;
         // After the commit: a woken consumer must find the rows.
-        self.queue_ready.notify_waiters();
+        self.ready.notify_waiters();
         Ok(routed)
     }
 
-    /// Takes the oldest free message of `queue` for this session.
-    pub(crate) async fn queue_take(
+    /// Takes up to `limit` of the oldest free messages of `queue` for
+    /// `consumer`, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn take(
         &self,
         queue: &str,
         consumer: &str,
         limit: u16,
-    ) -> Result<Vec<QueuedMessage>, LedgerError> {
+    ) -> Result<Vec<QueuedMessage>, sqlx::Error> {
         let rows = sqlx::query(
             "UPDATE job_queue SET taken_by = ?2, deliveries = deliveries + 1 \
              WHERE seq IN (SELECT seq FROM job_queue WHERE queue = ?1 AND taken_by IS NULL \
@@ -275,14 +196,19 @@ impl SqliteLedger {
                     deliveries: r.try_get("deliveries")?,
                 })
             })
-            .collect::<Result<Vec<_>, LedgerError>>()?;
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
         // RETURNING has no order of its own.
         taken.sort_by_key(|m| m.seq);
         Ok(taken)
     }
 
-    /// Acknowledges (deletes) a message this session took.
-    pub(crate) async fn queue_ack(&self, seq: i64, consumer: &str) -> Result<bool, LedgerError> {
+    /// Acknowledges (deletes) a taken message; `false` when it was no
+    /// longer held by this process.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn ack(&self, seq: i64, consumer: &str) -> Result<bool, sqlx::Error> {
         let done = sqlx::query("DELETE FROM job_queue WHERE seq = ?1 AND taken_by = ?2")
             .bind(seq)
             .bind(self.holder(consumer))
@@ -291,31 +217,35 @@ impl SqliteLedger {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Gives a message this session took back to its queue.
-    pub(crate) async fn queue_requeue(
-        &self,
-        seq: i64,
-        consumer: &str,
-    ) -> Result<bool, LedgerError> {
+    /// Gives a taken message back to its queue.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn requeue(&self, seq: i64, consumer: &str) -> Result<bool, sqlx::Error> {
         let done =
             sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE seq = ?1 AND taken_by = ?2")
                 .bind(seq)
                 .bind(self.holder(consumer))
                 .execute(&self.writer)
                 .await?;
-        self.queue_ready.notify_waiters();
+        self.ready.notify_waiters();
         Ok(done.rows_affected() == 1)
     }
 
-    /// Moves a message this session took to the dead letters with `reason`.
-    pub(crate) async fn queue_reject(
+    /// Moves a taken message to the dead letters with `reason`.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn reject(
         &self,
         seq: i64,
         consumer: &str,
         reason: &str,
         by: &str,
-    ) -> Result<bool, LedgerError> {
-        let mut tx = self.write_tx().await?;
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let moved = sqlx::query(
             "INSERT INTO dead_letters (routing_key, body, reason, dead_by, message_id, traceparent, recorded_at) \
              SELECT routing_key, body, ?3, ?4, message_id, traceparent, ?5 FROM job_queue \
@@ -338,12 +268,16 @@ impl SqliteLedger {
     }
 
     /// Stores a dead letter.
-    pub(crate) async fn queue_dead_letter(
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn dead_letter(
         &self,
         message: &OutgoingMessage<'_>,
         reason: &str,
         by: &str,
-    ) -> Result<(), LedgerError> {
+    ) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO dead_letters (routing_key, body, reason, dead_by, message_id, traceparent, recorded_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -360,10 +294,14 @@ impl SqliteLedger {
         Ok(())
     }
 
-    /// Frees the messages of `queue` held by other sessions of the file:
-    /// they belong to a process that is gone (one process owns the file).
-    /// Returns how many.
-    pub(crate) async fn queue_release_stale(&self, queue: &str) -> Result<u64, LedgerError> {
+    /// Prepares `queue` for a consumer of this process: frees the messages of `queue`
+    /// held by consumers of a process that is gone (another session of the
+    /// file); how many were freed.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn open_consumer(&self, queue: &str) -> Result<u64, sqlx::Error> {
         let mine = format!("{}/", self.session);
         let done = sqlx::query(
             "UPDATE job_queue SET taken_by = NULL \
@@ -377,9 +315,11 @@ impl SqliteLedger {
     }
 
     /// Takes every dead letter: `(body, reason)`, oldest first.
-    pub(crate) async fn queue_drain_dead_letters(
-        &self,
-    ) -> Result<Vec<(Vec<u8>, String)>, LedgerError> {
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn drain_dead_letters(&self) -> Result<Vec<(Vec<u8>, String)>, sqlx::Error> {
         let rows = sqlx::query("DELETE FROM dead_letters RETURNING seq, body, reason")
             .fetch_all(&self.writer)
             .await?;
@@ -392,18 +332,48 @@ impl SqliteLedger {
                     r.try_get("reason")?,
                 ))
             })
-            .collect::<Result<Vec<(i64, Vec<u8>, String)>, LedgerError>>()?;
+            .collect::<Result<Vec<(i64, Vec<u8>, String)>, sqlx::Error>>()?;
         out.sort_by_key(|(seq, _, _)| *seq);
         Ok(out.into_iter().map(|(_, b, r)| (b, r)).collect())
     }
 
-    /// Messages of `queue` ready for delivery (not taken).
-    pub(crate) async fn queue_depth(&self, queue: &str) -> Result<i64, LedgerError> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM job_queue WHERE queue = ?1 AND taken_by IS NULL",
-        )
-        .bind(queue)
-        .fetch_one(&self.pool)
-        .await?)
+    /// Messages of `queue` ready for delivery (not taken), as a broker's
+    /// message count.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails.
+    pub async fn depth(&self, queue: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT count(*) FROM job_queue WHERE queue = ?1 AND taken_by IS NULL")
+            .bind(queue)
+            .fetch_one(&self.reader)
+            .await
+    }
+
+    /// Closes `consumer`: the messages it holds go back to their queue, as a
+    /// broker requeues a closed channel's unacknowledged deliveries.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error`] when the database fails (the messages are
+    /// freed by the next consumer to open instead).
+    pub async fn close_consumer(&self, consumer: &str) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query("UPDATE job_queue SET taken_by = NULL WHERE taken_by = ?1")
+            .bind(self.holder(consumer))
+            .execute(&self.writer)
+            .await?;
+        self.ready.notify_waiters();
+        Ok(done.rows_affected())
+    }
+
+    /// Notified after every publish and requeue (consumers wait on it
+    /// between polls).
+    pub fn ready(&self) -> Arc<Notify> {
+        self.ready.clone()
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.reader).await.is_ok()
     }
 }

@@ -1,0 +1,249 @@
+//! A schedule's past fires on Postgres: the latest fire, claims that must
+//! not overlap (decided under a transaction-scoped advisory lock on the
+//! schedule name), late claims, skips and stuck runs.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::PgStore;
+use crate::fire_history::{live_fire, ExclusiveClaim, LateClaim};
+use crate::runs::NewRun;
+use crate::store::FireHistoryStore;
+use crate::LedgerError;
+
+#[async_trait]
+impl FireHistoryStore for PgStore {
+    async fn last_fires(
+        &self,
+        job_names: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
+        let pool = &self.pool;
+        // One index probe per name (job_runs_job_name_scheduled_idx).
+        let rows = sqlx::query(&format!(
+            "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r \
+                  WHERE r.job_name = n.name AND {}) AS last \
+             FROM unnest($1::text[]) AS n(name)",
+            live_fire("r")
+        ))
+        .bind(job_names)
+        .fetch_all(pool)
+        .await?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for r in rows {
+            if let Some(last) = r.try_get::<Option<DateTime<Utc>>, _>("last")? {
+                out.insert(r.try_get("name")?, last);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn claim_exclusive_with(
+        &self,
+        run: &NewRun,
+        record_skip: bool,
+    ) -> Result<ExclusiveClaim, LedgerError> {
+        let pool = &self.pool;
+        let mut tx = pool.begin().await?;
+        // Serialises decisions for this schedule only; released at commit.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
+            .bind(&run.job_name)
+            .execute(&mut *tx)
+            .await?;
+        let taken: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM job_runs WHERE job_name = $1 AND run_key = $2) \
+                 OR EXISTS (SELECT 1 FROM skipped_fires WHERE job_name = $1 AND run_key = $2)",
+        )
+        .bind(&run.job_name)
+        .bind(&run.run_key)
+        .fetch_one(&mut *tx)
+        .await?;
+        if taken {
+            tx.commit().await?;
+            return Ok(ExclusiveClaim::Taken);
+        }
+        let running: Option<String> = sqlx::query_scalar(
+            "SELECT run_key FROM job_runs WHERE job_name = $1 AND scheduled_at < $2 \
+                 AND status IN ('claimed', 'dispatched', 'running', 'retrying') \
+                 AND NOT (status = 'running' AND lease_until < now()) \
+             ORDER BY scheduled_at DESC LIMIT 1",
+        )
+        .bind(&run.job_name)
+        .bind(run.scheduled_at)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(previous) = running {
+            if record_skip {
+                sqlx::query(
+                    "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                )
+                .bind(&run.job_name)
+                .bind(&run.run_key)
+                .bind(run.scheduled_at)
+                .bind(format!("overlap: previous run {previous} is not finished"))
+                .bind(&run.claimed_by)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            return Ok(ExclusiveClaim::Overlapped);
+        }
+        let won = !super::runs::claim_rows(&mut *tx, std::slice::from_ref(run))
+            .await?
+            .is_empty();
+        tx.commit().await?;
+        Ok(if won {
+            ExclusiveClaim::Won
+        } else {
+            ExclusiveClaim::Taken
+        })
+    }
+
+    async fn late_claims(
+        &self,
+        older_than: std::time::Duration,
+        grace: std::time::Duration,
+        limit: i64,
+        after: Option<(&str, DateTime<Utc>)>,
+    ) -> Result<Vec<LateClaim>, LedgerError> {
+        let pool = &self.pool;
+        Ok(sqlx::query_as(&format!(
+            "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
+                 EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
+                         AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
+                         AND {}) AS superseded \
+             FROM job_runs r JOIN schedules s ON s.name = r.job_name \
+             WHERE r.status = 'claimed' AND {} \
+               AND r.claimed_at < now() - make_interval(secs => $2) \
+               AND r.scheduled_at < now() - make_interval(secs => $1) \
+               AND ($4::text IS NULL OR r.job_name > $4 \
+                    OR (r.job_name = $4 AND r.scheduled_at < $5)) \
+             ORDER BY r.job_name, r.scheduled_at DESC LIMIT $3",
+            live_fire("n"),
+            live_fire("r")
+        ))
+        .bind(older_than.as_secs_f64())
+        .bind(grace.as_secs_f64())
+        .bind(limit)
+        .bind(after.map(|(name, _)| name))
+        .bind(after.map(|(_, at)| at))
+        .fetch_all(pool)
+        .await?)
+    }
+
+    async fn skip_claimed(
+        &self,
+        ids: &[uuid::Uuid],
+        reason: &str,
+        by: &str,
+        grace: std::time::Duration,
+    ) -> Result<u64, LedgerError> {
+        let pool = &self.pool;
+        let mut tx = pool.begin().await?;
+        let skipped = sqlx::query(
+            "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
+                 next_dispatch_at = NULL, updated_at = now() \
+             WHERE id = ANY($1) AND status = 'claimed' \
+               AND next_dispatch_at <= now() AND claimed_at < now() - make_interval(secs => $3) \
+             RETURNING job_name, run_key, scheduled_at",
+        )
+        .bind(ids)
+        .bind(reason)
+        .bind(grace.as_secs_f64())
+        .fetch_all(&mut *tx)
+        .await?;
+        for r in &skipped {
+            sqlx::query(
+                "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            )
+            .bind(r.try_get::<String, _>("job_name")?)
+            .bind(r.try_get::<String, _>("run_key")?)
+            .bind(r.try_get::<DateTime<Utc>, _>("scheduled_at")?)
+            .bind(reason)
+            .bind(by)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(u64::try_from(skipped.len()).unwrap_or(u64::MAX))
+    }
+
+    async fn recorded_keys(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<std::collections::HashSet<String>, LedgerError> {
+        let pool = &self.pool;
+        let names: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
+        let run_keys: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+        let found: Vec<String> = sqlx::query_scalar(
+            "SELECT k.run_key FROM unnest($1::text[], $2::text[]) AS k(job_name, run_key) \
+             WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = k.job_name AND r.run_key = k.run_key) \
+                OR EXISTS (SELECT 1 FROM skipped_fires f WHERE f.job_name = k.job_name AND f.run_key = k.run_key)",
+        )
+        .bind(&names)
+        .bind(&run_keys)
+        .fetch_all(pool)
+        .await?;
+        Ok(found.into_iter().collect())
+    }
+
+    async fn mark_stuck(
+        &self,
+        after: std::time::Duration,
+        limit: i64,
+    ) -> Result<Vec<(String, String, String)>, LedgerError> {
+        let pool = &self.pool;
+        let rows = sqlx::query(
+            "WITH stuck AS ( \
+                 SELECT id FROM job_runs \
+                 WHERE status IN ('dispatched', 'running', 'retrying') \
+                   AND updated_at < now() - make_interval(secs => $1) \
+                   AND next_dispatch_at IS NULL \
+                   AND (status <> 'running' OR lease_until IS NULL OR lease_until < now()) \
+                   AND (last_error IS NULL OR last_error NOT LIKE 'stuck:%') \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             UPDATE job_runs j SET last_error = 'stuck: no progress since ' || \
+                 to_char(j.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') || ' while ' || j.status || \
+                 CASE j.status WHEN 'dispatched' THEN ' (no worker took it: is a worker group serving ' || j.job_type || ' running?)' \
+                      WHEN 'running' THEN ' (its worker died and no redelivery took it up)' \
+                      ELSE ' (its retry never came: is a worker or a scheduler replica running?)' END \
+             FROM stuck WHERE j.id = stuck.id \
+             RETURNING j.run_key, j.status, j.last_error",
+        )
+        .bind(after.as_secs_f64())
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("run_key")?,
+                    r.try_get("status")?,
+                    r.try_get("last_error")?,
+                ))
+            })
+            .collect()
+    }
+
+    async fn skipped_fires(
+        &self,
+        job_name: &str,
+        limit: i64,
+    ) -> Result<Vec<(String, String)>, LedgerError> {
+        let pool = &self.pool;
+        let rows = sqlx::query(
+            "SELECT run_key, reason FROM skipped_fires WHERE job_name = $1 ORDER BY scheduled_at DESC LIMIT $2",
+        )
+        .bind(job_name)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get("run_key")?, r.try_get("reason")?)))
+            .collect()
+    }
+}

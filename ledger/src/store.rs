@@ -1,0 +1,352 @@
+//! The storage seam: what the ledger asks of a database, as traits that
+//! the Postgres backend (`postgres/`) and the embedded SQLite backend
+//! (`sqlite/`) both implement, with the same arguments and the same return
+//! types.
+//!
+//! [`crate::Ledger`] holds one `Arc<dyn Store>`, chosen once when it
+//! connects; its public methods keep what is common to both backends
+//! (making free text storable, telling an id conflict from an outage,
+//! the order of [`crate::Ledger::begin_attempt`]'s steps) and hand the
+//! SQL to the store. The traits follow the files of each backend (one
+//! `impl` per file): runs and attempts, fire history, the outbox,
+//! schedules, and the read-mostly views (dashboard, run lists,
+//! retention, skipped ranges). They are private to the crate: callers
+//! see [`crate::Ledger`] only.
+//!
+//! Each method means what the `Ledger` method it links to documents; the
+//! per-backend notes (what SQLite does instead of advisory locks or
+//! `FOR UPDATE SKIP LOCKED`, and why it is safe) are in `sqlite/`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use belfry_protocol::JobMessage;
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::attempt_batch::{BeginRequest, EndRequest};
+use crate::dashboard::{MinuteCount, Overview, RecentFire};
+use crate::fire_history::{ExclusiveClaim, LateClaim};
+use crate::run_query::{RunCursor, RunFilter};
+use crate::runs::{AttemptEntry, AttemptStart, NewRun, OnRunConflict, RunRecord, RunState};
+use crate::schedule_listener::ScheduleListener;
+use crate::schedules::ScheduleRow;
+use crate::skipped_range::SkippedRange;
+use crate::sqlite::SqliteLedger;
+use crate::{LedgerError, RunStatus};
+
+/// One database behind the ledger: every trait of the seam.
+pub(crate) trait Store:
+    Lifecycle
+    + RunStore
+    + FireHistoryStore
+    + OutboxStore
+    + ScheduleStore
+    + ViewStore
+    + std::fmt::Debug
+    + Send
+    + Sync
+{
+}
+
+impl<T> Store for T where
+    T: Lifecycle
+        + RunStore
+        + FireHistoryStore
+        + OutboxStore
+        + ScheduleStore
+        + ViewStore
+        + std::fmt::Debug
+        + Send
+        + Sync
+{
+}
+
+/// The database as a whole: schema, health, clock, change feed, shutdown.
+#[async_trait]
+pub(crate) trait Lifecycle {
+    /// [`crate::Ledger::migrate`].
+    async fn migrate(&self) -> Result<(), LedgerError>;
+
+    /// [`crate::Ledger::ping`].
+    async fn ping(&self) -> bool;
+
+    /// [`crate::Ledger::clock_probe`].
+    async fn clock_probe(
+        &self,
+        local: &(dyn Fn() -> DateTime<Utc> + Send + Sync),
+    ) -> Result<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>), LedgerError>;
+
+    /// [`crate::Ledger::listen_schedules`].
+    async fn listen_schedules(&self, channel: &str) -> Result<ScheduleListener, LedgerError>;
+
+    /// [`crate::Ledger::close`].
+    async fn close(&self);
+
+    /// The Postgres pool, for callers with queries of their own.
+    fn pg_pool(&self) -> Option<&PgPool>;
+
+    /// The embedded database, for its job queue.
+    fn embedded(&self) -> Option<&SqliteLedger>;
+}
+
+#[async_trait]
+/// Runs: claims, dispatch, attempts and their leases, lookups.
+pub(crate) trait RunStore {
+    /// [`crate::Ledger::mark_dispatched`].
+    async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::mark_dead`].
+    async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::hand_back`].
+    async fn hand_back(&self, id: Uuid, attempt: i32, reason: &str) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::run`].
+    async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError>;
+
+    /// [`crate::Ledger::run_by_key`].
+    async fn run_by_key(
+        &self,
+        job_name: &str,
+        run_key: &str,
+    ) -> Result<Option<RunRecord>, LedgerError>;
+
+    /// [`crate::Ledger::runs_of`].
+    async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError>;
+
+    /// [`crate::Ledger::claim_many`].
+    async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError>;
+
+    /// [`crate::Ledger::mark_dispatched_many`].
+    async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError>;
+
+    /// [`crate::Ledger::begin_batch`].
+    async fn begin_batch(
+        &self,
+        batch: &[BeginRequest],
+    ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError>;
+
+    /// [`crate::Ledger::end_batch`].
+    async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError>;
+
+    /// [`crate::Ledger::renew_leases`].
+    /// Starts an attempt of the run `(job_name, run_key)` if it is
+    /// startable (waiting, or running under an expired lease); `None` when
+    /// it is not (or has no row). The building block of
+    /// [`crate::Ledger::begin_attempt`].
+    async fn try_begin(
+        &self,
+        job_name: &str,
+        run_key: &str,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<AttemptStart>, LedgerError>;
+
+    /// The state of the run `(job_name, run_key)`, with the database's
+    /// `now`, for [`crate::Ledger::begin_attempt`]'s decision.
+    async fn state_by_key(
+        &self,
+        job_name: &str,
+        run_key: &str,
+    ) -> Result<Option<RunState>, LedgerError>;
+
+    /// Inserts the row of a run known only from its message; the raw
+    /// database error is kept so that [`crate::Ledger`] can tell an id
+    /// conflict from an outage.
+    async fn insert_from_message(
+        &self,
+        message: &JobMessage,
+        status: RunStatus,
+        last_error: Option<&str>,
+        on_conflict: OnRunConflict,
+    ) -> Result<u64, sqlx::Error>;
+
+    /// [`crate::Ledger::end_attempt`], its texts already made storable.
+    async fn end_attempt(
+        &self,
+        id: Uuid,
+        status: RunStatus,
+        entry: &AttemptEntry,
+        last_error: Option<&str>,
+        redispatch_at: Option<DateTime<Utc>>,
+    ) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::renew_leases`].
+    async fn renew_leases(
+        &self,
+        held: &[(Uuid, i32)],
+        lease: Duration,
+    ) -> Result<HashSet<(Uuid, i32)>, LedgerError>;
+}
+
+#[async_trait]
+/// What is known of a schedule's past fires: the latest, overlaps, late
+/// claims, skips, stuck runs.
+pub(crate) trait FireHistoryStore {
+    /// [`crate::Ledger::last_fires`].
+    async fn last_fires(
+        &self,
+        job_names: &[String],
+    ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError>;
+
+    /// [`crate::Ledger::claim_exclusive_with`].
+    async fn claim_exclusive_with(
+        &self,
+        run: &NewRun,
+        record_skip: bool,
+    ) -> Result<ExclusiveClaim, LedgerError>;
+
+    /// [`crate::Ledger::late_claims`].
+    async fn late_claims(
+        &self,
+        older_than: Duration,
+        grace: Duration,
+        limit: i64,
+        after: Option<(&str, DateTime<Utc>)>,
+    ) -> Result<Vec<LateClaim>, LedgerError>;
+
+    /// [`crate::Ledger::skip_claimed`].
+    async fn skip_claimed(
+        &self,
+        ids: &[Uuid],
+        reason: &str,
+        by: &str,
+        grace: Duration,
+    ) -> Result<u64, LedgerError>;
+
+    /// [`crate::Ledger::recorded_keys`].
+    async fn recorded_keys(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<HashSet<String>, LedgerError>;
+
+    /// [`crate::Ledger::mark_stuck`].
+    async fn mark_stuck(
+        &self,
+        after: Duration,
+        limit: i64,
+    ) -> Result<Vec<(String, String, String)>, LedgerError>;
+
+    /// [`crate::Ledger::skipped_fires`].
+    async fn skipped_fires(
+        &self,
+        job_name: &str,
+        limit: i64,
+    ) -> Result<Vec<(String, String)>, LedgerError>;
+}
+
+#[async_trait]
+/// The outbox: claimed runs due to be published (again).
+pub(crate) trait OutboxStore {
+    /// [`crate::Ledger::take_due`].
+    async fn take_due(&self, limit: i64, lease: Duration) -> Result<Vec<RunRecord>, LedgerError>;
+
+    /// [`crate::Ledger::mark_republished`].
+    async fn mark_republished(&self, id: Uuid, lease: DateTime<Utc>) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::postpone_dispatch`].
+    async fn postpone_dispatch(
+        &self,
+        id: Uuid,
+        lease: DateTime<Utc>,
+        at: DateTime<Utc>,
+    ) -> Result<bool, LedgerError>;
+}
+
+#[async_trait]
+/// The `schedules` table.
+pub(crate) trait ScheduleStore {
+    /// [`crate::Ledger::upsert_schedule`].
+    async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError>;
+
+    /// [`crate::Ledger::insert_schedule`].
+    async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::replace_schedule`].
+    async fn replace_schedule(
+        &self,
+        row: &ScheduleRow,
+        paused: Option<bool>,
+    ) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::delete_schedule`].
+    async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::schedules`].
+    async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError>;
+
+    /// [`crate::Ledger::schedules_page`].
+    async fn schedules_page(
+        &self,
+        after: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ScheduleRow>, LedgerError>;
+
+    /// [`crate::Ledger::schedule`].
+    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError>;
+
+    /// [`crate::Ledger::schedule_versions`].
+    async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError>;
+
+    /// [`crate::Ledger::set_paused`].
+    async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::delete_schedules_except`].
+    async fn delete_schedules_except(&self, keep: &[String]) -> Result<Vec<String>, LedgerError>;
+}
+
+#[async_trait]
+/// Read-mostly views (dashboard, run lists) and retention.
+pub(crate) trait ViewStore {
+    /// [`crate::Ledger::runs_per_minute`].
+    async fn runs_per_minute(&self, since: DateTime<Utc>) -> Result<Vec<MinuteCount>, LedgerError>;
+
+    /// [`crate::Ledger::overview`].
+    /// `(status, count)` of every status that has runs.
+    async fn count_by_status(&self) -> Result<Vec<(String, i64)>, LedgerError>;
+
+    /// [`crate::Ledger::overview`].
+    async fn overview(&self, seen_since: DateTime<Utc>) -> Result<Overview, LedgerError>;
+
+    /// [`crate::Ledger::recent_fires`].
+    async fn recent_fires(
+        &self,
+        names: &[String],
+        per: i64,
+    ) -> Result<Vec<RecentFire>, LedgerError>;
+
+    /// [`crate::Ledger::list_runs`].
+    async fn list_runs(
+        &self,
+        filter: &RunFilter,
+        cursor: Option<RunCursor>,
+        limit: i64,
+    ) -> Result<Vec<RunRecord>, LedgerError>;
+
+    /// [`crate::Ledger::prune_finished_runs`].
+    async fn prune_finished_runs(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError>;
+
+    /// [`crate::Ledger::prune_skipped_fires`].
+    async fn prune_skipped_fires(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError>;
+
+    /// [`crate::Ledger::record_skipped_ranges`].
+    async fn record_skipped_ranges(&self, ranges: &[SkippedRange]) -> Result<(), LedgerError>;
+
+    /// [`crate::Ledger::prune_skipped_ranges`].
+    async fn prune_skipped_ranges(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError>;
+}
