@@ -24,30 +24,26 @@ pub struct JobRequest {
     pub job_type: String,
     /// Any JSON value, passed to the handler.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
-    #[schema(value_type = Object)]
     pub payload: serde_json::Value,
     /// The job name of the run (default: the job type).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Name)]
+    #[schema(value_type = Option<Name>)]
     pub name: Option<String>,
     /// Idempotency key: the same name and key enqueue once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub key: Option<String>,
     /// Run at this RFC 3339 instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(format = DateTime, nullable = false)]
+    #[schema(format = DateTime)]
     pub at: Option<String>,
     /// Run after this long, e.g. `"10m"` (up to one year).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub delay: Option<String>,
     /// Overrides of the job type's retry policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetrySpec>,
     /// Per-attempt timeout, e.g. `"10m"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub timeout: Option<String>,
 }
 

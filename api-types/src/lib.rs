@@ -27,11 +27,11 @@ pub use health::{
     Liveness, LivenessStatus, Mode, Readiness, ReadinessStatus, RedisState, ServiceState,
 };
 pub use jobs::{Enqueued, JobRequest};
-pub use runs::{Attempt, Origin, Run, RunDetail, RunList, RunQuery, RunStatus};
+pub use runs::{Attempt, Origin, Run, RunDetail, RunList, RunPath, RunQuery, RunStatus};
 pub use schedules::{
     Backfill, BackfillOutcome, BackfillRequest, BackfilledFire, Misfire, Name, Overlap, Preview,
-    PreviewQuery, Schedule, ScheduleInput, ScheduleList, ScheduleQuery, TriggerOutcome,
-    TriggerRequest, Triggered,
+    PreviewQuery, Schedule, ScheduleInput, ScheduleList, SchedulePath, ScheduleQuery,
+    TriggerOutcome, TriggerRequest, Triggered,
 };
 
 /// What a schedule name, job type or ad-hoc job name may be (the rule of
@@ -55,4 +55,34 @@ pub trait Page: Sized {
 
     /// A page of `items` continued by `next_cursor`.
     fn from_parts(items: Vec<Self::Item>, next_cursor: Option<String>) -> Self;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts_are_serdes<T: serde::Serialize + std::fmt::Display>(all: &[T]) {
+        for v in all {
+            assert_eq!(
+                serde_json::to_value(v).ok(),
+                Some(serde_json::Value::String(v.to_string()))
+            );
+        }
+    }
+
+    #[test]
+    fn every_wire_word_is_what_serde_writes() {
+        texts_are_serdes(ErrorCode::ALL);
+        texts_are_serdes(LivenessStatus::ALL);
+        texts_are_serdes(ReadinessStatus::ALL);
+        texts_are_serdes(Mode::ALL);
+        texts_are_serdes(ServiceState::ALL);
+        texts_are_serdes(RedisState::ALL);
+        texts_are_serdes(Misfire::ALL);
+        texts_are_serdes(Overlap::ALL);
+        texts_are_serdes(TriggerOutcome::ALL);
+        texts_are_serdes(BackfillOutcome::ALL);
+        texts_are_serdes(RunStatus::ALL);
+        texts_are_serdes(Origin::ALL);
+    }
 }

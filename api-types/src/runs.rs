@@ -124,7 +124,6 @@ pub struct RunDetail {
     #[serde(flatten)]
     pub run: Run,
     /// The run's payload (any JSON value).
-    #[schema(value_type = Object)]
     pub payload: serde_json::Value,
     /// Its retry and timeout overrides.
     #[schema(value_type = Object)]
@@ -189,4 +188,12 @@ pub struct RunQuery {
     #[param(pattern = "^-?[0-9]{1,17}\\.[0-9a-f]{32}$", nullable = false)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
+}
+
+/// The path of `/v1/runs/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct RunPath {
+    /// The run's id.
+    pub id: Uuid,
 }

@@ -81,7 +81,7 @@ macro_rules! schedule_types {
             /// Unique name, also the job name of its runs. Required when
             /// creating; when replacing, optional but equal to the path's.
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            #[schema(value_type = Name)]
+            #[schema(value_type = Option<Name>)]
             pub name: Option<String>,
             /// The job type its runs are routed by and handled as.
             #[schema(value_type = Name)]
@@ -96,26 +96,24 @@ macro_rules! schedule_types {
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub paused: Option<bool>,
             /// Ignored (read-only).
-            #[serde(default, skip_serializing)]
-            #[schema(value_type = Object)]
+            #[serde(default, skip_serializing_if = "Option::is_none")]
             pub updated_at: Option<serde_json::Value>,
             /// Ignored (read-only).
-            #[serde(default, skip_serializing)]
-            #[schema(value_type = Object)]
+            #[serde(default, skip_serializing_if = "Option::is_none")]
             pub invalid: Option<serde_json::Value>,
         }
 
         /// A schedule as the API shows it: its definition, whether it is
         /// paused and when it last changed. A stored definition that does
         /// not read (edited by hand) shows only `name` and `invalid`.
-        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
         pub struct Schedule {
             /// Unique name, also the job name of its runs.
             #[schema(value_type = Name)]
             pub name: String,
             /// The job type of its runs (left out only with `invalid`).
             #[serde(default, skip_serializing_if = "Option::is_none")]
-            #[schema(value_type = Name)]
+            #[schema(value_type = Option<Name>)]
             pub job_type: Option<String>,
             $(
                 $(#[$meta])*
@@ -209,14 +207,13 @@ schedule_types! {
     /// IANA time zone `cron` is read in; default UTC.
     timezone: String,
     /// The payload of its runs: any JSON value, passed to the handler.
-    #[schema(value_type = Object)]
     payload: serde_json::Value,
     /// Overrides of the job type's retry policy.
     retry: RetrySpec,
     /// Per-attempt timeout, e.g. `"10m"`.
     timeout: String,
     /// What to do with missed fires.
-    #[schema(value_type = Misfire)]
+    #[schema(value_type = Option<Misfire>)]
     misfire: String,
     /// With `misfire = "catch_up"`: how far back (default `"1h"`).
     catch_up_window: String,
@@ -225,7 +222,7 @@ schedule_types! {
     #[schema(minimum = 1, maximum = 10000)]
     catch_up_max: u32,
     /// Whether a fire may start while the previous run is unfinished.
-    #[schema(value_type = Overlap)]
+    #[schema(value_type = Option<Overlap>)]
     overlap: String,
     /// Spread fires over up to this long after their nominal instant (e.g.
     /// `"30s"`), the same offset on every replica.
@@ -367,7 +364,8 @@ pub struct Backfill {
     /// Instants in the range.
     #[schema(maximum = 10000)]
     pub instants: u32,
-    /// How many instants ended each way.
+    /// How many instants ended each way, by [`BackfillOutcome`].
+    #[schema(value_type = BTreeMap<String, u64>)]
     pub counts: BTreeMap<BackfillOutcome, u64>,
     /// Each instant, in order.
     pub fires: Vec<BackfilledFire>,
@@ -392,4 +390,13 @@ pub struct PreviewQuery {
     #[param(minimum = 1, maximum = 100, default = 10, nullable = false)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u32>,
+}
+
+/// The path of `/v1/schedules/{name}` and its actions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SchedulePath {
+    /// Schedule name.
+    #[param(value_type = Name)]
+    pub name: String,
 }

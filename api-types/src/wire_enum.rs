@@ -1,8 +1,10 @@
 //! The one way an enumeration of words on the wire is declared.
 
 /// Declares an enum whose variants travel as fixed strings: serde, the
-/// OpenAPI schema (`enum` of the strings) and `as_str`/`Display` all from
-/// one list of `Variant = "text"`.
+/// OpenAPI schema (`enum` of the strings) and `as_str`/`Display` from one
+/// list of `Variant = "text"`. The text is the variant's name in
+/// snake_case (serde's `rename_all`, which utoipa reads too; a test checks
+/// each text against serde's).
 macro_rules! wire_enum {
     (
         $(#[$meta:meta])*
@@ -15,13 +17,19 @@ macro_rules! wire_enum {
             Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash,
             serde::Serialize, serde::Deserialize, utoipa::ToSchema,
         )]
+        #[serde(rename_all = "snake_case")]
         pub enum $name {
-            $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )+
+            $( $(#[$vmeta])* $variant, )+
         }
 
         impl $name {
             /// Every value, in declaration order.
             pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The value whose wire text is `text`.
+            pub fn from_wire(text: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|v| v.as_str() == text)
+            }
 
             /// The text on the wire.
             pub fn as_str(self) -> &'static str {
