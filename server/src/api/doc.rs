@@ -15,9 +15,10 @@
 
 use std::sync::LazyLock;
 
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{HttpMethod, Operation};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use belfry_api_types::ErrorBody;
@@ -57,7 +58,8 @@ use super::{health, input, jobs, runs, schedules};
 pub struct ApiDoc;
 
 /// What every `/v1/` operation shares, added here once instead of on each
-/// handler: the bearer scheme and the error answers any request may get.
+/// handler: the bearer scheme, the error answers any request may get, and
+/// the links from a created schedule to each operation on it.
 struct Conventions;
 
 impl Modify for Conventions {
@@ -75,6 +77,7 @@ impl Modify for Conventions {
                     .build(),
             ),
         );
+        link_created_schedule(doc);
         let max_body = format!("Body over {} MiB", input::MAX_BODY_BYTES / (1024 * 1024));
         for (path, item) in doc.paths.paths.iter_mut() {
             if !path.starts_with("/v1/") {
@@ -105,6 +108,42 @@ impl Modify for Conventions {
                 }
             }
         }
+    }
+}
+
+/// Links the `201` of `createSchedule` to every operation on
+/// `/v1/schedules/{name}`, its `name` taken from the answer.
+fn link_created_schedule(doc: &mut utoipa::openapi::OpenApi) {
+    let targets: Vec<String> = doc
+        .paths
+        .paths
+        .iter()
+        .filter(|(path, _)| path.starts_with("/v1/schedules/{name}"))
+        .flat_map(|(_, item)| [&item.get, &item.put, &item.post, &item.delete])
+        .filter_map(|op| op.as_ref()?.operation_id.clone())
+        .collect();
+    let created = doc
+        .paths
+        .paths
+        .get_mut("/v1/schedules")
+        .and_then(|item| item.post.as_mut())
+        .and_then(|op| op.responses.responses.get_mut("201"));
+    let Some(RefOr::T(created)) = created else {
+        return;
+    };
+    for id in targets {
+        let mut name = id.clone();
+        if let Some(first) = name.get_mut(..1) {
+            first.make_ascii_uppercase();
+        }
+        created.links.insert(
+            name,
+            LinkBuilder::new()
+                .operation_id(id)
+                .parameter("name", "$response.body#/name")
+                .build()
+                .into(),
+        );
     }
 }
 
