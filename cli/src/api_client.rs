@@ -1,7 +1,14 @@
 //! HTTP to the API, and what its answers mean for the exit code.
+//!
+//! Requests and answers are the types of `belfry-api-types`: a body is
+//! serialized from one, an answer deserialized into one, an error answer
+//! into [`ErrorBody`].
 
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use belfry_api_types::ErrorBody;
 
 use crate::exit;
 
@@ -70,6 +77,9 @@ pub struct ApiClient {
     http: reqwest::Client,
 }
 
+/// A request without a query string or without a body.
+pub const NONE: Option<&()> = None;
+
 impl ApiClient {
     /// A client of `base` (e.g. `http://127.0.0.1:8080`) sending `token`.
     pub fn new(base: &str, token: Option<String>) -> Self {
@@ -83,24 +93,55 @@ impl ApiClient {
         }
     }
 
-    /// Sends `method path` with an optional JSON body; the JSON answer
-    /// (`null` for 204).
+    /// Sends `method path?query` with an optional JSON body and reads the
+    /// answer as a `T`.
     ///
     /// # Errors
     ///
     /// [`CliError::Api`] for an error answer, [`CliError::Connect`] when
-    /// nothing answers, [`CliError::Response`] for an answer that is not
-    /// JSON.
-    pub async fn call(
+    /// nothing answers, [`CliError::Response`] for an answer that is not a
+    /// `T`.
+    pub async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
-        body: Option<&Value>,
-    ) -> Result<Value, CliError> {
+        query: Option<&impl Serialize>,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, CliError> {
+        let (url, text) = self.send(method, path, query, body).await?;
+        serde_json::from_str(&text).map_err(|e| CliError::Response {
+            url,
+            message: format!(
+                "not the API's answer ({e}): {}",
+                text.chars().take(200).collect::<String>()
+            ),
+        })
+    }
+
+    /// Sends a request whose success has no body (`204 No Content`).
+    ///
+    /// # Errors
+    ///
+    /// As [`ApiClient::call`].
+    pub async fn call_no_content(&self, method: Method, path: &str) -> Result<(), CliError> {
+        self.send(method, path, NONE, NONE).await.map(drop)
+    }
+
+    /// The URL and text of a successful answer.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: Option<&impl Serialize>,
+        body: Option<&impl Serialize>,
+    ) -> Result<(String, String), CliError> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method, &url);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
+        }
+        if let Some(query) = query {
+            request = request.query(query);
         }
         if let Some(body) = body {
             request = request.json(body);
@@ -114,30 +155,42 @@ impl ApiClient {
             url: url.clone(),
             message: e.to_string(),
         })?;
-        if status == StatusCode::NO_CONTENT {
-            return Ok(Value::Null);
-        }
-        let value: Value = serde_json::from_str(&text).map_err(|e| CliError::Response {
-            url: url.clone(),
-            message: format!(
-                "HTTP {status}, not JSON ({e}): {}",
-                text.chars().take(200).collect::<String>()
-            ),
-        })?;
         if status.is_success() {
-            return Ok(value);
+            return Ok((url, text));
         }
-        let text_of = |k: &str| value.get(k).and_then(Value::as_str).map(str::to_owned);
-        Err(CliError::Api {
-            status: status.as_u16(),
-            code: text_of("error").unwrap_or_else(|| "unknown".into()),
-            message: text_of("message").unwrap_or_else(|| format!("HTTP {status}")),
-            field: text_of("field"),
+        Err(match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(e) => CliError::Api {
+                status: status.as_u16(),
+                code: e.error.to_string(),
+                message: e.message,
+                field: e.field,
+            },
+            Err(_) => error_without_body(status, url, &text),
         })
     }
 }
 
-/// Percent-encodes one path segment or query value.
+/// An error answer that is not the API's error shape.
+fn error_without_body(status: StatusCode, url: String, text: &str) -> CliError {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        // JSON, but not ours: still an error of the API's status.
+        Ok(_) => CliError::Api {
+            status: status.as_u16(),
+            code: "unknown".into(),
+            message: format!("HTTP {status}"),
+            field: None,
+        },
+        Err(e) => CliError::Response {
+            url,
+            message: format!(
+                "HTTP {status}, not JSON ({e}): {}",
+                text.chars().take(200).collect::<String>()
+            ),
+        },
+    }
+}
+
+/// Percent-encodes one path segment.
 pub fn encode(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len());
     for b in raw.bytes() {

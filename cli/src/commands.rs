@@ -1,11 +1,21 @@
-//! Each command: build the request, send it, print the answer.
+//! Each command: build the request, send it, print the answer. Requests and
+//! answers are the API's own types (`belfry-api-types`); `--json` prints
+//! the answer as the API sent it.
 
 use reqwest::Method;
-use serde_json::{json, Map, Value};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 
-use crate::api_client::{encode, ApiClient, CliError};
+use belfry_api_types::{
+    Backfill, BackfillOutcome, BackfillRequest, Enqueued, JobRequest, Page, Preview, Run,
+    RunDetail, RunList, RunQuery, Schedule, ScheduleInput, ScheduleList, ScheduleQuery,
+    TriggerRequest, Triggered,
+};
+
+use crate::api_client::{encode, ApiClient, CliError, NONE};
 use crate::args::{Cli, Command, JobCommand, RunCommand, ScheduleCommand, ScheduleFields};
-use crate::table::{cell, render};
+use crate::table::{cell, instant, maybe, render};
 
 /// Runs `cli`, printing to stdout.
 ///
@@ -31,7 +41,7 @@ struct Output {
 }
 
 impl Output {
-    fn value(&self, v: &Value, human: impl FnOnce(&Value) -> String) {
+    fn show<T: Serialize>(&self, v: &T, human: impl FnOnce(&T) -> String) {
         if self.json {
             println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
         } else {
@@ -40,47 +50,40 @@ impl Output {
     }
 }
 
-fn items(v: &Value, key: &str) -> Vec<Value> {
-    v.get(key)
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
-}
-
-/// Lists the items under `key` of `path` (which has a query string) from
-/// `cursor`, following every page with `all`; prints them with `rows`, and
-/// the cursor of the next page when there is one.
-async fn list_pages(
+/// Lists `path` with the query `query(cursor)` from `cursor`, following
+/// every page with `all`; prints the items with `rows`, and the cursor of
+/// the next page when there is one.
+async fn list_pages<P, Q>(
     api: &ApiClient,
     out: &Output,
     path: &str,
-    key: &str,
+    query: impl Fn(Option<String>) -> Q,
     cursor: &Option<String>,
     all: bool,
-    rows: fn(&[Value]) -> String,
-) -> Result<(), CliError> {
+    rows: fn(&[P::Item]) -> String,
+) -> Result<(), CliError>
+where
+    P: Page + Serialize + DeserializeOwned,
+    Q: Serialize,
+{
     let mut cursor = cursor.clone();
     let mut list = Vec::new();
     let next = loop {
-        let q = cursor
-            .as_ref()
-            .map(|c| format!("&cursor={}", encode(c)))
-            .unwrap_or_default();
-        let page = api.call(Method::GET, &format!("{path}{q}"), None).await?;
-        list.extend(items(&page, key));
-        match page.get("next_cursor").and_then(Value::as_str) {
-            Some(c) if all => cursor = Some(c.to_owned()),
-            other => break other.map(str::to_owned),
+        let page: P = api
+            .call(Method::GET, path, Some(&query(cursor.take())), NONE)
+            .await?;
+        let (items, next) = page.into_parts();
+        list.extend(items);
+        match next {
+            Some(c) if all => cursor = Some(c),
+            other => break other,
         }
     };
-    let v = json!({ key: list, "next_cursor": next });
-    out.value(&v, |_| {
-        let mut s = rows(&list);
-        if let Some(n) = &next {
-            s.push_str(&format!("(more: --cursor {n}, or --all)\n"));
-        }
-        s
-    });
+    let mut human = rows(&list);
+    if let Some(n) = &next {
+        human.push_str(&format!("(more: --cursor {n}, or --all)\n"));
+    }
+    out.show(&P::from_parts(list, next), |_| human);
     Ok(())
 }
 
@@ -92,125 +95,147 @@ fn json_arg(flag: &str, raw: &str) -> Result<Value, CliError> {
     })
 }
 
-fn apply_fields(body: &mut Map<String, Value>, f: &ScheduleFields) -> Result<(), CliError> {
-    let kinds = [&f.cron, &f.every, &f.at, &f.after];
-    if kinds.iter().any(|k| k.is_some()) {
+fn apply_fields(body: &mut ScheduleInput, f: &ScheduleFields) -> Result<(), CliError> {
+    if [&f.cron, &f.every, &f.at, &f.after]
+        .iter()
+        .any(|k| k.is_some())
+    {
         // A new kind replaces the old one.
-        for k in ["cron", "every", "at", "after", "anchor"] {
-            body.remove(k);
-        }
+        body.cron = None;
+        body.every = None;
+        body.at = None;
+        body.after = None;
+        body.anchor = None;
         if f.cron.is_none() {
-            body.remove("timezone");
+            body.timezone = None;
         }
     }
-    for (key, value) in [
-        ("cron", &f.cron),
-        ("every", &f.every),
-        ("at", &f.at),
-        ("after", &f.after),
-        ("timezone", &f.timezone),
-        ("timeout", &f.timeout),
-        ("misfire", &f.misfire),
-        ("overlap", &f.overlap),
-        ("jitter", &f.jitter),
+    for (field, value) in [
+        (&mut body.cron, &f.cron),
+        (&mut body.every, &f.every),
+        (&mut body.at, &f.at),
+        (&mut body.after, &f.after),
+        (&mut body.timezone, &f.timezone),
+        (&mut body.timeout, &f.timeout),
+        (&mut body.misfire, &f.misfire),
+        (&mut body.overlap, &f.overlap),
+        (&mut body.jitter, &f.jitter),
     ] {
-        if let Some(v) = value {
-            body.insert(key.into(), json!(v));
+        if value.is_some() {
+            field.clone_from(value);
         }
     }
     if let Some(p) = &f.payload {
-        body.insert("payload".into(), json_arg("payload", p)?);
+        body.payload = Some(json_arg("payload", p)?);
     }
     Ok(())
 }
 
-fn schedule_kind(s: &Value) -> (String, String) {
-    for k in ["cron", "every", "at"] {
-        if let Some(v) = s.get(k).and_then(Value::as_str) {
-            let expr = match (k, s.get("timezone").and_then(Value::as_str)) {
-                ("cron", Some(tz)) => format!("{v} ({tz})"),
-                _ => v.to_owned(),
-            };
-            return (k.to_owned(), expr);
-        }
+fn schedule_kind(s: &Schedule) -> (String, String) {
+    if let Some(cron) = &s.cron {
+        let expr = match &s.timezone {
+            Some(tz) => format!("{cron} ({tz})"),
+            None => cron.clone(),
+        };
+        return ("cron".into(), expr);
     }
-    ("?".into(), cell(s.get("invalid").unwrap_or(&Value::Null)))
+    match (&s.every, &s.at) {
+        (Some(every), _) => ("every".into(), every.clone()),
+        (None, Some(at)) => ("at".into(), at.clone()),
+        (None, None) => ("?".into(), maybe(s.invalid.as_ref())),
+    }
 }
 
-fn schedule_rows(list: &[Value]) -> String {
+fn schedule_rows(list: &[Schedule]) -> String {
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|s| {
             let (kind, expr) = schedule_kind(s);
             vec![
-                cell(&s["name"]),
+                cell(&s.name),
                 kind,
-                expr,
-                cell(&s["job_type"]),
-                if s["paused"] == json!(true) {
-                    "paused".into()
-                } else {
-                    "active".into()
-                },
+                cell(&expr),
+                maybe(s.job_type.as_ref()),
+                if s.paused { "paused" } else { "active" }.into(),
             ]
         })
         .collect();
     render(&["NAME", "KIND", "WHEN", "JOB TYPE", "STATE"], &rows)
 }
 
-fn schedule_detail(s: &Value) -> String {
-    let mut out = String::new();
-    if let Some(map) = s.as_object() {
-        for (k, v) in map {
-            out.push_str(&format!("{k:<16} {}\n", cell(v)));
-        }
-    }
-    out
+/// Every field the schedule has, one a line, as the API names them.
+fn schedule_detail(s: &Schedule) -> String {
+    let Ok(Value::Object(fields)) = serde_json::to_value(s) else {
+        return String::new();
+    };
+    fields
+        .iter()
+        .map(|(k, v)| {
+            let text = match v {
+                Value::Null => "-".to_owned(),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            format!("{k:<16} {}\n", cell(&text))
+        })
+        .collect()
 }
 
 /// Reads schedules from a file: TOML `[[schedule]]` tables or one JSON
 /// object (or a list of them).
-fn schedules_from_file(path: &std::path::Path) -> Result<Vec<Value>, CliError> {
+fn schedules_from_file(path: &std::path::Path) -> Result<Vec<ScheduleInput>, CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))?;
-    let is_json = path.extension().is_some_and(|e| e == "json");
-    if is_json {
-        return match serde_json::from_str::<Value>(&text) {
-            Ok(Value::Array(list)) => Ok(list),
-            Ok(obj @ Value::Object(_)) => Ok(vec![obj]),
-            Ok(_) => Err(CliError::Usage(format!(
-                "{}: expected a JSON object or a list of them",
-                path.display()
-            ))),
-            Err(e) => Err(CliError::Usage(format!(
-                "{} is not valid JSON: {e}",
-                path.display()
-            ))),
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        CliError::Usage(format!("{} {what}: {e}", path.display()))
+    };
+    if path.extension().is_some_and(|e| e == "json") {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            Many(Vec<ScheduleInput>),
+            One(Box<ScheduleInput>),
+        }
+        let value: Value = serde_json::from_str(&text).map_err(|e| bad("is not valid JSON", &e))?;
+        return match serde_json::from_value::<OneOrMany>(value.clone()) {
+            Ok(OneOrMany::Many(list)) => Ok(list),
+            Ok(OneOrMany::One(one)) => Ok(vec![*one]),
+            // Say what is wrong with the (first) schedule.
+            Err(_) => Err(match value {
+                Value::Array(list) => {
+                    serde_json::from_value::<Vec<ScheduleInput>>(Value::Array(list)).err()
+                }
+                obj @ Value::Object(_) => serde_json::from_value::<ScheduleInput>(obj).err(),
+                _ => None,
+            }
+            .map_or_else(
+                || bad("", &"expected a JSON object or a list of them"),
+                |e| bad("is not a schedule", &e),
+            )),
         };
     }
-    let doc: toml::Value = toml::from_str(&text)
-        .map_err(|e| CliError::Usage(format!("{} is not valid TOML: {e}", path.display())))?;
-    let list = doc
-        .get("schedule")
-        .and_then(toml::Value::as_array)
-        .cloned()
-        .ok_or_else(|| CliError::Usage(format!("{} has no [[schedule]] tables", path.display())))?;
-    list.into_iter()
-        .map(|t| {
-            serde_json::to_value(t).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))
-        })
-        .collect()
+    #[derive(serde::Deserialize)]
+    struct File {
+        schedule: Option<Vec<ScheduleInput>>,
+    }
+    let file: File = toml::from_str(&text).map_err(|e| bad("is not a schedule file", &e))?;
+    file.schedule
+        .ok_or_else(|| bad("has no [[schedule]] tables", &""))
 }
 
 async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result<(), CliError> {
     let path = |name: &str, rest: &str| format!("/v1/schedules/{}{rest}", encode(name));
     match c {
         ScheduleCommand::Ls { limit, cursor, all } => {
-            list_pages(
+            let query = |cursor| ScheduleQuery {
+                limit: Some(*limit),
+                cursor,
+            };
+            list_pages::<ScheduleList, _>(
                 api,
                 out,
-                &format!("/v1/schedules?limit={limit}"),
-                "schedules",
+                "/v1/schedules",
+                query,
                 cursor,
                 *all,
                 schedule_rows,
@@ -218,8 +243,8 @@ async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result
             .await?;
         }
         ScheduleCommand::Get { name } => {
-            let v = api.call(Method::GET, &path(name, ""), None).await?;
-            out.value(&v, schedule_detail);
+            let s: Schedule = api.call(Method::GET, &path(name, ""), NONE, NONE).await?;
+            out.show(&s, schedule_detail);
         }
         ScheduleCommand::Add {
             file,
@@ -231,119 +256,118 @@ async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result
             let bodies = match file {
                 Some(f) => schedules_from_file(f)?,
                 None => {
-                    let mut body = Map::new();
-                    body.insert("name".into(), json!(name));
-                    body.insert("job_type".into(), json!(job_type));
+                    let mut body = ScheduleInput {
+                        name: name.clone(),
+                        job_type: job_type.clone().unwrap_or_default(),
+                        ..ScheduleInput::default()
+                    };
                     apply_fields(&mut body, fields)?;
-                    vec![Value::Object(body)]
+                    vec![body]
                 }
             };
-            let mut created = Vec::new();
-            for body in bodies {
-                let Value::Object(mut body) = body else {
-                    return Err(CliError::Usage(
-                        "each schedule must be a JSON object (a [[schedule]] table)".into(),
-                    ));
-                };
+            let mut created: Vec<Schedule> = Vec::new();
+            for mut body in bodies {
                 if *paused {
-                    body.insert("paused".into(), json!(true));
+                    body.paused = Some(true);
                 }
-                let made = api
-                    .call(Method::POST, "/v1/schedules", Some(&Value::Object(body)))
-                    .await;
-                match made {
-                    Ok(v) => created.push(v),
+                match api
+                    .call(Method::POST, "/v1/schedules", NONE, Some(&body))
+                    .await
+                {
+                    Ok(s) => created.push(s),
                     Err(e) if created.is_empty() => return Err(e),
                     Err(e) => {
                         // Say what is already stored, so a rerun can skip it.
-                        let names: Vec<String> = created.iter().map(|c| cell(&c["name"])).collect();
+                        let names: Vec<&str> = created.iter().map(|c| c.name.as_str()).collect();
                         eprintln!("belfry: created before the error: {}", names.join(", "));
                         return Err(e);
                     }
                 }
             }
-            let v = if created.len() == 1 {
-                created[0].clone()
+            if let [one] = created.as_slice() {
+                out.show(one, |s| schedule_rows(std::slice::from_ref(s)));
             } else {
-                Value::Array(created.clone())
-            };
-            out.value(&v, |_| schedule_rows(&created));
+                out.show(&created, |list| schedule_rows(list));
+            }
         }
         ScheduleCommand::Edit {
             name,
             job_type,
             fields,
         } => {
-            let mut current = api.call(Method::GET, &path(name, ""), None).await?;
-            let body = current.as_object_mut().ok_or_else(|| CliError::Response {
-                url: path(name, ""),
-                message: "not an object".into(),
-            })?;
+            let current: Schedule = api.call(Method::GET, &path(name, ""), NONE, NONE).await?;
             // The state fields are not sent back: a pause made meanwhile
             // must not be undone by an edit.
-            body.remove("paused");
-            body.remove("updated_at");
+            let mut body = current.into_input();
             if let Some(t) = job_type {
-                body.insert("job_type".into(), json!(t));
+                body.job_type.clone_from(t);
             }
-            apply_fields(body, fields)?;
-            let v = api
-                .call(Method::PUT, &path(name, ""), Some(&current))
+            apply_fields(&mut body, fields)?;
+            let s: Schedule = api
+                .call(Method::PUT, &path(name, ""), NONE, Some(&body))
                 .await?;
-            out.value(&v, schedule_detail);
+            out.show(&s, schedule_detail);
         }
         ScheduleCommand::Rm { name } => {
-            api.call(Method::DELETE, &path(name, ""), None).await?;
-            out.value(&json!({ "deleted": name }), |_| format!("deleted {name}\n"));
+            api.call_no_content(Method::DELETE, &path(name, "")).await?;
+            out.show(&serde_json::json!({ "deleted": name }), |_| {
+                format!("deleted {name}\n")
+            });
         }
         ScheduleCommand::Pause { name } => {
-            let v = api.call(Method::POST, &path(name, "/pause"), None).await?;
-            out.value(&v, |_| format!("paused {name}\n"));
+            let s: Schedule = api
+                .call(Method::POST, &path(name, "/pause"), NONE, NONE)
+                .await?;
+            out.show(&s, |_| format!("paused {name}\n"));
         }
         ScheduleCommand::Resume { name } => {
-            let v = api.call(Method::POST, &path(name, "/resume"), None).await?;
-            out.value(&v, |_| format!("resumed {name}\n"));
+            let s: Schedule = api
+                .call(Method::POST, &path(name, "/resume"), NONE, NONE)
+                .await?;
+            out.show(&s, |_| format!("resumed {name}\n"));
         }
         ScheduleCommand::Trigger { name, force } => {
-            let v = api
+            let t: Triggered = api
                 .call(
                     Method::POST,
                     &path(name, "/trigger"),
-                    Some(&json!({ "force": force })),
+                    NONE,
+                    Some(&TriggerRequest { force: *force }),
                 )
                 .await?;
-            out.value(&v, |v| {
+            out.show(&t, |t| {
                 let mut s = format!(
                     "{} run {} ({}) trace {}\n",
-                    cell(&v["outcome"]),
-                    cell(&v["run_id"]),
-                    cell(&v["run_key"]),
-                    cell(&v["trace_id"])
+                    t.outcome,
+                    t.run_id,
+                    maybe(t.run_key.as_ref()),
+                    maybe(t.trace_id.as_ref())
                 );
-                if let Some(m) = v.get("message").and_then(Value::as_str) {
-                    s.push_str(&format!("note: {m}\n"));
+                if let Some(m) = &t.message {
+                    s.push_str(&format!("note: {}\n", cell(m)));
                 }
                 s
             });
         }
         ScheduleCommand::Backfill { name, from, to } => {
-            let v = api
-                .call(
-                    Method::POST,
-                    &path(name, "/backfill"),
-                    Some(&json!({ "from": from, "to": to })),
-                )
+            let request = BackfillRequest {
+                from: from.clone(),
+                to: to.clone(),
+                force: false,
+            };
+            let b: Backfill = api
+                .call(Method::POST, &path(name, "/backfill"), NONE, Some(&request))
                 .await?;
-            out.value(&v, |v| {
-                let counts = v["counts"].as_object().cloned().unwrap_or_default();
-                let summary: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            out.show(&b, |b| {
+                let summary: Vec<String> =
+                    b.counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
                 format!(
                     "{} instants in [{from}, {to}): {}\n",
-                    cell(&v["instants"]),
+                    b.instants,
                     summary.join(", ")
                 )
             });
-            let failed = v["counts"]["failed"].as_u64().unwrap_or(0);
+            let failed = b.counts.get(&BackfillOutcome::Failed).copied().unwrap_or(0);
             if failed > 0 {
                 return Err(CliError::Partial(format!(
                     "{failed} instants could not be claimed (ledger unreachable); run the same backfill again"
@@ -351,36 +375,32 @@ async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result
             }
         }
         ScheduleCommand::Preview { name, count } => {
-            let v = api
-                .call(
-                    Method::GET,
-                    &format!("{}?count={count}", path(name, "/preview")),
-                    None,
-                )
+            let query = belfry_api_types::PreviewQuery {
+                count: Some(*count),
+            };
+            let p: Preview = api
+                .call(Method::GET, &path(name, "/preview"), Some(&query), NONE)
                 .await?;
-            out.value(&v, |v| {
-                items(v, "next")
-                    .iter()
-                    .map(|t| format!("{}\n", cell(t)))
-                    .collect()
+            out.show(&p, |p| {
+                p.next.iter().map(|t| format!("{}\n", instant(t))).collect()
             });
         }
     }
     Ok(())
 }
 
-fn run_rows(list: &[Value]) -> String {
+fn run_rows(list: &[Run]) -> String {
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|r| {
             vec![
-                cell(&r["id"]),
-                cell(&r["job_name"]),
-                cell(&r["scheduled_at"]),
-                cell(&r["status"]),
-                cell(&r["attempts"]),
-                cell(&r["worker"]),
-                cell(&r["last_error"]),
+                r.id.to_string(),
+                cell(&r.job_name),
+                instant(&r.scheduled_at),
+                r.status.to_string(),
+                r.attempts.to_string(),
+                maybe(r.worker.as_ref()),
+                maybe(r.last_error.as_ref()),
             ]
         })
         .collect();
@@ -398,43 +418,45 @@ fn run_rows(list: &[Value]) -> String {
     )
 }
 
-fn run_detail(r: &Value) -> String {
+fn run_detail(d: &RunDetail) -> String {
+    let r = &d.run;
+    let when = |t: &Option<chrono::DateTime<chrono::Utc>>| maybe(t.as_ref().map(instant));
     let mut s = String::new();
-    for k in [
-        "id",
-        "job_name",
-        "run_key",
-        "job_type",
-        "status",
-        "origin",
-        "scheduled_at",
-        "claimed_at",
-        "dispatched_at",
-        "started_at",
-        "finished_at",
-        "lateness_ms",
-        "attempts",
-        "claimed_by",
-        "worker",
-        "last_error",
-        "trace_id",
-        "payload",
+    for (k, v) in [
+        ("id", r.id.to_string()),
+        ("job_name", cell(&r.job_name)),
+        ("run_key", cell(&r.run_key)),
+        ("job_type", cell(&r.job_type)),
+        ("status", r.status.to_string()),
+        ("origin", r.origin.to_string()),
+        ("scheduled_at", instant(&r.scheduled_at)),
+        ("claimed_at", when(&r.claimed_at)),
+        ("dispatched_at", when(&r.dispatched_at)),
+        ("started_at", when(&r.started_at)),
+        ("finished_at", when(&r.finished_at)),
+        ("lateness_ms", maybe(r.lateness_ms.as_ref())),
+        ("attempts", r.attempts.to_string()),
+        ("claimed_by", maybe(r.claimed_by.as_ref())),
+        ("worker", maybe(r.worker.as_ref())),
+        ("last_error", maybe(r.last_error.as_ref())),
+        ("trace_id", maybe(r.trace_id.as_ref())),
+        ("payload", json_cell(&d.payload)),
     ] {
-        s.push_str(&format!("{k:<14} {}\n", cell(&r[k])));
+        s.push_str(&format!("{k:<14} {v}\n"));
     }
-    let attempts = items(r, "attempt_log");
-    if !attempts.is_empty() {
+    if !d.attempt_log.is_empty() {
         s.push_str("\nattempts:\n");
-        let rows: Vec<Vec<String>> = attempts
+        let rows: Vec<Vec<String>> = d
+            .attempt_log
             .iter()
             .map(|a| {
                 vec![
-                    cell(&a["attempt"]),
-                    cell(&a["worker"]),
-                    cell(&a["started_at"]),
-                    cell(&a["finished_at"]),
-                    cell(&a["outcome"]),
-                    cell(a.get("error").unwrap_or(&Value::Null)),
+                    a.attempt.to_string(),
+                    cell(&a.worker),
+                    instant(&a.started_at),
+                    instant(&a.finished_at),
+                    cell(&a.outcome),
+                    maybe(a.error.as_ref()),
                 ]
             })
             .collect();
@@ -444,6 +466,15 @@ fn run_detail(r: &Value) -> String {
         ));
     }
     s
+}
+
+/// A user's JSON value (a payload) as a cell: compact JSON, `-` for null.
+fn json_cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => cell(s),
+        other => cell(&other.to_string()),
+    }
 }
 
 async fn runs(api: &ApiClient, out: &Output, c: &RunCommand) -> Result<(), CliError> {
@@ -458,34 +489,22 @@ async fn runs(api: &ApiClient, out: &Output, c: &RunCommand) -> Result<(), CliEr
             cursor,
             all,
         } => {
-            let mut filters = format!("limit={limit}");
-            for (k, v) in [
-                ("schedule", schedule),
-                ("job_type", job_type),
-                ("status", status),
-                ("from", from),
-                ("to", to),
-            ] {
-                if let Some(v) = v {
-                    filters.push_str(&format!("&{k}={}", encode(v)));
-                }
-            }
-            list_pages(
-                api,
-                out,
-                &format!("/v1/runs?{filters}"),
-                "runs",
+            let query = |cursor| RunQuery {
+                schedule: schedule.clone(),
+                job_type: job_type.clone(),
+                status: status.clone(),
+                from: from.clone(),
+                to: to.clone(),
+                limit: Some(*limit),
                 cursor,
-                *all,
-                run_rows,
-            )
-            .await?;
+            };
+            list_pages::<RunList, _>(api, out, "/v1/runs", query, cursor, *all, run_rows).await?;
         }
         RunCommand::Show { id } => {
-            let v = api
-                .call(Method::GET, &format!("/v1/runs/{}", encode(id)), None)
+            let d: RunDetail = api
+                .call(Method::GET, &format!("/v1/runs/{}", encode(id)), NONE, NONE)
                 .await?;
-            out.value(&v, run_detail);
+            out.show(&d, run_detail);
         }
     }
     Ok(())
@@ -500,30 +519,33 @@ async fn jobs(api: &ApiClient, out: &Output, c: &JobCommand) -> Result<(), CliEr
         at,
         delay,
     } = c;
-    let mut body = Map::new();
-    body.insert("job_type".into(), json!(job_type));
-    if let Some(p) = payload {
-        body.insert("payload".into(), json_arg("payload", p)?);
-    }
-    for (k, v) in [("name", name), ("key", key), ("at", at), ("delay", delay)] {
-        if let Some(v) = v {
-            body.insert(k.into(), json!(v));
-        }
-    }
-    let v = api
-        .call(Method::POST, "/v1/jobs", Some(&Value::Object(body)))
+    let body = JobRequest {
+        job_type: job_type.clone(),
+        payload: payload
+            .as_deref()
+            .map(|p| json_arg("payload", p))
+            .transpose()?
+            .unwrap_or_default(),
+        name: name.clone(),
+        key: key.clone(),
+        at: at.clone(),
+        delay: delay.clone(),
+        ..JobRequest::default()
+    };
+    let e: Enqueued = api
+        .call(Method::POST, "/v1/jobs", NONE, Some(&body))
         .await?;
-    out.value(&v, |v| {
+    out.show(&e, |e| {
         format!(
             "{} run {} ({}) status {}\n",
-            if v["created"] == json!(true) {
+            if e.created {
                 "enqueued"
             } else {
                 "already enqueued:"
             },
-            cell(&v["run_id"]),
-            cell(&v["run_key"]),
-            cell(&v["status"])
+            e.run_id,
+            cell(&e.run_key),
+            maybe(e.status.as_ref())
         )
     });
     Ok(())

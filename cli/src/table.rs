@@ -32,14 +32,9 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// A JSON value as a table cell: strings bare, `null` as `-`, control
-/// characters escaped so a cell cannot break the layout.
-pub fn cell(value: &serde_json::Value) -> String {
-    let text = match value {
-        serde_json::Value::Null => "-".to_owned(),
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+/// Text as a table cell: control characters escaped so a cell cannot
+/// break the layout.
+pub fn cell(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
             let escaped: Vec<char> = if c.is_control() {
@@ -50,6 +45,16 @@ pub fn cell(value: &serde_json::Value) -> String {
             escaped
         })
         .collect()
+}
+
+/// An optional value as a cell: `-` when absent.
+pub fn maybe(value: Option<impl std::fmt::Display>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| cell(&v.to_string()))
+}
+
+/// An instant as the API writes it (RFC 3339, `Z`).
+pub fn instant(t: &chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 
 #[cfg(test)]
@@ -66,7 +71,7 @@ mod tests {
             ],
         );
         assert_eq!(out, "NAME       KIND\na          cron\nlong-name  every\n");
-        assert_eq!(cell(&serde_json::json!(null)), "-");
-        assert_eq!(cell(&serde_json::json!("two\nlines")), "two\\nlines");
+        assert_eq!(maybe(None::<&str>), "-");
+        assert_eq!(cell("two\nlines"), "two\\nlines");
     }
 }

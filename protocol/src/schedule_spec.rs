@@ -89,17 +89,23 @@ pub struct ScheduleSpec {
 /// ```toml
 /// retry = { max_attempts = 3, initial_delay = "2s", multiplier = 2.0, max_delay = "1m", jitter = false }
 /// ```
+///
+/// With the `openapi` feature it is also the `Retry` schema of the REST
+/// API's documents.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = Retry))]
 #[serde(deny_unknown_fields)]
 pub struct RetrySpec {
     /// Attempts in total, the first included (1 to 1000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
     pub max_attempts: Option<u32>,
     /// Delay after the first failed attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initial_delay: Option<String>,
     /// Growth factor per failed attempt (1 to 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
     pub multiplier: Option<f32>,
     /// Cap of one delay.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -17,7 +17,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use belfry_api_types::{ErrorBody, ErrorCode};
 
 /// An error answer of the API.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,23 +26,15 @@ pub struct ApiError {
     /// HTTP status.
     pub status: StatusCode,
     /// Stable machine-readable code (see the module table).
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// What was wrong and how to fix it.
     pub message: String,
     /// The offending field or parameter, when there is one.
     pub field: Option<String>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: &'a str,
-    message: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    field: Option<&'a str>,
-}
-
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -59,55 +51,64 @@ impl ApiError {
 
     /// 400: the request is malformed.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        Self::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
     }
 
     /// 401: no valid token.
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        Self::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message)
     }
 
     /// 403: the token may not do this.
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+        Self::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message)
     }
 
     /// 404: nothing there.
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        Self::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, message)
     }
 
     /// 405: wrong method for the route.
     pub fn method_not_allowed() -> Self {
         Self::new(
             StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
+            ErrorCode::MethodNotAllowed,
             "this path does not support that method; see /openapi.json",
         )
     }
 
     /// 409: collides with the current state.
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", message)
+        Self::new(StatusCode::CONFLICT, ErrorCode::Conflict, message)
     }
 
     /// 413: body too large.
     pub fn too_large(limit: usize) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            ErrorCode::PayloadTooLarge,
             format!("request body is larger than {limit} bytes"),
         )
     }
 
     /// 422: a field breaks the rules.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message).field(field)
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::Invalid,
+            message,
+        )
+        .field(field)
     }
 
     /// 503: a service is unreachable.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Unavailable,
+            message,
+        )
     }
 }
 
@@ -173,10 +174,10 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             tracing::warn!(error = %self.message, "API request failed: a service is unavailable");
         }
-        let body = Body {
+        let body = ErrorBody {
             error: self.code,
-            message: &self.message,
-            field: self.field.as_deref(),
+            message: self.message,
+            field: self.field,
         };
         (self.status, axum::Json(body)).into_response()
     }

@@ -10,7 +10,10 @@ use axum::extract::State;
 use axum::http::{header::CONTENT_TYPE, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::json;
+
+use belfry_api_types::{
+    Liveness, LivenessStatus, Mode, Readiness, ReadinessStatus, RedisState, ServiceState,
+};
 
 use super::ApiState;
 
@@ -18,55 +21,77 @@ use super::ApiState;
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// `GET /healthz`.
-pub async fn healthz() -> impl IntoResponse {
-    Json(json!({ "status": "ok" }))
+#[utoipa::path(
+    get, path = "/healthz", operation_id = "healthz", summary = "Liveness", security(()),
+    responses((status = 200, description = "The process serves requests", body = Liveness)),
+)]
+pub async fn healthz() -> Json<Liveness> {
+    Json(Liveness {
+        status: LivenessStatus::Ok,
+    })
 }
 
 /// `GET /readyz`.
-pub async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
+#[utoipa::path(
+    get, path = "/readyz", operation_id = "readyz", security(()),
+    summary = "Readiness: Postgres and RabbitMQ required, Redis reported (embedded mode: its database)",
+    responses(
+        (status = 200, description = "Ready (or degraded: Redis down, claims exact through Postgres)", body = Readiness),
+        (status = 503, description = "Not ready: Postgres or RabbitMQ down", body = Readiness),
+    ),
+)]
+pub async fn readyz(State(state): State<ApiState>) -> (StatusCode, Json<Readiness>) {
     // A probe must answer quickly: a check that hangs (a half-open
     // connection) counts as down.
-    let (postgres, rabbitmq, redis) =
+    let (ledger, broker, redis) =
         tokio::time::timeout(PROBE_TIMEOUT, state.replica().service_health())
             .await
             .unwrap_or((false, false, Some(false)));
-    let up = |ok: bool| if ok { "up" } else { "down" };
-    let ready = postgres && rabbitmq;
+    let ready = ledger && broker;
     let status = match (ready, redis) {
-        (false, _) => "not_ready",
-        (true, Some(false)) => "degraded",
-        (true, _) => "ready",
+        (false, _) => ReadinessStatus::NotReady,
+        (true, Some(false)) => ReadinessStatus::Degraded,
+        (true, _) => ReadinessStatus::Ready,
     };
     let code = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let (ledger, broker) = (
+        Some(ServiceState::of(ledger)),
+        Some(ServiceState::of(broker)),
+    );
+    let mut body = Readiness {
+        status,
+        instance: state.replica().instance().to_string(),
+        mode: Mode::Distributed,
+        postgres: ledger,
+        rabbitmq: broker,
+        database: None,
+        queue: None,
+        redis: RedisState::of(redis),
+    };
     // The embedded mode has one database holding ledger and queue; its
     // answer names what it runs on instead of services it does not use.
-    let body = if state.ledger().is_embedded() {
-        json!({
-            "status": status,
-            "instance": state.replica().instance(),
-            "mode": "embedded",
-            "database": up(postgres),
-            "queue": up(rabbitmq),
-            "redis": redis.map_or("disabled", up),
-        })
-    } else {
-        json!({
-            "status": status,
-            "instance": state.replica().instance(),
-            "mode": "distributed",
-            "postgres": up(postgres),
-            "rabbitmq": up(rabbitmq),
-            "redis": redis.map_or("disabled", up),
-        })
-    };
+    if state.ledger().is_embedded() {
+        body = Readiness {
+            mode: Mode::Embedded,
+            postgres: None,
+            rabbitmq: None,
+            database: ledger,
+            queue: broker,
+            ..body
+        };
+    }
     (code, Json(body))
 }
 
 /// `GET /openapi.json`.
+#[utoipa::path(
+    get, path = "/openapi.json", operation_id = "openapi", summary = "This document", security(()),
+    responses((status = 200, description = "OpenAPI 3 document", content_type = "application/json", body = Object)),
+)]
 pub async fn openapi() -> impl IntoResponse {
-    ([(CONTENT_TYPE, "application/json")], super::OPENAPI_JSON)
+    ([(CONTENT_TYPE, "application/json")], super::doc::document())
 }

@@ -5,50 +5,40 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use chrono::Utc;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use belfry_dispatch::{AdHocJob, DispatchError, Enqueued};
-use belfry_protocol::RetrySpec;
+use belfry_api_types::{Enqueued, ErrorBody, JobRequest};
+use belfry_dispatch::{AdHocJob, DispatchError};
 
 use super::error::ApiError;
 use super::input;
+use super::runs::run_status;
 use super::{audit, ApiState, Caller};
 
 /// Longest accepted `delay`: one year.
 const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(366 * 24 * 3600);
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JobRequest {
-    job_type: String,
-    #[serde(default)]
-    payload: Value,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    key: Option<String>,
-    #[serde(default)]
-    at: Option<String>,
-    #[serde(default)]
-    delay: Option<String>,
-    #[serde(default)]
-    retry: Option<RetrySpec>,
-    #[serde(default)]
-    timeout: Option<String>,
-}
-
 /// `POST /v1/jobs`: `{"job_type", "payload", "name"?, "key"?, "at"? |
 /// "delay"?, "retry"?, "timeout"?}`. 201 with the new run; 200 with the
 /// existing one when `name` + `key` were enqueued before (idempotency).
+#[utoipa::path(
+    post, path = "/v1/jobs", operation_id = "enqueueJob", summary = "Enqueue an ad-hoc job of any type",
+    request_body = JobRequest,
+    responses(
+        (status = 201, description = "Created", body = Enqueued, links(
+            ("GetRun" = (operation_id = "getRun", parameters(("id" = "$response.body#/run_id")))),
+        )),
+        (status = 200, description = "Already enqueued with this name and key", body = Enqueued),
+        (status = 422, description = "Invalid field", body = ErrorBody),
+    ),
+)]
 pub async fn enqueue(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<(StatusCode, Json<Enqueued>), ApiError> {
     let bytes = input::body_bytes(body)?;
     let value = Value::Object(input::json_object(&bytes)?);
     input::storable("payload", &value)?;
@@ -105,8 +95,8 @@ pub async fn enqueue(
         other => ApiError::unavailable(format!("the job could not be enqueued: {other}; retry")),
     })?;
     let (code, created) = match &enqueued {
-        Enqueued::Created { .. } => (StatusCode::CREATED, true),
-        Enqueued::Existing { .. } => (StatusCode::OK, false),
+        belfry_dispatch::Enqueued::Created { .. } => (StatusCode::CREATED, true),
+        belfry_dispatch::Enqueued::Existing { .. } => (StatusCode::OK, false),
     };
     if created {
         let name = request.name.as_deref().unwrap_or(&request.job_type);
@@ -121,14 +111,16 @@ pub async fn enqueue(
     let run = state.ledger().run(enqueued.id()).await.ok().flatten();
     Ok((
         code,
-        Json(json!({
-            "created": created,
-            "run_id": enqueued.id(),
-            "run_key": enqueued.run_key(),
-            "status": run.as_ref().map(|r| r.status_text.clone()),
-            "scheduled_at": run.as_ref().map_or_else(Utc::now, |r| r.scheduled_at),
-            "trace_id": run.and_then(|r| r.trace_id),
-        })),
-    )
-        .into_response())
+        Json(Enqueued {
+            created,
+            run_id: enqueued.id(),
+            run_key: enqueued.run_key().to_owned(),
+            status: run
+                .as_ref()
+                .map(|r| run_status(&r.status_text))
+                .transpose()?,
+            scheduled_at: run.as_ref().map_or_else(Utc::now, |r| r.scheduled_at),
+            trace_id: run.and_then(|r| r.trace_id),
+        }),
+    ))
 }

@@ -2,13 +2,14 @@
 //! schedules, runs, manual triggers, backfills and ad-hoc jobs, without SQL.
 //!
 //! Resources live under `/v1/`; `/healthz`, `/readyz` and `/openapi.json`
-//! sit beside them (the OpenAPI document is `server/openapi.json`,
-//! compiled in). Every replica can answer every request: all state is in
+//! sit beside them (the OpenAPI document is generated from the handlers
+//! and `belfry-api-types`, see [`doc`]). Every replica can answer every request: all state is in
 //! the ledger, and a change reaches every replica's timer through the
 //! `schedules` table's notifications. Errors share one shape
 //! ([`error::ApiError`]); tokens and roles are in [`auth`].
 
 pub mod auth;
+pub mod doc;
 pub mod error;
 pub mod health;
 pub mod input;
@@ -30,9 +31,6 @@ pub use auth::{Caller, Role, Tokens};
 use belfry_scheduler::ops::Ops;
 use belfry_scheduler::replica::Replica;
 pub use error::ApiError;
-
-/// The OpenAPI 3 document describing this API.
-pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
 
 /// What every handler shares.
 #[derive(Clone)]

@@ -6,116 +6,86 @@
 
 use axum::extract::{RawQuery, State};
 use axum::Json;
-use chrono::{DateTime, TimeZone, Utc};
-use serde::Serialize;
-use serde_json::{json, Value};
+use chrono::{TimeZone, Utc};
 use uuid::Uuid;
 
-use belfry_ledger::{RunCursor, RunFilter, RunRecord, RunStatus};
+use belfry_api_types::{
+    Attempt, ErrorBody, Origin, Run, RunDetail, RunList, RunPath, RunQuery, RunStatus, MAX_PAGE,
+};
+use belfry_ledger::{RunCursor, RunFilter, RunRecord};
 
 use super::error::ApiError;
 use super::input::{PathParam, QueryParams};
 use super::ApiState;
 
-/// Largest page of the run list.
-pub const MAX_PAGE: u32 = 500;
-
-/// A run as the API shows it.
-#[derive(Debug, Serialize)]
-pub struct RunView {
-    /// Row id (= message id).
-    pub id: Uuid,
-    /// Schedule or ad-hoc job name.
-    pub job_name: String,
-    /// Run key.
-    pub run_key: String,
-    /// Job type.
-    pub job_type: String,
-    /// Status.
-    pub status: String,
-    /// How the run came to be: `schedule` (the timer or misfire recovery),
-    /// `backfill`, `manual` (trigger) or `adhoc`.
-    pub origin: &'static str,
-    /// Nominal fire instant.
-    pub scheduled_at: DateTime<Utc>,
-    /// When it was claimed.
-    pub claimed_at: Option<DateTime<Utc>>,
-    /// When the broker confirmed it.
-    pub dispatched_at: Option<DateTime<Utc>>,
-    /// When its first attempt started.
-    pub started_at: Option<DateTime<Utc>>,
-    /// When it finished.
-    pub finished_at: Option<DateTime<Utc>>,
-    /// Scheduled instant to broker confirmation, in milliseconds.
-    pub lateness_ms: Option<i64>,
-    /// Attempts started.
-    pub attempts: i32,
-    /// The claiming replica (`manual:`, `backfill:` or `client:` prefixed
-    /// for triggers, backfills and ad-hoc jobs).
-    pub claimed_by: Option<String>,
-    /// Worker of the latest attempt.
-    pub worker: Option<String>,
-    /// Latest error.
-    pub last_error: Option<String>,
-    /// Trace id (W3C), for the trace UI.
-    pub trace_id: Option<String>,
-    /// Payload (detail only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub payload: Option<Value>,
-    /// Retry/timeout overrides (detail only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub options: Option<Value>,
-    /// Finished attempts with their errors and timings (detail only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempt_log: Option<Value>,
+/// The API's status of a stored status text.
+///
+/// # Errors
+///
+/// 503 for a text that is not a run status (a row edited by hand).
+pub(crate) fn run_status(text: &str) -> Result<RunStatus, ApiError> {
+    RunStatus::from_wire(text).ok_or_else(|| {
+        ApiError::unavailable(format!("a stored run has the unknown status {text:?}"))
+    })
 }
 
-impl RunView {
-    /// The summary of `run` (no payload, options or attempt log).
-    pub fn summary(run: &RunRecord) -> Self {
-        let claimed_by = run.claimed_by.clone();
-        let origin = match claimed_by.as_deref() {
-            Some(c) if c.starts_with("manual:") => "manual",
-            Some(c) if c.starts_with("backfill:") => "backfill",
-            Some(c) if c.starts_with("client:") => "adhoc",
-            None => "adhoc",
-            Some(_) => "schedule",
-        };
-        Self {
-            id: run.id,
-            job_name: run.job_name.clone(),
-            run_key: run.run_key.clone(),
-            job_type: run.job_type.clone(),
-            status: run.status_text.clone(),
-            origin,
-            scheduled_at: run.scheduled_at,
-            claimed_at: run.claimed_at,
-            dispatched_at: run.dispatched_at,
-            started_at: run.started_at,
-            finished_at: run.finished_at,
-            lateness_ms: run
-                .dispatched_at
-                .map(|d| (d - run.scheduled_at).num_milliseconds()),
-            attempts: run.attempts,
-            claimed_by,
-            worker: run.worker.clone(),
-            last_error: run.last_error.clone(),
-            trace_id: run.trace_id.clone(),
-            payload: None,
-            options: None,
-            attempt_log: None,
-        }
-    }
+/// The summary of `run` (no payload, options or attempt log): the API's
+/// and the web view's.
+///
+/// # Errors
+///
+/// As [`run_status`].
+pub fn summary(run: &RunRecord) -> Result<Run, ApiError> {
+    Ok(Run {
+        id: run.id,
+        job_name: run.job_name.clone(),
+        run_key: run.run_key.clone(),
+        job_type: run.job_type.clone(),
+        status: run_status(&run.status_text)?,
+        origin: Origin::of_claimer(run.claimed_by.as_deref()),
+        scheduled_at: run.scheduled_at,
+        claimed_at: run.claimed_at,
+        dispatched_at: run.dispatched_at,
+        started_at: run.started_at,
+        finished_at: run.finished_at,
+        lateness_ms: run
+            .dispatched_at
+            .map(|d| (d - run.scheduled_at).num_milliseconds()),
+        attempts: run.attempts,
+        claimed_by: run.claimed_by.clone(),
+        worker: run.worker.clone(),
+        last_error: run.last_error.clone(),
+        trace_id: run.trace_id.clone(),
+    })
+}
 
-    /// Everything about `run`.
-    pub fn detail(run: &RunRecord) -> Self {
-        Self {
-            payload: Some(run.payload.clone()),
-            options: Some(run.options.clone()),
-            attempt_log: Some(run.attempt_log.clone()),
-            ..Self::summary(run)
-        }
-    }
+/// Everything about `run`. An attempt log that does not read is shown
+/// empty (and logged): the run itself stays readable.
+///
+/// # Errors
+///
+/// As [`run_status`].
+pub fn detail(run: &RunRecord) -> Result<RunDetail, ApiError> {
+    let attempts = run.attempt_entries().unwrap_or_else(|e| {
+        tracing::warn!(run = %run.id, error = %e, "unreadable attempt log");
+        Vec::new()
+    });
+    Ok(RunDetail {
+        run: summary(run)?,
+        payload: run.payload.clone(),
+        options: run.options.clone(),
+        attempt_log: attempts
+            .into_iter()
+            .map(|a| Attempt {
+                attempt: a.attempt,
+                worker: a.worker,
+                started_at: a.started_at,
+                finished_at: a.finished_at,
+                outcome: a.outcome,
+                error: a.error,
+            })
+            .collect(),
+    })
 }
 
 /// The opaque cursor that continues after `c`.
@@ -157,10 +127,10 @@ pub(crate) fn run_filter(q: &QueryParams) -> Result<RunFilter, ApiError> {
         .map(|raw| {
             raw.split(',')
                 .map(|s| {
-                    s.trim().parse::<RunStatus>().map_err(|_| {
+                    s.trim().parse::<belfry_ledger::RunStatus>().map_err(|_| {
                         ApiError::bad_request(format!(
                             "status {s:?} is not a run status; use one or more (comma-separated) of {}",
-                            RunStatus::ALL.map(|s| s.as_str()).join(", ")
+                            belfry_ledger::RunStatus::ALL.map(|s| s.as_str()).join(", ")
                         ))
                         .field("status")
                     })
@@ -180,10 +150,16 @@ pub(crate) fn run_filter(q: &QueryParams) -> Result<RunFilter, ApiError> {
 
 /// `GET /v1/runs?schedule=&job_type=&status=a,b&from=&to=&limit=&cursor=`:
 /// newest fire first; `from`/`to` bound `scheduled_at` as `[from, to)`.
+#[utoipa::path(
+    get, path = "/v1/runs", operation_id = "listRuns",
+    summary = "Runs, newest fire first, with filters and cursor pagination",
+    params(RunQuery),
+    responses((status = 200, description = "A page", body = RunList)),
+)]
 pub async fn list(
     State(state): State<ApiState>,
     RawQuery(query): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunList>, ApiError> {
     let q = QueryParams::parse(
         query.as_deref(),
         &[
@@ -202,17 +178,26 @@ pub async fn list(
     let next_cursor = more
         .then(|| runs.last().map(|r| encode_cursor(RunCursor::after(r))))
         .flatten();
-    Ok(Json(json!({
-        "runs": runs.iter().map(RunView::summary).collect::<Vec<_>>(),
-        "next_cursor": next_cursor,
-    })))
+    Ok(Json(RunList {
+        runs: runs.iter().map(summary).collect::<Result<_, _>>()?,
+        next_cursor,
+    }))
 }
 
 /// `GET /v1/runs/{id}`.
+#[utoipa::path(
+    get, path = "/v1/runs/{id}", operation_id = "getRun",
+    summary = "One run with attempts, errors, timings, replica, worker, trace id",
+    params(RunPath),
+    responses(
+        (status = 200, description = "The run", body = RunDetail),
+        (status = 404, description = "No such run", body = ErrorBody),
+    ),
+)]
 pub async fn get_one(
     State(state): State<ApiState>,
     PathParam(id): PathParam,
-) -> Result<Json<RunView>, ApiError> {
+) -> Result<Json<RunDetail>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| {
         ApiError::bad_request(format!("{id:?} is not a run id (a UUID)")).field("id")
     })?;
@@ -221,7 +206,7 @@ pub async fn get_one(
         .run(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no run with id {id}")))?;
-    Ok(Json(RunView::detail(&run)))
+    Ok(Json(detail(&run)?))
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use std::fmt::Write as _;
 use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 
-use belfry_ledger::{RunCursor, RunFilter, RunRecord, ScheduleRow};
+use belfry_api_types::{Run, RunDetail};
+use belfry_ledger::{RunCursor, RunFilter, ScheduleRow};
 
 use super::html::{esc, page, when, Section};
 use crate::api::{ApiError, ApiState, Caller};
@@ -80,23 +81,26 @@ pub(super) fn upcoming(
     schedule_of_row(row, &mut CronCache::default()).map(|s| s.upcoming(Utc::now(), count))
 }
 
-pub(super) fn run_rows(runs: &[RunRecord]) -> Vec<String> {
+/// Scheduled instant to broker confirmation, as the pages show it.
+pub(super) fn lateness(run: &Run) -> String {
+    run.lateness_ms
+        .map(|ms| format!("{ms} ms"))
+        .unwrap_or_else(|| "-".into())
+}
+
+pub(super) fn run_rows(runs: &[Run]) -> Vec<String> {
     runs.iter()
         .map(|r| {
-            let lateness = r
-                .dispatched_at
-                .map(|d| format!("{} ms", (d - r.scheduled_at).num_milliseconds()))
-                .unwrap_or_else(|| "-".into());
             format!(
                 "<tr><td><a href=\"/ui/runs/{}\">{}</a></td><td>{}</td><td><span class=\"badge s-{}\">{}</span></td>\
                  <td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
                 r.id,
                 esc(&r.run_key),
                 esc(&r.job_type),
-                esc(&r.status_text),
-                esc(&r.status_text),
+                r.status,
+                r.status,
                 when(Some(r.scheduled_at)),
-                lateness,
+                lateness(r),
                 r.attempts,
                 esc(r.worker.as_deref().unwrap_or("-")),
                 esc(&shortened(r.last_error.as_deref().unwrap_or(""), 300))
@@ -131,12 +135,13 @@ pub(super) fn cursor_of(raw: Option<&str>) -> Result<Option<RunCursor>, Box<Resp
         .map_err(|e| Box::new(error_page(e)))
 }
 
-/// One page of runs matching `filter` from `cursor`, and whether more follow.
+/// One page of runs matching `filter` from `cursor`, as the API shows
+/// them, and the cursor of the next page when more follow.
 pub(super) async fn run_page(
     state: &ApiState,
     filter: &RunFilter,
     cursor: Option<&str>,
-) -> Result<(Vec<RunRecord>, bool), Response> {
+) -> Result<(Vec<Run>, Option<String>), Response> {
     let cursor = cursor_of(cursor).map_err(|e| *e)?;
     let mut runs = state
         .ledger()
@@ -145,10 +150,27 @@ pub(super) async fn run_page(
         .map_err(|e| error_page(e.into()))?;
     let more = runs.len() > RUN_PAGE as usize;
     runs.truncate(RUN_PAGE as usize);
-    Ok((runs, more))
+    let next = more
+        .then(|| {
+            runs.last()
+                .map(|r| crate::api::runs::encode_cursor(RunCursor::after(r)))
+        })
+        .flatten();
+    let runs = runs
+        .iter()
+        .map(crate::api::runs::summary)
+        .collect::<Result<_, _>>()
+        .map_err(error_page)?;
+    Ok((runs, next))
 }
 
-pub(super) fn next_cursor(runs: &[RunRecord]) -> Option<String> {
-    runs.last()
-        .map(|r| crate::api::runs::encode_cursor(RunCursor::after(r)))
+/// One run with its attempts, as the API shows it.
+pub(super) async fn run_detail(state: &ApiState, id: uuid::Uuid) -> Result<RunDetail, Response> {
+    let run = state
+        .ledger()
+        .run(id)
+        .await
+        .map_err(|e| error_page(e.into()))?
+        .ok_or_else(|| error_page(ApiError::not_found(format!("no run with id {id}"))))?;
+    crate::api::runs::detail(&run).map_err(error_page)
 }

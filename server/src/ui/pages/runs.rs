@@ -24,7 +24,7 @@ pub async fn runs(
     )
     .map_err(error_page)?;
     let filter = crate::api::runs::run_filter(&q).map_err(error_page)?;
-    let (runs, more) = run_page(&state, &filter, q.text("cursor")).await?;
+    let (runs, next) = run_page(&state, &filter, q.text("cursor")).await?;
     let field = |n: &str, ph: &str| {
         format!(
             "<input name=\"{n}\" placeholder=\"{ph}\" value=\"{}\" size=\"16\">",
@@ -40,19 +40,17 @@ pub async fn runs(
         field("to", "to (RFC 3339)"),
     );
     body.push_str(&table(&RUN_HEADERS, &run_rows(&runs)));
-    if more {
-        if let Some(c) = next_cursor(&runs) {
-            let mut keep = String::new();
-            for n in ["schedule", "job_type", "status", "from", "to"] {
-                if let Some(v) = q.text(n) {
-                    let _ = write!(keep, "&{n}={}", url(v));
-                }
+    if let Some(c) = next {
+        let mut keep = String::new();
+        for n in ["schedule", "job_type", "status", "from", "to"] {
+            if let Some(v) = q.text(n) {
+                let _ = write!(keep, "&{n}={}", url(v));
             }
-            let _ = write!(
-                body,
-                "<p class=\"pager\"><a href=\"/ui/runs?cursor={c}{keep}\">older runs</a></p>"
-            );
         }
+        let _ = write!(
+            body,
+            "<p class=\"pager\"><a href=\"/ui/runs?cursor={c}{keep}\">older runs</a></p>"
+        );
     }
     Ok(html("Runs", Section::Runs, &caller, true, &body))
 }
@@ -66,12 +64,8 @@ pub async fn run(
 ) -> PageResult {
     let id = uuid::Uuid::parse_str(&id)
         .map_err(|_| error_page(ApiError::bad_request(format!("{id:?} is not a run id"))))?;
-    let r = state
-        .ledger()
-        .run(id)
-        .await
-        .map_err(|e| error_page(e.into()))?
-        .ok_or_else(|| error_page(ApiError::not_found(format!("no run with id {id}"))))?;
+    let detail = run_detail(&state, id).await?;
+    let r = &detail.run;
     let trace = match (&r.trace_id, state.trace_ui()) {
         (Some(t), Some(template)) => format!(
             "<a href=\"{}\">{}</a>",
@@ -81,10 +75,6 @@ pub async fn run(
         (Some(t), None) => format!("<code>{}</code>", esc(t)),
         (None, _) => "-".into(),
     };
-    let lateness = r
-        .dispatched_at
-        .map(|d| format!("{} ms", (d - r.scheduled_at).num_milliseconds()))
-        .unwrap_or_else(|| "-".into());
     let facts: Vec<(&str, String)> = vec![
         (
             "schedule",
@@ -98,17 +88,14 @@ pub async fn run(
         ("job type", esc(&r.job_type)),
         (
             "status",
-            format!(
-                "<span class=\"badge s-{0}\">{0}</span>",
-                esc(&r.status_text)
-            ),
+            format!("<span class=\"badge s-{0}\">{0}</span>", r.status),
         ),
         ("scheduled", when(Some(r.scheduled_at))),
         ("claimed", when(r.claimed_at)),
         ("dispatched", when(r.dispatched_at)),
         ("started", when(r.started_at)),
         ("finished", when(r.finished_at)),
-        ("lateness (scheduled → dispatched)", lateness),
+        ("lateness (scheduled → dispatched)", lateness(r)),
         ("attempts", r.attempts.to_string()),
         ("claimed by", esc(r.claimed_by.as_deref().unwrap_or("-"))),
         ("worker", esc(r.worker.as_deref().unwrap_or("-"))),
@@ -121,7 +108,7 @@ pub async fn run(
             "payload",
             format!(
                 "<pre>{}</pre>",
-                esc(&serde_json::to_string_pretty(&r.payload).unwrap_or_default())
+                esc(&serde_json::to_string_pretty(&detail.payload).unwrap_or_default())
             ),
         ),
     ];
@@ -129,9 +116,8 @@ pub async fn run(
         .iter()
         .map(|(k, v)| format!("<tr><th>{}</th><td>{v}</td></tr>", esc(k)))
         .collect();
-    let attempts: Vec<String> = r
-        .attempt_entries()
-        .unwrap_or_default()
+    let attempts: Vec<String> = detail
+        .attempt_log
         .iter()
         .map(|a| {
             format!(

@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use chrono::{DateTime, Utc};
 
+use belfry_api_types::BackfillRequest;
 use belfry_ledger::RunFilter;
 
 use crate::api::input::{PathParam, QueryParams};
@@ -153,7 +154,7 @@ pub async fn schedule(
         job_name: Some(name.clone()),
         ..RunFilter::default()
     };
-    let (runs, more) = run_page(&state, &filter, q.text("cursor")).await?;
+    let (runs, next_page) = run_page(&state, &filter, q.text("cursor")).await?;
     let mut body = format!("<h1>{}</h1>", esc(&name));
     if let Some(m) = q.text("msg") {
         let _ = write!(body, "<div class=\"flash\">{}</div>", esc(m));
@@ -209,14 +210,12 @@ pub async fn schedule(
         esc(&definition),
         table(&RUN_HEADERS, &run_rows(&runs))
     );
-    if more {
-        if let Some(c) = next_cursor(&runs) {
-            let _ = write!(
-                body,
-                "<p class=\"pager\"><a href=\"/ui/schedules/{}?cursor={c}\">older runs</a></p>",
-                url(&name)
-            );
-        }
+    if let Some(c) = next_page {
+        let _ = write!(
+            body,
+            "<p class=\"pager\"><a href=\"/ui/schedules/{}?cursor={c}\">older runs</a></p>",
+            url(&name)
+        );
     }
     Ok(html(&name, Section::Schedules, &caller, true, &body))
 }
@@ -244,27 +243,33 @@ pub async fn act(
                 Ok(format!("{action}d"))
             }
             "trigger" => {
-                let t = state.ops().trigger(&caller.name, &name, force).await?;
+                let t = crate::api::schedules::triggered_view(
+                    &state.ops().trigger(&caller.name, &name, force).await?,
+                )?;
                 Ok(format!(
                     "triggered: run {} ({})",
-                    t.run.map(|r| r.run_key).unwrap_or_default(),
-                    t.outcome.label()
+                    t.run_key.unwrap_or_default(),
+                    t.outcome
                 ))
             }
             "backfill" => {
-                let from = form.get("from").map(String::as_str).unwrap_or("");
-                let to = form.get("to").map(String::as_str).unwrap_or("");
+                let field = |k: &str| form.get(k).cloned().unwrap_or_default();
+                let request = BackfillRequest {
+                    from: field("from"),
+                    to: field("to"),
+                    force,
+                };
                 let done =
-                    crate::api::schedules::run_backfill(&state, &caller, &name, from, to, force)
-                        .await?;
+                    crate::api::schedules::run_backfill(&state, &caller, &name, &request).await?;
+                let done = crate::api::schedules::backfilled_view(&name, &done);
                 let counts: Vec<String> = done
-                    .counts()
-                    .into_iter()
-                    .map(|(outcome, n)| format!("{}: {n}", outcome.label()))
+                    .counts
+                    .iter()
+                    .map(|(outcome, n)| format!("{outcome}: {n}"))
                     .collect();
                 Ok(format!(
                     "backfilled {} instants: {}",
-                    done.fires.len(),
+                    done.instants,
                     counts.join(", ")
                 ))
             }

@@ -1,0 +1,199 @@
+//! `/v1/runs`: a run as the list and the detail show it.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::Page;
+
+wire_enum! {
+    /// Where a run is in its life: `claimed → dispatched → running →
+    /// retrying → succeeded | failed | dead`.
+    pub enum RunStatus {
+        /// A replica won the fire; not yet confirmed by the broker.
+        Claimed = "claimed",
+        /// The broker confirmed the message.
+        Dispatched = "dispatched",
+        /// A worker is running an attempt.
+        Running = "running",
+        /// An attempt failed with a retryable error; another will follow.
+        Retrying = "retrying",
+        /// An attempt succeeded.
+        Succeeded = "succeeded",
+        /// The handler reported a permanent error.
+        Failed = "failed",
+        /// The run can never complete (retries exhausted, no handler).
+        Dead = "dead",
+    }
+}
+
+wire_enum! {
+    /// How a run came to be.
+    pub enum Origin {
+        /// The timer or misfire recovery.
+        Schedule = "schedule",
+        /// A backfill.
+        Backfill = "backfill",
+        /// A manual trigger.
+        Manual = "manual",
+        /// An ad-hoc job.
+        Adhoc = "adhoc",
+    }
+}
+
+impl Origin {
+    /// The origin of a run claimed by `claimed_by`: triggers, backfills and
+    /// ad-hoc jobs claim as `manual:`, `backfill:` and `client:` (or
+    /// nobody); anything else is a replica's timer.
+    pub fn of_claimer(claimed_by: Option<&str>) -> Self {
+        match claimed_by {
+            Some(c) if c.starts_with("manual:") => Self::Manual,
+            Some(c) if c.starts_with("backfill:") => Self::Backfill,
+            Some(c) if c.starts_with("client:") => Self::Adhoc,
+            None => Self::Adhoc,
+            Some(_) => Self::Schedule,
+        }
+    }
+}
+
+/// A run as the list shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Run {
+    /// Row id (= message id).
+    pub id: Uuid,
+    /// Schedule or ad-hoc job name.
+    pub job_name: String,
+    /// Run key.
+    pub run_key: String,
+    /// Job type.
+    pub job_type: String,
+    /// Status.
+    pub status: RunStatus,
+    /// How the run came to be.
+    pub origin: Origin,
+    /// Nominal fire instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// When it was claimed.
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// When the broker confirmed it.
+    pub dispatched_at: Option<DateTime<Utc>>,
+    /// When its first attempt started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Scheduled instant to broker confirmation, in milliseconds.
+    pub lateness_ms: Option<i64>,
+    /// Attempts started.
+    #[schema(minimum = 0)]
+    pub attempts: i32,
+    /// The claiming replica (`manual:`, `backfill:` or `client:` prefixed
+    /// for triggers, backfills and ad-hoc jobs).
+    pub claimed_by: Option<String>,
+    /// Worker of the latest attempt.
+    pub worker: Option<String>,
+    /// Latest error.
+    pub last_error: Option<String>,
+    /// Trace id (W3C), for the trace UI.
+    pub trace_id: Option<String>,
+}
+
+/// A finished attempt of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Attempt {
+    /// 1-based attempt number.
+    pub attempt: i32,
+    /// The worker instance that ran it.
+    pub worker: String,
+    /// When the handler was called.
+    pub started_at: DateTime<Utc>,
+    /// When the attempt ended.
+    pub finished_at: DateTime<Utc>,
+    /// `succeeded`, `retry`, `failed`, `timeout`, `panicked`, ...
+    pub outcome: String,
+    /// The error text, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<String>,
+}
+
+/// `GET /v1/runs/{id}`: a run with its payload, options and attempts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunDetail {
+    /// What the list shows.
+    #[serde(flatten)]
+    pub run: Run,
+    /// The run's payload (any JSON value).
+    pub payload: serde_json::Value,
+    /// Its retry and timeout overrides.
+    #[schema(value_type = Object)]
+    pub options: serde_json::Value,
+    /// Finished attempts with their errors and timings.
+    pub attempt_log: Vec<Attempt>,
+}
+
+/// `GET /v1/runs`: one page of runs, newest fire first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunList {
+    /// The runs of this page.
+    pub runs: Vec<Run>,
+    /// Pass as `cursor` for the next page; `null` on the last one.
+    pub next_cursor: Option<String>,
+}
+
+impl Page for RunList {
+    type Item = Run;
+
+    fn into_parts(self) -> (Vec<Run>, Option<String>) {
+        (self.runs, self.next_cursor)
+    }
+
+    fn from_parts(runs: Vec<Run>, next_cursor: Option<String>) -> Self {
+        Self { runs, next_cursor }
+    }
+}
+
+/// The query of `GET /v1/runs`: filters and paging.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RunQuery {
+    /// Job name (a schedule's or an ad-hoc job's).
+    #[param(min_length = 1, nullable = false)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Job type.
+    #[param(min_length = 1, nullable = false)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_type: Option<String>,
+    /// Comma-separated statuses.
+    #[param(
+        pattern = "^(claimed|dispatched|running|retrying|succeeded|failed|dead)(,(claimed|dispatched|running|retrying|succeeded|failed|dead))*$",
+        nullable = false
+    )]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// `scheduled_at >= from` (RFC 3339).
+    #[param(format = DateTime, nullable = false)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// `scheduled_at < to` (RFC 3339).
+    #[param(format = DateTime, nullable = false)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Runs per page.
+    #[param(minimum = 1, maximum = 500, default = 50, nullable = false)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page, unchanged.
+    #[param(pattern = "^-?[0-9]{1,17}\\.[0-9a-f]{32}$", nullable = false)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+}
+
+/// The path of `/v1/runs/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct RunPath {
+    /// The run's id.
+    pub id: Uuid,
+}
