@@ -223,6 +223,9 @@ fn schedules_from_file(path: &std::path::Path) -> Result<Vec<ScheduleInput>, Cli
         .ok_or_else(|| bad("has no [[schedule]] tables", &""))
 }
 
+// Long on purpose: one arm per `belfry schedules` subcommand, each
+// request -> answer -> print; kept together so the subcommand table reads
+// as one.
 async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result<(), CliError> {
     let path = |name: &str, rest: &str| format!("/v1/schedules/{}{rest}", encode(name));
     match c {

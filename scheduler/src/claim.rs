@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use belfry_ledger::{ExclusiveClaim, Ledger, NewRun};
 use belfry_protocol::run_key;
+use belfry_runtime::SharedClock;
 use tracing::Instrument as _;
 
 use crate::counters::FireCounters;
@@ -76,6 +77,9 @@ pub struct Claimer {
     instance: String,
     counters: Arc<FireCounters>,
     confirm_grace: chrono::Duration,
+    /// The replica's clock: a run's confirm deadline and a manual run's
+    /// instant are read from it.
+    clock: SharedClock,
 }
 
 impl Claimer {
@@ -96,7 +100,13 @@ impl Claimer {
             counters,
             confirm_grace: chrono::Duration::from_std(confirm_grace)
                 .unwrap_or(chrono::Duration::seconds(30)),
+            clock: belfry_runtime::process_clock(),
         }
+    }
+
+    /// The same claimer on `clock` instead of the process's clock.
+    pub fn with_clock(self, clock: SharedClock) -> Self {
+        Self { clock, ..self }
     }
 
     /// The Redis lock in front of the ledger, when one is configured.
@@ -153,7 +163,7 @@ impl Claimer {
         let mut run = self.new_run(
             schedule,
             key,
-            Utc::now(),
+            self.clock.now(),
             format!("manual:{}", self.instance),
         );
         run.id = id;
@@ -211,7 +221,7 @@ impl Claimer {
             trace_id: trace.trace_id().map(str::to_owned),
             traceparent: Some(trace.traceparent),
             options: schedule.options.clone(),
-            next_dispatch_at: Utc::now() + self.confirm_grace,
+            next_dispatch_at: self.clock.now() + self.confirm_grace,
         }
     }
 
@@ -272,31 +282,11 @@ impl Claimer {
                 }
             }
         }
-        let mut locked = vec![false; fires.len()];
-        if let Some(lock) = self.lock.as_ref().filter(|_| use_lock) {
-            let asked: Vec<(&str, &str)> = fires
-                .iter()
-                .zip(&keys)
-                .map(|((s, _), k)| (s.name.as_str(), k.as_str()))
-                .collect();
-            match lock.try_acquire_many(&asked).await {
-                Ok(answers) => {
-                    for (i, answer) in answers.into_iter().enumerate() {
-                        match answer {
-                            LockOutcome::Acquired => locked[i] = true,
-                            LockOutcome::HeldElsewhere if outcomes[i].is_none() => {
-                                FireCounters::add(&self.counters.claims_lost_lock, 1);
-                                outcomes[i] = Some(Ok(ClaimOutcome::LostAtLock));
-                            }
-                            LockOutcome::HeldElsewhere => {}
-                        }
-                    }
-                }
-                // Already logged (rate-limited) by the lock; the ledger
-                // alone still decides correctly.
-                Err(_) => FireCounters::add(&self.counters.lock_fallbacks, fires.len() as u64),
-            }
-        }
+        let locked = if use_lock {
+            self.take_locks(fires, &keys, &mut outcomes).await
+        } else {
+            vec![false; fires.len()]
+        };
         let mut runs = Vec::new();
         let mut run_index = Vec::new();
         let mut exclusive = Vec::new();
@@ -371,6 +361,45 @@ impl Claimer {
 }
 
 impl Claimer {
+    /// Takes the lock of every fire not decided yet in one pipelined round
+    /// trip: a fire whose lock another replica holds is lost there
+    /// (`outcomes`); the answer says which locks this claim took. Without a
+    /// lock, or with Redis unreachable, none: the ledger alone decides.
+    async fn take_locks(
+        &self,
+        fires: &[(&Schedule, DateTime<Utc>)],
+        keys: &[String],
+        outcomes: &mut [Option<Result<ClaimOutcome, String>>],
+    ) -> Vec<bool> {
+        let mut locked = vec![false; fires.len()];
+        let Some(lock) = &self.lock else {
+            return locked;
+        };
+        let asked: Vec<(&str, &str)> = fires
+            .iter()
+            .zip(keys)
+            .map(|((s, _), k)| (s.name.as_str(), k.as_str()))
+            .collect();
+        match lock.try_acquire_many(&asked).await {
+            Ok(answers) => {
+                for (i, answer) in answers.into_iter().enumerate() {
+                    match answer {
+                        LockOutcome::Acquired => locked[i] = true,
+                        LockOutcome::HeldElsewhere if outcomes[i].is_none() => {
+                            FireCounters::add(&self.counters.claims_lost_lock, 1);
+                            outcomes[i] = Some(Ok(ClaimOutcome::LostAtLock));
+                        }
+                        LockOutcome::HeldElsewhere => {}
+                    }
+                }
+            }
+            // Already logged (rate-limited) by the lock; the ledger alone
+            // still decides correctly.
+            Err(_) => FireCounters::add(&self.counters.lock_fallbacks, fires.len() as u64),
+        }
+        locked
+    }
+
     /// One multi-row insert for the fires of schedules that allow overlap
     /// (none: nothing to ask).
     async fn claim_shared(

@@ -115,6 +115,8 @@ impl SchedulerConfig {
     /// # Errors
     ///
     /// [`SettingError`] naming the first variable with an unusable value.
+    // Long on purpose: one line per setting, the settings table in code
+    // (the README's variable table mirrors it).
     pub fn from_settings(settings: &Settings) -> Result<Self, SettingError> {
         let redis_url = settings.string("REDIS_URL", DEFAULT_REDIS_URL);
         Ok(Self {

@@ -262,7 +262,7 @@ impl Ops {
         spec: &ScheduleSpec,
         paused: bool,
     ) -> Result<ScheduleRow, OpsError> {
-        let mut row = Schedule::storable_row(spec, Utc::now(), true)?;
+        let mut row = Schedule::storable_row(spec, self.replica.clock().now(), true)?;
         row.paused = paused;
         if !self.replica.ledger().insert_schedule(&row).await? {
             return Err(OpsError::Exists {
@@ -297,7 +297,7 @@ impl Ops {
         // only a new instant must be ahead.
         let moved =
             spec.after.is_some() || spec_of_row(&current).map_or(true, |old| old.at != spec.at);
-        let mut row = Schedule::storable_row(spec, Utc::now(), moved)?;
+        let mut row = Schedule::storable_row(spec, self.replica.clock().now(), moved)?;
         if !self.replica.ledger().replace_schedule(&row, paused).await? {
             // Deleted between the read and the write.
             return Err(OpsError::NotFound {
@@ -450,7 +450,7 @@ impl Ops {
                 message: "to must be after from; the range is [from, to)".into(),
             });
         }
-        let now = Utc::now();
+        let now = self.replica.clock().now();
         if to > now {
             return Err(OpsError::Invalid {
                 field: "to",
@@ -524,7 +524,7 @@ impl Ops {
         count: usize,
     ) -> Result<(ScheduleRow, Vec<DateTime<Utc>>), OpsError> {
         let row = self.schedule(name).await?;
-        let next = Self::compiled(&row)?.upcoming(Utc::now(), count);
+        let next = Self::compiled(&row)?.upcoming(self.replica.clock().now(), count);
         Ok((row, next))
     }
 }

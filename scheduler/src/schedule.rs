@@ -105,6 +105,8 @@ impl Schedule {
     /// # Errors
     ///
     /// As [`Schedule::from_spec`].
+    // Long on purpose: every field of the spec checked in order, each
+    // refusal naming its field through the one `err`.
     pub fn from_spec_cached(
         spec: &ScheduleSpec,
         cache: &mut CronCache,

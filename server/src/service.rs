@@ -106,7 +106,8 @@ async fn run(
         ),
         None => None,
     };
-    let clock = belfry_runtime::process_clock();
+    // One clock for the process: the replica's own.
+    let clock = replica.clock().clone();
     let timer =
         Timer::new(schedules, clock.now()).with_misfire_threshold(engine.timing.misfire_threshold);
     // Schedule changes (API, another replica's file, SQL by hand) flow from

@@ -274,6 +274,10 @@ impl Worker {
         outcome
     }
 
+    // Long on purpose: one delivery's life, from the first begin to the
+    // outcome, as one loop over its retries. Every `return` settles the
+    // delivery exactly once (ack, hand back, dead-letter); keeping them in
+    // one function is what makes that checkable by reading it.
     async fn process_message(
         &self,
         delivery: Delivery,

@@ -194,6 +194,9 @@ impl Worker {
     ///
     /// None at present once started; the `Result` leaves room for fatal
     /// conditions.
+    // Long on purpose: the consume loop and its drain, kept whole so the
+    // shutdown order (stop taking, finish or hand back, close) reads top to
+    // bottom.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), WorkerError> {
         let this = Arc::new(self);
         let permits = Arc::new(Semaphore::new(this.concurrency));

@@ -213,7 +213,9 @@ impl Replica {
                 // A backfilled instant is late on purpose (days, maybe);
                 // the lateness histogram is about the timer.
                 if matches!(source, FireSource::Timer | FireSource::Recovery) {
-                    let late = (Utc::now() - at).num_microseconds().unwrap_or(i64::MAX);
+                    let late = (self.clock.now() - at)
+                        .num_microseconds()
+                        .unwrap_or(i64::MAX);
                     self.counters
                         .lateness_seconds
                         .observe(late.max(0) as f64 / 1e6);

@@ -35,6 +35,7 @@ use uuid::Uuid;
 use belfry_broker::{Broker, JobQueue};
 use belfry_ledger::Ledger;
 use belfry_protocol::Topology;
+use belfry_runtime::SharedClock;
 
 use belfry_dispatch::{Dispatcher, Reconciler};
 
@@ -191,6 +192,10 @@ pub struct Replica {
     /// Spans of fires skipped by misfire policies, not yet recorded in the
     /// ledger (it may be unreachable when they are decided).
     pending_skips: std::sync::Mutex<std::collections::VecDeque<belfry_ledger::SkippedRange>>,
+    /// The clock of everything this replica reads the time for outside its
+    /// loops (which are handed theirs): confirm deadlines, manual runs'
+    /// instants, lateness, operator actions.
+    clock: SharedClock,
 }
 
 impl Replica {
@@ -245,7 +250,8 @@ impl Replica {
         // The file is synced into the table (rows that did not change are
         // left alone, so replicas starting together do not wake each other);
         // the table is what every replica runs.
-        let now = chrono::Utc::now();
+        let clock = belfry_runtime::process_clock();
+        let now = clock.now();
         // Everything is checked before anything is stored: one bad schedule
         // refuses the file and leaves the stored ones untouched.
         let stored: std::collections::HashSet<String> = ledger
@@ -295,7 +301,8 @@ impl Replica {
             ledger,
             broker,
             config.timing.clone(),
-        );
+        )
+        .with_clock(clock);
         Ok((replica, sync, schedules))
     }
 
@@ -340,7 +347,24 @@ impl Replica {
                 ..timing
             },
             broker,
+            clock: belfry_runtime::process_clock(),
         }
+    }
+
+    /// The same replica on `clock` instead of the process's clock (tests,
+    /// and applications with a clock of their own). Run its loop on the
+    /// same clock ([`Replica::clock`]).
+    pub fn with_clock(self, clock: SharedClock) -> Self {
+        Self {
+            claimer: self.claimer.with_clock(clock.clone()),
+            clock,
+            ..self
+        }
+    }
+
+    /// This replica's clock.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
     }
 
     /// The clock-skew guard of this replica (tests drive it one check at a

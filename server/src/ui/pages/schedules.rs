@@ -25,6 +25,8 @@ use super::*;
 
 /// `GET /ui/schedules`: every schedule (100 a page) with its timetable in
 /// words, zone, policies, state, next fires and a strip of its last fires.
+// Long on purpose: the page top to bottom (filters, rows, strips, pager),
+// as it is rendered.
 pub async fn schedules(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
