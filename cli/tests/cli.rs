@@ -64,10 +64,7 @@ async fn setup() -> (TestEnv, TestApi) {
     } else {
         TestEnv::embedded().await
     };
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let r = Arc::new(replica(&env, "cli-replica", Some(&redis_url())).await);
     let api = TestApi::serve(r, Tokens::default()).await;
     (env, api)

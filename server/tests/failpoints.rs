@@ -17,10 +17,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_belfry-scheduler");
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_between_claim_and_publish_loses_no_fire() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let file =
         std::env::temp_dir().join(format!("belfry-fp-{}.toml", uuid::Uuid::new_v4().simple()));
     std::fs::write(

@@ -17,10 +17,7 @@ fn schedule_file(text: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fires_and_stops_cleanly_on_sigterm() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let file = schedule_file(
         "[[schedule]]\nname = \"every-second\"\nevery = \"1s\"\njob_type = \"noop\"\n",
     );

@@ -585,6 +585,15 @@ impl TestEnv {
         runs
     }
 
+    /// Declares the worker group `default`, bound to `job_types` (most
+    /// tests run one group of that name and tear it down at the end).
+    pub async fn declare_default_group(&self, job_types: &[&str]) {
+        self.broker
+            .declare_group("default", job_types)
+            .await
+            .unwrap_or_else(|e| panic!("declaring the default group: {e}"));
+    }
+
     /// Drops the database, the namespace's AMQP objects (for `groups`) and
     /// its Redis keys.
     pub async fn teardown(self, groups: &[&str]) {

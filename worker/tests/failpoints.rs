@@ -28,10 +28,7 @@ fn worker(env: &TestEnv, name: &str, failpoints: &str) -> std::process::Child {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_before_ack_does_not_run_the_job_twice() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop", "sleep", "http"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop", "sleep", "http"]).await;
     let m = env
         .enqueue("once-only", "sleep", json!({"duration_ms": 10}), Utc::now())
         .await;

@@ -654,10 +654,7 @@ belfry_testkit::both_backends! {
 belfry_testkit::both_backends! {
     async fn trigger_respects_overlap_unless_forced(env: TestEnv) {
         // A queue with no consumer: runs stay unfinished.
-        env.broker
-            .declare_group("default", &["noop"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["noop"]).await;
         let api = open_api(&env).await;
         let s = |p: &str| api.url(&format!("/v1/schedules{p}"));
         let created = call(Method::POST, &s(""), None,
@@ -737,10 +734,7 @@ belfry_testkit::both_backends! {
 
 belfry_testkit::both_backends! {
     async fn backfill_fires_each_missing_instant_once(env: TestEnv) {
-        env.broker
-            .declare_group("default", &["noop"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["noop"]).await;
         let r = Arc::new(replica(&env, "bf", Some(&redis_url())).await);
         let api = TestApi::serve(r.clone(), Tokens::default()).await;
         let s = |p: &str| api.url(&format!("/v1/schedules{p}"));
@@ -848,10 +842,7 @@ belfry_testkit::both_backends! {
 
 belfry_testkit::both_backends! {
     async fn jobs_enqueue_with_idempotency_and_validation(env: TestEnv) {
-        env.broker
-            .declare_group("default", &["noop"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["noop"]).await;
         let api = open_api(&env).await;
         let jobs = api.url("/v1/jobs");
         let made = call(
@@ -1010,10 +1001,7 @@ async fn probes_report_services_and_every_documented_route_exists() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_respects_overlap_retention_and_marks_its_runs() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let r = Arc::new(replica(&env, "bf2", Some(&redis_url())).await);
     let state = belfry_server::api::ApiState::new(r, Tokens::default())
         .with_retention(Some(Duration::from_secs(3600)));

@@ -20,10 +20,7 @@ fn batch(schedules: &[Arc<Schedule>], at: DateTime<Utc>) -> Vec<(Arc<Schedule>, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_racing_for_a_batch_make_one_run_per_fire() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let schedules: Vec<Arc<Schedule>> = (0..120)
         .map(|i| every(&format!("b{i}"), "1s", "noop"))
         .collect();
@@ -74,10 +71,7 @@ async fn replicas_racing_for_a_batch_make_one_run_per_fire() {
 async fn unroutable_fires_in_a_pipelined_batch_are_exactly_their_own() {
     let env = belfry_testkit::service_env!();
     // Only "noop" has a queue: every "orphan" fire comes back unroutable.
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let schedules: Vec<Arc<Schedule>> = (0..300)
         .map(|i| {
             let job_type = if i % 3 == 0 { "orphan" } else { "noop" };
@@ -117,10 +111,7 @@ async fn unroutable_fires_in_a_pipelined_batch_are_exactly_their_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_the_ledger_refuses_gives_its_locks_back_and_is_recovered() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let schedules: Vec<Arc<Schedule>> = (0..20)
         .map(|i| every(&format!("f{i}"), "1s", "noop"))
         .collect();

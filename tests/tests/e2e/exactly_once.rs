@@ -146,10 +146,7 @@ async fn race(
     redis: Option<&str>,
     name: &str,
 ) -> Vec<Arc<belfry_scheduler::Replica>> {
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let schedule = every(name, "1s", "noop");
     let mut replicas = Vec::new();
     for i in 0..3 {
@@ -223,10 +220,7 @@ async fn replicas_with_clocks_apart_agree_on_run_keys() {
     // Two replicas whose clocks differ by 1.5 s drive their timers with
     // their own notion of now; the run keys are the same nominal instants.
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let schedule = every("skew", "1s", "noop");
     let a = replica(&env, "exact", Some(&redis_url())).await;
     let b = replica(&env, "late-clock", Some(&redis_url())).await;

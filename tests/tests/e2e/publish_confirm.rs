@@ -30,10 +30,7 @@ fn message(job_type: &str) -> JobMessage {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirm_timeout_closes_the_channel_before_the_next_publish() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     // The publisher reaches RabbitMQ through a link that can be held: held,
     // no confirm comes back in time; released, the late answers arrive.
     let link = HeldLink::start("127.0.0.1:5672".parse().unwrap()).await;

@@ -54,10 +54,7 @@ fn fired(outcomes: &[FireOutcome]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misfire_policies_after_every_replica_was_down() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     // Half-way through a minute, so no 1-minute instant is within the 10 s
     // on-time threshold and every missed one is up to the policy.
     let real = Utc::now().trunc_subsecs(0);
@@ -152,10 +149,7 @@ async fn misfire_policies_after_every_replica_was_down() {
 
 belfry_testkit::both_backends! {
     async fn the_clock_guard_stops_claims_and_missed_fires_follow_the_policy(env: TestEnv) {
-        env.broker
-            .declare_group("default", &["noop"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["noop"]).await;
         let r = replica(&env, "skewed", Some(&redis_url())).await;
         let guard = r.clock_guard();
         // 5 s ahead of the database: past the 2 s threshold.
@@ -191,10 +185,7 @@ belfry_testkit::both_backends! {
 
 belfry_testkit::both_backends! {
     async fn overlap_forbid_skips_while_the_previous_run_is_unfinished_decided_once(env: TestEnv) {
-        env.broker
-            .declare_group("default", &["noop"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["noop"]).await;
         let s = schedule("exclusive", "1m", None, |s| {
             s.overlap = Some("forbid".into())
         });
@@ -236,10 +227,7 @@ belfry_testkit::both_backends! {
 
 belfry_testkit::both_backends! {
     async fn a_late_timer_applies_the_policy_to_what_it_missed(env: TestEnv) {
-        env.broker
-            .declare_group("default", &["noop"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["noop"]).await;
         let r = replica(&env, "sleepy", Some(&redis_url())).await;
         let skip = schedule("late-skip", "1s", Some("skip"), |_| {});
         let start: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
@@ -283,10 +271,7 @@ async fn keys(env: &TestEnv, name: &str) -> Vec<DateTime<Utc>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_changes_reach_every_replica_without_double_or_lost_fires() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let mut tasks = following_replica(&env, "live-a", &stop).await;
     tasks.extend(following_replica(&env, "live-b", &stop).await);
@@ -360,10 +345,7 @@ async fn live_changes_reach_every_replica_without_double_or_lost_fires() {
 
 belfry_testkit::both_backends! {
     async fn a_one_shot_fires_once_even_if_every_replica_was_down_at_its_instant(env: TestEnv) {
-        env.broker
-            .declare_group("default", &["noop"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["noop"]).await;
         let now = Utc::now().trunc_subsecs(0);
         let once = |name: &str, at: DateTime<Utc>| {
             Arc::new(
@@ -427,10 +409,7 @@ belfry_testkit::both_backends! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     // Two 1-second schedules, stored as the file sync would store them.
     let mut specs = Vec::new();
     for (name, misfire) in [("out-once", None), ("out-catch", Some("catch_up"))] {
@@ -521,10 +500,7 @@ async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let s = schedule("orphaned-lock", "1s", None, |_| {});
     let at = Utc::now().trunc_subsecs(0);
     // A replica took the lock of this fire and died before its insert.
@@ -585,10 +561,7 @@ async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jittered_fire_recovered_after_its_lock_holder_died_is_on_time() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let s = schedule("jittered-orphan", "1h", Some("skip"), |spec| {
         spec.jitter = Some("50m".into());
     });
@@ -630,10 +603,7 @@ async fn a_jittered_fire_recovered_after_its_lock_holder_died_is_on_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_that_stopped_moving_are_reported_once() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let r = replica(&env, "watcher", Some(&redis_url())).await;
     let s = schedule("stale", "1s", None, |_| {});
     let t: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();

@@ -34,10 +34,7 @@ async fn get(url: &str, cookie: Option<&str>) -> (StatusCode, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_render_escape_and_act() {
     let env = belfry_testkit::service_env!();
-    env.broker
-        .declare_group("default", &["noop"])
-        .await
-        .unwrap();
+    env.declare_default_group(&["noop"]).await;
     let r = Arc::new(replica(&env, "ui-replica", Some(&redis_url())).await);
     let api = TestApi::serve(r.clone(), Tokens::default()).await;
     // A schedule created through the API, fired twice.

@@ -613,10 +613,7 @@ belfry_testkit::both_backends! {
 
 belfry_testkit::both_backends! {
     async fn an_attempt_whose_lease_was_taken_over_does_not_overwrite_the_new_one(env: TestEnv) {
-        env.broker
-            .declare_group("default", &["report"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["report"]).await;
         let m = env
             .enqueue(
                 "stale",

@@ -335,10 +335,7 @@ belfry_testkit::both_backends! {
 
 belfry_testkit::both_backends! {
     async fn a_job_type_no_group_serves_is_recorded_dead_not_dropped(env: TestEnv) {
-        env.broker
-            .declare_group("default", &["noop"])
-            .await
-            .unwrap();
+        env.declare_default_group(&["noop"]).await;
         let r = replica(&env, "sched-a", Some(&redis_url())).await;
         let s = every("orphan", "1s", "nobody-serves-this");
         let outcome = r.fire(&s, at("2026-07-26T03:00:00Z")).await;
