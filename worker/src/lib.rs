@@ -45,6 +45,7 @@ pub mod lease;
 pub mod process;
 pub mod registry;
 pub mod retry_policy;
+mod settle;
 pub mod worker;
 
 pub use config::WorkerConfig;
