@@ -309,11 +309,7 @@ impl Ledger {
         lease: std::time::Duration,
     ) -> Result<AttemptStart, LedgerError> {
         // The common path is one statement: the row exists and is startable.
-        if let Some(start) = self
-            .store
-            .try_begin(&message.job_name, &message.run_key, worker, lease)
-            .await?
-        {
+        if let Some(start) = self.try_begin(message, worker, lease).await? {
             return Ok(start);
         }
         if let Some(state) = self
@@ -327,11 +323,7 @@ impl Ledger {
         // had it) and start it like any other.
         self.insert_from_message(message, RunStatus::Dispatched, None, OnRunConflict::Nothing)
             .await?;
-        if let Some(start) = self
-            .store
-            .try_begin(&message.job_name, &message.run_key, worker, lease)
-            .await?
-        {
+        if let Some(start) = self.try_begin(message, worker, lease).await? {
             return Ok(start);
         }
         let state = self
@@ -340,6 +332,21 @@ impl Ledger {
             .await?
             .ok_or_else(|| LedgerError::Corrupt(format!("run {} vanished", message.run_key)))?;
         self.not_startable(message, worker, lease, state).await
+    }
+
+    /// Starts the run's next attempt if it is startable
+    /// ([`crate::store::RunStore::try_begin`]).
+    async fn try_begin(
+        &self,
+        message: &JobMessage,
+        worker: &str,
+        lease: std::time::Duration,
+    ) -> Result<Option<AttemptStart>, LedgerError> {
+        let started = self
+            .store
+            .try_begin(&message.job_name, &message.run_key, worker, lease)
+            .await?;
+        Ok(started.map(|(id, attempt)| AttemptStart::Started { id, attempt }))
     }
 
     async fn not_startable(
@@ -366,11 +373,7 @@ impl Ledger {
         // The row became startable between the two statements (another
         // transition raced us, or the lease just expired); one more try
         // settles it.
-        match self
-            .store
-            .try_begin(&message.job_name, &message.run_key, worker, lease)
-            .await?
-        {
+        match self.try_begin(message, worker, lease).await? {
             Some(start) => Ok(start),
             None => Ok(AttemptStart::Busy {
                 id: state.id,

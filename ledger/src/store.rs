@@ -30,7 +30,7 @@ use crate::attempt_batch::{BeginRequest, EndRequest};
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::{ExclusiveClaim, LateClaim};
 use crate::run_query::{RunCursor, RunFilter};
-use crate::runs::{AttemptEntry, AttemptStart, NewRun, OnRunConflict, RunRecord, RunState};
+use crate::runs::{AttemptEntry, NewRun, OnRunConflict, RunRecord, RunState};
 use crate::schedule_listener::ScheduleListener;
 use crate::schedules::ScheduleRow;
 use crate::skipped_range::SkippedRange;
@@ -134,16 +134,16 @@ pub(crate) trait RunStore {
 
     /// [`crate::Ledger::renew_leases`].
     /// Starts an attempt of the run `(job_name, run_key)` if it is
-    /// startable (waiting, or running under an expired lease); `None` when
-    /// it is not (or has no row). The building block of
-    /// [`crate::Ledger::begin_attempt`].
+    /// startable (waiting, or running under an expired lease): its id and
+    /// the attempt's number; `None` when it is not (or has no row). The
+    /// building block of [`crate::Ledger::begin_attempt`].
     async fn try_begin(
         &self,
         job_name: &str,
         run_key: &str,
         worker: &str,
         lease: Duration,
-    ) -> Result<Option<AttemptStart>, LedgerError>;
+    ) -> Result<Option<(Uuid, i32)>, LedgerError>;
 
     /// The state of the run `(job_name, run_key)`, with the database's
     /// `now`, for [`crate::Ledger::begin_attempt`]'s decision.

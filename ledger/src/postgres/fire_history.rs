@@ -197,7 +197,7 @@ impl FireHistoryStore for PgStore {
         limit: i64,
     ) -> Result<Vec<(String, String, String)>, LedgerError> {
         let pool = &self.pool;
-        let rows = sqlx::query(
+        Ok(sqlx::query_as(
             "WITH stuck AS ( \
                  SELECT id FROM job_runs \
                  WHERE status IN ('dispatched', 'running', 'retrying') \
@@ -217,16 +217,7 @@ impl FireHistoryStore for PgStore {
         .bind(after.as_secs_f64())
         .bind(limit)
         .fetch_all(pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("run_key")?,
-                    r.try_get("status")?,
-                    r.try_get("last_error")?,
-                ))
-            })
-            .collect()
+        .await?)
     }
 
     async fn skipped_fires(
@@ -235,15 +226,12 @@ impl FireHistoryStore for PgStore {
         limit: i64,
     ) -> Result<Vec<(String, String)>, LedgerError> {
         let pool = &self.pool;
-        let rows = sqlx::query(
+        Ok(sqlx::query_as(
             "SELECT run_key, reason FROM skipped_fires WHERE job_name = $1 ORDER BY scheduled_at DESC LIMIT $2",
         )
         .bind(job_name)
         .bind(limit)
         .fetch_all(pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get("run_key")?, r.try_get("reason")?)))
-            .collect()
+        .await?)
     }
 }

@@ -16,7 +16,7 @@ use super::PgStore;
 use crate::attempt_batch::{BeginRequest, EndRequest};
 use crate::runs::AttemptEntry;
 use crate::runs::NewRun;
-use crate::runs::{options_json, AttemptStart, OnRunConflict, RunRecord, RunState, RUN_COLUMNS};
+use crate::runs::{options_json, OnRunConflict, RunRecord, RunState, RUN_COLUMNS};
 use crate::status::waiting_statuses;
 use crate::status::WAITING;
 use crate::store::RunStore;
@@ -289,10 +289,10 @@ impl RunStore for PgStore {
         run_key: &str,
         worker: &str,
         lease: std::time::Duration,
-    ) -> Result<Option<AttemptStart>, LedgerError> {
+    ) -> Result<Option<(Uuid, i32)>, LedgerError> {
         let pool = &self.pool;
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let row = sqlx::query(concat!(
+        Ok(sqlx::query_as(concat!(
             "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
                  started_at = COALESCE(started_at, now()), worker = $3, next_dispatch_at = NULL, \
                  lease_until = now() + make_interval(secs => $4::double precision / 1000), \
@@ -309,14 +309,7 @@ impl RunStore for PgStore {
         .bind(worker)
         .bind(lease_ms)
         .fetch_optional(pool)
-        .await?;
-        row.map(|r| {
-            Ok(AttemptStart::Started {
-                id: r.try_get("id")?,
-                attempt: r.try_get("attempts")?,
-            })
-        })
-        .transpose()
+        .await?)
     }
 
     async fn state_by_key(

@@ -215,7 +215,7 @@ impl FireHistoryStore for SqliteLedger {
         limit: i64,
     ) -> Result<Vec<(String, String, String)>, LedgerError> {
         let at = now();
-        let rows = sqlx::query(
+        Ok(sqlx::query_as(
             "UPDATE job_runs SET last_error = 'stuck: no progress since ' || \
                  substr(updated_at, 1, 19) || 'Z while ' || status || \
                  CASE status WHEN 'dispatched' THEN ' (no worker took it: is a worker group serving ' || job_type || ' running?)' \
@@ -234,16 +234,7 @@ impl FireHistoryStore for SqliteLedger {
         .bind(&at)
         .bind(limit)
         .fetch_all(&self.writer)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("run_key")?,
-                    r.try_get("status")?,
-                    r.try_get("last_error")?,
-                ))
-            })
-            .collect()
+        .await?)
     }
 
     async fn skipped_fires(
@@ -251,16 +242,13 @@ impl FireHistoryStore for SqliteLedger {
         job_name: &str,
         limit: i64,
     ) -> Result<Vec<(String, String)>, LedgerError> {
-        let rows = sqlx::query(
+        Ok(sqlx::query_as(
             "SELECT run_key, reason FROM skipped_fires WHERE job_name = ?1 \
              ORDER BY scheduled_at DESC LIMIT ?2",
         )
         .bind(job_name)
         .bind(limit)
         .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get("run_key")?, r.try_get("reason")?)))
-            .collect()
+        .await?)
     }
 }

@@ -18,8 +18,7 @@ use async_trait::async_trait;
 use super::{now, now_plus, ts, SqliteLedger};
 use crate::attempt_batch::{BeginRequest, EndRequest};
 use crate::runs::{
-    options_json, AttemptEntry, AttemptStart, NewRun, OnRunConflict, RunRecord, RunState,
-    RUN_COLUMNS,
+    options_json, AttemptEntry, NewRun, OnRunConflict, RunRecord, RunState, RUN_COLUMNS,
 };
 use crate::status::waiting_statuses;
 use crate::store::RunStore;
@@ -221,22 +220,15 @@ impl RunStore for SqliteLedger {
         run_key: &str,
         worker: &str,
         lease: Duration,
-    ) -> Result<Option<AttemptStart>, LedgerError> {
-        let row = sqlx::query(BEGIN)
+    ) -> Result<Option<(Uuid, i32)>, LedgerError> {
+        Ok(sqlx::query_as(BEGIN)
             .bind(job_name)
             .bind(run_key)
             .bind(worker)
             .bind(now())
             .bind(now_plus(lease))
             .fetch_optional(&self.writer)
-            .await?;
-        row.map(|r| {
-            Ok(AttemptStart::Started {
-                id: r.try_get("id")?,
-                attempt: r.try_get("attempts")?,
-            })
-        })
-        .transpose()
+            .await?)
     }
 
     async fn state_by_key(
