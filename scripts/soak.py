@@ -117,24 +117,24 @@ def env_str(name, default):
     return v if v else default
 
 
-def env_float(name, default):
+def env_parsed(name, default, parse):
+    """The variable `name` read with `parse`, `default` when unset; exits
+    with a line naming the variable when its value does not parse."""
     v = os.environ.get(name, "").strip()
     if not v:
         return default
     try:
-        return float(v)
-    except ValueError:
-        sys.exit(f"soak: {name}={v!r} is not a number")
+        return parse(v)
+    except ValueError as e:
+        sys.exit(f"soak: {name}={v!r}: {e}")
+
+
+def env_float(name, default):
+    return env_parsed(name, default, float)
 
 
 def env_duration(name, default):
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return default
-    try:
-        return parse_duration(v)
-    except ValueError as e:
-        sys.exit(f"soak: {name}: {e}")
+    return env_parsed(name, default, parse_duration)
 
 
 def free_port():

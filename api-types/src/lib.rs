@@ -21,6 +21,7 @@ pub mod health;
 pub mod jobs;
 pub mod runs;
 pub mod schedules;
+pub mod url_component;
 
 pub use error::{ErrorBody, ErrorCode};
 pub use health::{
@@ -33,6 +34,7 @@ pub use schedules::{
     PreviewQuery, Schedule, ScheduleInput, ScheduleList, SchedulePath, ScheduleQuery,
     TriggerOutcome, TriggerRequest, Triggered,
 };
+pub use url_component::encode_url_component;
 
 /// What a schedule name, job type or ad-hoc job name may be (the rule of
 /// [`belfry_protocol::validate_name`]): 1 to 100 characters from

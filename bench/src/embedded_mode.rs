@@ -28,6 +28,8 @@ use belfry_scheduler::{ClaimLock, Replica, ReplicaTiming, Schedule, Timer};
 use belfry_testkit::{amqp_url, redis_url, TestEnv};
 use belfry_worker::{Registry, Worker, WorkerConfig, WorkerCounters};
 
+use crate::sample::median;
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Distributed,
@@ -188,11 +190,6 @@ async fn jobs(mode: Mode, n: usize) -> anyhow::Result<f64> {
     );
     env.teardown(&["default"]).await;
     Ok(n as f64 / elapsed.as_secs_f64())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Runs the comparison and prints a markdown table.

@@ -13,6 +13,7 @@
 
 mod dispatch_burst;
 mod embedded_mode;
+mod sample;
 mod timer_lateness;
 mod trace_export;
 mod ui_pages;

@@ -24,6 +24,8 @@ use belfry_protocol::ScheduleSpec;
 use belfry_scheduler::{ClaimLock, Replica, ReplicaTiming, Schedule};
 use belfry_testkit::{amqp_url, redis_url, TestEnv};
 
+use crate::sample::median;
+
 const IN_FLIGHT: usize = 64;
 
 /// Runs `rounds` rounds of off/on children with `fires` fires each.
@@ -78,7 +80,7 @@ pub async fn run(fires: usize, rounds: usize) -> anyhow::Result<()> {
                 }
             }
         }
-        table.push((label, median(&mut off), median(&mut on)));
+        table.push((label, median(off), median(on)));
     }
     println!();
     println!("| logging | export off, fires/s | export on, fires/s | ratio on/off |");
@@ -190,9 +192,4 @@ pub async fn child(fires: usize) -> anyhow::Result<()> {
     telemetry.shutdown().await;
     env.teardown(&["default"]).await;
     Ok(())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }

@@ -28,6 +28,8 @@ use belfry_runtime::Settings;
 use belfry_testkit::{amqp_url, TestEnv};
 use belfry_worker::{Registry, Worker, WorkerConfig, WorkerCounters};
 
+use crate::sample::median;
+
 const PREFETCH: u16 = 64;
 const CONCURRENCY: usize = 32;
 const SLEEP_CONCURRENCY: usize = 8;
@@ -221,48 +223,40 @@ where
     Ok(n as f64 / elapsed.as_secs_f64())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// One belfry scenario: `n` jobs of `job_type` with `payload`, consumed by
+/// `count` workers of one group with `concurrency` each.
+async fn workers(
+    (job_type, payload): (&str, &serde_json::Value),
+    n: usize,
+    count: usize,
+    concurrency: usize,
+) -> anyhow::Result<f64> {
+    scenario(job_type, payload.clone(), n, |env| async move {
+        belfry(&env, n, count, concurrency).await
+    })
+    .await
 }
 
 /// Runs the benchmark and prints a markdown table.
 pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Result<()> {
     let rounds = rounds.max(1);
     let (mut base, mut one, mut three, mut s1, mut s3) = (vec![], vec![], vec![], vec![], vec![]);
-    let noop = serde_json::json!({});
-    let nap = serde_json::json!({"duration_ms": 100});
+    let (empty, nap) = (
+        serde_json::json!({}),
+        serde_json::json!({"duration_ms": 100}),
+    );
+    let (noop, sleep) = (("noop", &empty), ("sleep", &nap));
     for round in 1..=rounds {
         base.push(
-            scenario("noop", noop.clone(), jobs, |env| async move {
+            scenario("noop", empty.clone(), jobs, |env| async move {
                 baseline(&env, jobs).await
             })
             .await?,
         );
-        one.push(
-            scenario("noop", noop.clone(), jobs, |env| async move {
-                belfry(&env, jobs, 1, CONCURRENCY).await
-            })
-            .await?,
-        );
-        three.push(
-            scenario("noop", noop.clone(), jobs, |env| async move {
-                belfry(&env, jobs, 3, CONCURRENCY).await
-            })
-            .await?,
-        );
-        s1.push(
-            scenario("sleep", nap.clone(), sleep_jobs, |env| async move {
-                belfry(&env, sleep_jobs, 1, SLEEP_CONCURRENCY).await
-            })
-            .await?,
-        );
-        s3.push(
-            scenario("sleep", nap.clone(), sleep_jobs, |env| async move {
-                belfry(&env, sleep_jobs, 3, SLEEP_CONCURRENCY).await
-            })
-            .await?,
-        );
+        one.push(workers(noop, jobs, 1, CONCURRENCY).await?);
+        three.push(workers(noop, jobs, 3, CONCURRENCY).await?);
+        s1.push(workers(sleep, sleep_jobs, 1, SLEEP_CONCURRENCY).await?);
+        s3.push(workers(sleep, sleep_jobs, 3, SLEEP_CONCURRENCY).await?);
         eprintln!(
             "round {round}: baseline {:.0}/s, 1 worker {:.0}/s, 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
             base[round - 1], one[round - 1], three[round - 1], s1[round - 1], s3[round - 1]

@@ -227,24 +227,23 @@ impl Broker {
             durable: true,
             ..ExchangeDeclareOptions::default()
         };
-        channel
-            .exchange_declare(
-                &inner.topology.jobs_exchange(),
+        for (exchange, kind, what) in [
+            (
+                inner.topology.jobs_exchange(),
                 ExchangeKind::Topic,
-                durable,
-                FieldTable::default(),
-            )
-            .await
-            .map_err(BrokerError::amqp("declare job exchange"))?;
-        channel
-            .exchange_declare(
-                &inner.topology.dead_letter_exchange(),
+                "declare job exchange",
+            ),
+            (
+                inner.topology.dead_letter_exchange(),
                 ExchangeKind::Fanout,
-                durable,
-                FieldTable::default(),
-            )
-            .await
-            .map_err(BrokerError::amqp("declare dead-letter exchange"))?;
+                "declare dead-letter exchange",
+            ),
+        ] {
+            channel
+                .exchange_declare(&exchange, kind, durable, FieldTable::default())
+                .await
+                .map_err(BrokerError::amqp(what))?;
+        }
         let dlq = inner.topology.dead_letter_queue();
         channel
             .queue_declare(&dlq, durable_queue(), quorum_args(None))

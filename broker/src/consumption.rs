@@ -78,17 +78,7 @@ impl Delivery {
     /// [`BrokerError`] when the ack could not be sent (the message will be
     /// delivered again).
     pub async fn ack(&self) -> Result<(), BrokerError> {
-        match &self.acker {
-            Acker::Amqp(a) => a
-                .ack(BasicAckOptions::default())
-                .await
-                .map_err(BrokerError::amqp("ack")),
-            Acker::Embedded {
-                queue,
-                seq,
-                consumer,
-            } => settle("ack", || queue.ack(*seq, consumer)).await,
-        }
+        self.settle(Settlement::Ack).await
     }
 
     /// Gives the delivery back to its queue, to be delivered again.
@@ -98,20 +88,7 @@ impl Delivery {
     /// [`BrokerError`] when the requeue could not be sent (the message comes
     /// back when the consumer closes instead).
     pub async fn requeue(&self) -> Result<(), BrokerError> {
-        match &self.acker {
-            Acker::Amqp(a) => a
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
-                .map_err(BrokerError::amqp("nack")),
-            Acker::Embedded {
-                queue,
-                seq,
-                consumer,
-            } => settle("requeue", || queue.requeue(*seq, consumer)).await,
-        }
+        self.settle(Settlement::Requeue).await
     }
 
     /// Rejects the delivery without requeueing: the queue's dead-letter
@@ -123,19 +100,67 @@ impl Delivery {
     ///
     /// [`BrokerError`] when the reject could not be sent.
     pub async fn reject(&self, reason: &str, by: &str) -> Result<(), BrokerError> {
+        self.settle(Settlement::Reject { reason, by }).await
+    }
+
+    /// Settles the delivery on the queue it came from.
+    async fn settle(&self, how: Settlement<'_>) -> Result<(), BrokerError> {
+        let what = how.name();
         match &self.acker {
-            Acker::Amqp(a) => a
-                .nack(BasicNackOptions {
-                    requeue: false,
-                    ..BasicNackOptions::default()
-                })
-                .await
-                .map_err(BrokerError::amqp("reject")),
+            Acker::Amqp(a) => {
+                let sent = match how {
+                    Settlement::Ack => a.ack(BasicAckOptions::default()).await,
+                    Settlement::Requeue | Settlement::Reject { .. } => {
+                        let requeue = matches!(how, Settlement::Requeue);
+                        a.nack(BasicNackOptions {
+                            requeue,
+                            ..BasicNackOptions::default()
+                        })
+                        .await
+                    }
+                };
+                sent.map_err(BrokerError::amqp(what))
+            }
             Acker::Embedded {
                 queue,
                 seq,
                 consumer,
-            } => settle("reject", || queue.reject(*seq, consumer, reason, by)).await,
+            } => {
+                let seq = *seq;
+                settle_embedded(what, move || async move {
+                    match how {
+                        Settlement::Ack => queue.ack(seq, consumer).await,
+                        Settlement::Requeue => queue.requeue(seq, consumer).await,
+                        Settlement::Reject { reason, by } => {
+                            queue.reject(seq, consumer, reason, by).await
+                        }
+                    }
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// How a delivery is settled: the three ends of a delivery, the same on
+/// RabbitMQ and on the embedded queue.
+#[derive(Debug, Clone, Copy)]
+enum Settlement<'a> {
+    /// Done: the queue forgets it.
+    Ack,
+    /// Back to the queue, delivered again.
+    Requeue,
+    /// To the dead letters, with why and by whom.
+    Reject { reason: &'a str, by: &'a str },
+}
+
+impl Settlement<'_> {
+    /// The name in errors and logs.
+    fn name(self) -> &'static str {
+        match self {
+            Settlement::Ack => "ack",
+            Settlement::Requeue => "requeue",
+            Settlement::Reject { .. } => "reject",
         }
     }
 }
@@ -145,7 +170,7 @@ impl Delivery {
 /// channel, nothing else would give the message back while this process
 /// runs. `Ok(false)` from the queue means the consumer no longer held the
 /// message (it was closed and the message given back).
-async fn settle<F, Fut>(what: &'static str, op: F) -> Result<(), BrokerError>
+async fn settle_embedded<F, Fut>(what: &'static str, op: F) -> Result<(), BrokerError>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<bool, sqlx::Error>>,

@@ -92,10 +92,7 @@ impl PublisherSlot {
     ) -> Result<crate::PublishOutcome, BrokerError> {
         let lease = self.get().await?;
         let result = lease.publisher.publish(message).await;
-        if result.is_err() {
-            self.reset(&lease).await;
-        }
-        result
+        self.reset_on_error(&lease, result).await
     }
 
     /// Publishes `messages` pipelined, at most [`CONFIRM_WINDOW`] unconfirmed
@@ -141,8 +138,19 @@ impl PublisherSlot {
     ) -> Result<crate::PublishOutcome, BrokerError> {
         let lease = self.get().await?;
         let result = lease.publisher.dead_letter(dead).await;
+        self.reset_on_error(&lease, result).await
+    }
+
+    /// Passes `result` of a publish on `lease` through, replacing the
+    /// lease's channel first when it failed (a failed publish can leave the
+    /// channel closed or with confirms out of step).
+    async fn reset_on_error<T>(
+        &self,
+        lease: &Lease,
+        result: Result<T, BrokerError>,
+    ) -> Result<T, BrokerError> {
         if result.is_err() {
-            self.reset(&lease).await;
+            self.reset(lease).await;
         }
         result
     }

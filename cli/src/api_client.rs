@@ -189,16 +189,3 @@ fn error_without_body(status: StatusCode, url: String, text: &str) -> CliError {
         },
     }
 }
-
-/// Percent-encodes one path segment.
-pub fn encode(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len());
-    for b in raw.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}

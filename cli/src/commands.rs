@@ -13,9 +13,10 @@ use belfry_api_types::{
     TriggerRequest, Triggered,
 };
 
-use crate::api_client::{encode, ApiClient, CliError, NONE};
+use crate::api_client::{ApiClient, CliError, NONE};
 use crate::args::{Cli, Command, JobCommand, RunCommand, ScheduleCommand, ScheduleFields};
-use crate::table::{cell, instant, maybe, render};
+use crate::table::{cell, instant, maybe, render_each};
+use belfry_api_types::encode_url_component as encode;
 
 /// Runs `cli`, printing to stdout.
 ///
@@ -147,20 +148,17 @@ fn schedule_kind(s: &Schedule) -> (String, String) {
 }
 
 fn schedule_rows(list: &[Schedule]) -> String {
-    let rows: Vec<Vec<String>> = list
-        .iter()
-        .map(|s| {
-            let (kind, expr) = schedule_kind(s);
-            vec![
-                cell(&s.name),
-                kind,
-                cell(&expr),
-                maybe(s.job_type.as_ref()),
-                if s.paused { "paused" } else { "active" }.into(),
-            ]
-        })
-        .collect();
-    render(&["NAME", "KIND", "WHEN", "JOB TYPE", "STATE"], &rows)
+    let headers = ["NAME", "KIND", "WHEN", "JOB TYPE", "STATE"];
+    render_each(&headers, list, |s| {
+        let (kind, expr) = schedule_kind(s);
+        vec![
+            cell(&s.name),
+            kind,
+            cell(&expr),
+            maybe(s.job_type.as_ref()),
+            if s.paused { "paused" } else { "active" }.into(),
+        ]
+    })
 }
 
 /// Every field the schedule has, one a line, as the API names them.
@@ -393,32 +391,26 @@ async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result
 }
 
 fn run_rows(list: &[Run]) -> String {
-    let rows: Vec<Vec<String>> = list
-        .iter()
-        .map(|r| {
-            vec![
-                r.id.to_string(),
-                cell(&r.job_name),
-                instant(&r.scheduled_at),
-                r.status.to_string(),
-                r.attempts.to_string(),
-                maybe(r.worker.as_ref()),
-                maybe(r.last_error.as_ref()),
-            ]
-        })
-        .collect();
-    render(
-        &[
-            "ID",
-            "SCHEDULE",
-            "SCHEDULED",
-            "STATUS",
-            "ATTEMPTS",
-            "WORKER",
-            "ERROR",
-        ],
-        &rows,
-    )
+    let headers = [
+        "ID",
+        "SCHEDULE",
+        "SCHEDULED",
+        "STATUS",
+        "ATTEMPTS",
+        "WORKER",
+        "ERROR",
+    ];
+    render_each(&headers, list, |r| {
+        vec![
+            r.id.to_string(),
+            cell(&r.job_name),
+            instant(&r.scheduled_at),
+            r.status.to_string(),
+            r.attempts.to_string(),
+            maybe(r.worker.as_ref()),
+            maybe(r.last_error.as_ref()),
+        ]
+    })
 }
 
 fn run_detail(d: &RunDetail) -> String {
@@ -449,24 +441,17 @@ fn run_detail(d: &RunDetail) -> String {
     }
     if !d.attempt_log.is_empty() {
         s.push_str("\nattempts:\n");
-        let rows: Vec<Vec<String>> = d
-            .attempt_log
-            .iter()
-            .map(|a| {
-                vec![
-                    a.attempt.to_string(),
-                    cell(&a.worker),
-                    instant(&a.started_at),
-                    instant(&a.finished_at),
-                    cell(&a.outcome),
-                    maybe(a.error.as_ref()),
-                ]
-            })
-            .collect();
-        s.push_str(&render(
-            &["#", "WORKER", "STARTED", "FINISHED", "OUTCOME", "ERROR"],
-            &rows,
-        ));
+        let headers = ["#", "WORKER", "STARTED", "FINISHED", "OUTCOME", "ERROR"];
+        s.push_str(&render_each(&headers, &d.attempt_log, |a| {
+            vec![
+                a.attempt.to_string(),
+                cell(&a.worker),
+                instant(&a.started_at),
+                instant(&a.finished_at),
+                cell(&a.outcome),
+                maybe(a.error.as_ref()),
+            ]
+        }));
     }
     s
 }

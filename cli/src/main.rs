@@ -39,24 +39,19 @@ async fn dev() -> anyhow::Result<()> {
     let instance = belfry_runtime::default_instance();
     let telemetry = belfry_runtime::init_telemetry("belfry-dev", &instance, format)?;
     let registry = belfry_worker::Registry::builder().builtins().build()?;
-    let started = belfry_embedded::start(env, registry, cancel).await;
-    let dev = match started {
-        Ok(dev) => dev,
-        Err(e) => {
-            telemetry.shutdown().await;
-            return Err(e.into());
-        }
-    };
-    println!("belfry dev: {}", dev.mode.describe());
-    match dev.api_addr {
-        Some(addr) => {
-            println!("  API       http://{addr}/v1   (web view: http://{addr}/ui)");
-            println!("  try       cargo run --release -p belfry -- --api http://{addr} runs ls   (in another terminal)");
-        }
-        None => println!("  API       off (BELFRY_API_ADDR=off)"),
-    }
-    println!("  stop      Ctrl-C (in-flight jobs finish or are handed back; nothing is lost)");
-    let waited = dev.wait().await;
-    telemetry.shutdown().await;
-    Ok(waited?)
+    telemetry
+        .flush_after(async {
+            let dev = belfry_embedded::start(env, registry, cancel).await?;
+            println!("belfry dev: {}", dev.mode.describe());
+            match dev.api_addr {
+                Some(addr) => {
+                    println!("  API       http://{addr}/v1   (web view: http://{addr}/ui)");
+                    println!("  try       cargo run --release -p belfry -- --api http://{addr} runs ls   (in another terminal)");
+                }
+                None => println!("  API       off (BELFRY_API_ADDR=off)"),
+            }
+            println!("  stop      Ctrl-C (in-flight jobs finish or are handed back; nothing is lost)");
+            Ok(dev.wait().await?)
+        })
+        .await
 }

@@ -1,5 +1,12 @@
 //! Human output: aligned columns, one row per item.
 
+/// Formats one row per item of `items` (the cells `row` makes of it) under
+/// `headers`.
+pub fn render_each<T>(headers: &[&str], items: &[T], row: impl Fn(&T) -> Vec<String>) -> String {
+    let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+    render(headers, &rows)
+}
+
 /// Formats `rows` under `headers`, each column as wide as its widest cell.
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();

@@ -8,6 +8,7 @@
 
 pub mod clock;
 pub mod endpoint;
+pub mod exit;
 pub mod exported_events;
 pub mod failpoint;
 pub mod metrics;
@@ -21,6 +22,7 @@ pub mod trace_propagation;
 
 pub use clock::{process_clock, Clock, SharedClock, SkewedClock, SystemClock};
 pub use endpoint::masked;
+pub use exit::exit_on_error;
 pub use setting::{SettingError, Settings};
 pub use shutdown::shutdown_token;
 pub use telemetry::{init_telemetry, LogFormat, Telemetry, TelemetryError};

@@ -45,12 +45,10 @@ pub async fn serve(
     registry: Arc<Registry>,
     cancel: CancellationToken,
 ) -> Result<SocketAddr, MetricsError> {
-    let bind = |source| MetricsError::Bind {
+    let (listener, bound) = listen(addr).await.map_err(|source| MetricsError::Bind {
         addr: addr.to_owned(),
         source,
-    };
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
-    let bound = listener.local_addr().map_err(bind)?;
+    })?;
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
@@ -64,15 +62,40 @@ pub async fn serve(
         }),
     );
     tracing::info!(addr = %bound, "metrics endpoint listening on /metrics");
+    spawn_graceful(listener, app, cancel, "metrics endpoint");
+    Ok(bound)
+}
+
+/// Binds a TCP listener on `addr` (`host:port`; port `0` picks a free
+/// one) and returns it with the address it bound.
+///
+/// # Errors
+///
+/// The I/O error of binding or of reading the bound address back.
+pub async fn listen(addr: &str) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
+
+/// Serves `app` on `listener` in a task of its own until `cancel`; `what`
+/// names the server in the log line if serving ends with an error.
+///
+/// Graceful: at `cancel` the listener stops accepting and requests in
+/// flight (a scrape, an API call) finish. The metrics endpoint and the
+/// scheduler's API both stop this way.
+pub fn spawn_graceful(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    cancel: CancellationToken,
+    what: &'static str,
+) {
     tokio::spawn(async move {
-        // Graceful: stops accepting at cancel and lets a scrape in flight
-        // finish.
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(cancel.cancelled_owned())
             .await;
         if let Err(e) = served {
-            tracing::warn!(error = %e, "metrics endpoint stopped");
+            tracing::warn!(error = %e, "{what} stopped");
         }
     });
-    Ok(bound)
 }

@@ -76,3 +76,21 @@ impl Signals {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+/// Waits for every task of `tasks` to end, for at most `deadline`.
+///
+/// The drain step of a graceful stop: the caller has stopped taking new
+/// work, and what is in flight gets `deadline` to finish. Returns whether
+/// the set is empty; on `false` the unfinished tasks are still in `tasks`
+/// (their results so far are dropped), for the caller to interrupt, hand
+/// back or abort.
+pub async fn drain_within<T: 'static>(
+    tasks: &mut tokio::task::JoinSet<T>,
+    deadline: std::time::Duration,
+) -> bool {
+    tokio::time::timeout(deadline, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await
+    .is_ok()
+}

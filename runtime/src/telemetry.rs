@@ -69,6 +69,15 @@ impl Telemetry {
         self.provider.is_some()
     }
 
+    /// Awaits `work`, then flushes and stops the exporter
+    /// ([`Telemetry::shutdown`]) whatever `work` returned: the spans of a
+    /// binary that stops with an error are sent too.
+    pub async fn flush_after<T>(self, work: impl std::future::Future<Output = T>) -> T {
+        let out = work.await;
+        self.shutdown().await;
+        out
+    }
+
     /// Flushes buffered spans and stops the exporter (waiting up to the
     /// exporter's timeout). Call once, after the binary's work has stopped;
     /// errors are logged, not returned, since the process is exiting.

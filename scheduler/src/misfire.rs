@@ -242,105 +242,82 @@ mod tests {
         }
     }
 
+    /// A schedule of job type `noop` with a `cron` or an `every` rule.
+    fn schedule(cron: Option<&str>, every: Option<&str>) -> crate::Schedule {
+        crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
+            name: "s".into(),
+            cron: cron.map(Into::into),
+            every: every.map(Into::into),
+            job_type: "noop".into(),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    /// [`due_between`] with RFC 3339 bounds.
+    fn due_in(s: &crate::Schedule, from: &str, to: &str, keep: usize) -> DueInstants {
+        due_between(s, at(from), at(to), keep)
+    }
+
+    /// The decision that fires `instants` and skips `skipped`.
+    fn decision(instants: &[&str], skipped: u64) -> MisfireDecision {
+        MisfireDecision {
+            fire: instants.iter().map(|s| at(s)).collect(),
+            skipped,
+        }
+    }
+
     const NOW: &str = "2026-07-26T03:00:30Z";
     const T: Duration = Duration::from_secs(10);
 
+    /// Asserts that `policy`, at `NOW` and with missed instants `due_at`,
+    /// fires `fire` and skips `skipped` (instants as times of 2026-07-26 UTC).
+    #[track_caller]
+    fn assert_decides(policy: MisfirePolicy, due_at: &[&str], fire: &[&str], skipped: u64) {
+        let day = |t: &&str| format!("2026-07-26T{t}Z");
+        let due_at: Vec<String> = due_at.iter().map(day).collect();
+        let fire: Vec<String> = fire.iter().map(day).collect();
+        let d = due(&due_at.iter().map(String::as_str).collect::<Vec<_>>());
+        let want = decision(
+            &fire.iter().map(String::as_str).collect::<Vec<_>>(),
+            skipped,
+        );
+        assert_eq!(policy.decide(&d, at(NOW), T), want);
+    }
+
     #[test]
     fn skip_fires_only_on_time_instants() {
-        let d = due(&[
-            "2026-07-26T02:59:00Z",
-            "2026-07-26T03:00:00Z",
-            "2026-07-26T03:00:25Z",
-        ]);
-        let r = MisfirePolicy::Skip.decide(&d, at(NOW), T);
-        assert_eq!(
-            r,
-            MisfireDecision {
-                fire: vec![at("2026-07-26T03:00:25Z")],
-                skipped: 2
-            }
-        );
+        let due_at = ["02:59:00", "03:00:00", "03:00:25"];
+        assert_decides(MisfirePolicy::Skip, &due_at, &["03:00:25"], 2);
     }
 
     #[test]
     fn fire_once_fires_the_latest_missed_when_nothing_is_on_time() {
-        let d = due(&[
-            "2026-07-26T02:58:00Z",
-            "2026-07-26T02:59:00Z",
-            "2026-07-26T03:00:00Z",
-        ]);
-        let r = MisfirePolicy::FireOnce.decide(&d, at(NOW), T);
-        assert_eq!(
-            r,
-            MisfireDecision {
-                fire: vec![at("2026-07-26T03:00:00Z")],
-                skipped: 2
-            }
-        );
-        let d = due(&["2026-07-26T02:59:00Z", "2026-07-26T03:00:25Z"]);
-        let r = MisfirePolicy::FireOnce.decide(&d, at(NOW), T);
-        assert_eq!(
-            r,
-            MisfireDecision {
-                fire: vec![at("2026-07-26T03:00:25Z")],
-                skipped: 1
-            }
-        );
+        let due_at = ["02:58:00", "02:59:00", "03:00:00"];
+        assert_decides(MisfirePolicy::FireOnce, &due_at, &["03:00:00"], 2);
+        let due_at = ["02:59:00", "03:00:25"];
+        assert_decides(MisfirePolicy::FireOnce, &due_at, &["03:00:25"], 1);
     }
 
     #[test]
     fn catch_up_fires_inside_the_window_up_to_the_cap() {
-        let d = due(&[
-            "2026-07-26T01:00:00Z",
-            "2026-07-26T02:40:00Z",
-            "2026-07-26T02:50:00Z",
-            "2026-07-26T02:59:00Z",
-        ]);
         let policy = MisfirePolicy::CatchUp {
             window: Duration::from_secs(1800),
             max: 2,
         };
-        let r = policy.decide(&d, at(NOW), T);
-        assert_eq!(
-            r,
-            MisfireDecision {
-                fire: vec![at("2026-07-26T02:50:00Z"), at("2026-07-26T02:59:00Z")],
-                skipped: 2
-            }
-        );
+        let due_at = ["01:00:00", "02:40:00", "02:50:00", "02:59:00"];
+        assert_decides(policy, &due_at, &["02:50:00", "02:59:00"], 2);
     }
 
     #[test]
     fn long_gaps_are_counted_without_walking_them() {
-        let every = crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
-            name: "s".into(),
-            every: Some("1s".into()),
-            job_type: "noop".into(),
-            ..Default::default()
-        })
-        .unwrap();
+        let every = schedule(None, Some("1s"));
         let started = std::time::Instant::now();
-        let d = due_between(
-            &every,
-            at("2026-01-01T00:00:00Z"),
-            at("2026-07-01T00:00:00Z"),
-            3,
-        );
+        let d = due_in(&every, "2026-01-01T00:00:00Z", "2026-07-01T00:00:00Z", 3);
         assert_eq!(d.total, 181 * 86_400);
         assert_eq!(d.latest.last(), Some(&at("2026-07-01T00:00:00Z")));
-        let cron = crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
-            name: "c".into(),
-            cron: Some("* * * * * *".into()),
-            job_type: "noop".into(),
-            ..Default::default()
-        })
-        .unwrap();
-        let d = due_between(
-            &cron,
-            at("2026-06-30T00:00:00Z"),
-            at("2026-07-01T00:00:00Z"),
-            3,
-        );
+        let cron = schedule(Some("* * * * * *"), None);
+        let d = due_in(&cron, "2026-06-30T00:00:00Z", "2026-07-01T00:00:00Z", 3);
         assert_eq!(d.total, 86_400);
         assert_eq!(
             d.latest,
@@ -355,19 +332,8 @@ mod tests {
 
     #[test]
     fn a_daily_fire_missed_long_ago_is_still_found() {
-        let daily = crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
-            name: "d".into(),
-            cron: Some("0 0 3 * * *".into()),
-            job_type: "noop".into(),
-            ..Default::default()
-        })
-        .unwrap();
-        let d = due_between(
-            &daily,
-            at("2026-07-26T02:00:00Z"),
-            at("2026-07-26T10:00:00Z"),
-            64,
-        );
+        let daily = schedule(Some("0 0 3 * * *"), None);
+        let d = due_in(&daily, "2026-07-26T02:00:00Z", "2026-07-26T10:00:00Z", 64);
         assert_eq!(
             (d.total, d.latest.clone()),
             (1, vec![at("2026-07-26T03:00:00Z")])
@@ -378,19 +344,8 @@ mod tests {
 
     #[test]
     fn counts_beyond_what_is_kept() {
-        let s = crate::Schedule::from_spec(&belfry_protocol::ScheduleSpec {
-            name: "s".into(),
-            every: Some("1s".into()),
-            job_type: "noop".into(),
-            ..Default::default()
-        })
-        .unwrap();
-        let d = due_between(
-            &s,
-            at("2026-07-26T00:00:00Z"),
-            at("2026-07-26T01:00:00Z"),
-            2,
-        );
+        let s = schedule(None, Some("1s"));
+        let d = due_in(&s, "2026-07-26T00:00:00Z", "2026-07-26T01:00:00Z", 2);
         assert_eq!(d.total, 3600);
         assert_eq!(
             d.latest,

@@ -560,6 +560,12 @@ fn parse_period(raw: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
 
+    /// Asserts that the next fire of `s` strictly after `from` is `next`.
+    #[track_caller]
+    fn assert_next(s: &Schedule, from: &str, next: &str) {
+        assert_eq!(s.next_after(at(from)), Some(at(next)), "after {from}");
+    }
+
     fn spec(cron: Option<&str>, every: Option<&str>, tz: Option<&str>) -> ScheduleSpec {
         ScheduleSpec {
             name: "s".into(),
@@ -578,25 +584,16 @@ mod tests {
     #[test]
     fn six_and_five_field_cron() {
         let s = Schedule::from_spec(&spec(Some("*/2 * * * * *"), None, None)).unwrap();
-        assert_eq!(
-            s.next_after(at("2026-07-26T03:00:00.700Z")),
-            Some(at("2026-07-26T03:00:02Z"))
-        );
+        assert_next(&s, "2026-07-26T03:00:00.700Z", "2026-07-26T03:00:02Z");
         let s = Schedule::from_spec(&spec(Some("0 3 * * *"), None, None)).unwrap();
-        assert_eq!(
-            s.next_after(at("2026-07-26T03:00:00Z")),
-            Some(at("2026-07-27T03:00:00Z"))
-        );
+        assert_next(&s, "2026-07-26T03:00:00Z", "2026-07-27T03:00:00Z");
     }
 
     #[test]
     fn cron_in_a_time_zone() {
         let s =
             Schedule::from_spec(&spec(Some("0 0 3 * * *"), None, Some("Asia/Shanghai"))).unwrap();
-        assert_eq!(
-            s.next_after(at("2026-07-26T00:00:00Z")),
-            Some(at("2026-07-26T19:00:00Z"))
-        );
+        assert_next(&s, "2026-07-26T00:00:00Z", "2026-07-26T19:00:00Z");
     }
 
     #[test]
@@ -692,14 +689,8 @@ mod tests {
     #[test]
     fn intervals_are_epoch_anchored() {
         let s = Schedule::from_spec(&spec(None, Some("30s"), None)).unwrap();
-        assert_eq!(
-            s.next_after(at("2026-07-26T03:00:10.5Z")),
-            Some(at("2026-07-26T03:00:30Z"))
-        );
-        assert_eq!(
-            s.next_after(at("2026-07-26T03:00:30Z")),
-            Some(at("2026-07-26T03:01:00Z"))
-        );
+        assert_next(&s, "2026-07-26T03:00:10.5Z", "2026-07-26T03:00:30Z");
+        assert_next(&s, "2026-07-26T03:00:30Z", "2026-07-26T03:01:00Z");
     }
 
     #[test]
@@ -725,14 +716,8 @@ mod tests {
         let mut s = spec(None, Some("90s"), None);
         s.anchor = Some("2026-07-26T03:00:10Z".into());
         let sc = Schedule::from_spec(&s).unwrap();
-        assert_eq!(
-            sc.next_after(at("2026-07-26T03:00:00Z")),
-            Some(at("2026-07-26T03:00:10Z"))
-        );
-        assert_eq!(
-            sc.next_after(at("2026-07-26T03:00:10Z")),
-            Some(at("2026-07-26T03:01:40Z"))
-        );
+        assert_next(&sc, "2026-07-26T03:00:00Z", "2026-07-26T03:00:10Z");
+        assert_next(&sc, "2026-07-26T03:00:10Z", "2026-07-26T03:01:40Z");
         let once = ScheduleSpec {
             name: "once".into(),
             at: Some("2026-07-26T03:00:00Z".into()),
@@ -740,10 +725,7 @@ mod tests {
             ..Default::default()
         };
         let o = Schedule::from_spec(&once).unwrap();
-        assert_eq!(
-            o.next_after(at("2026-07-26T02:00:00Z")),
-            Some(at("2026-07-26T03:00:00Z"))
-        );
+        assert_next(&o, "2026-07-26T02:00:00Z", "2026-07-26T03:00:00Z");
         assert_eq!(o.next_after(at("2026-07-26T03:00:00Z")), None);
         assert_eq!(
             o.check_new(at("2026-07-26T04:00:00Z")).unwrap_err().field,

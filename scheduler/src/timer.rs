@@ -460,18 +460,12 @@ mod tests {
         let s = vec![every("a", "1s")];
         let mut fast = Timer::new(s.clone(), at("2026-01-01T00:00:00.9Z"));
         let mut slow = Timer::new(s, at("2026-01-01T00:00:00.1Z"));
-        let f1: Vec<_> = fast
-            .due(at("2026-01-01T00:00:01.9Z"))
-            .fires
-            .into_iter()
-            .map(|f| f.at)
-            .collect();
-        let f2: Vec<_> = slow
-            .due(at("2026-01-01T00:00:01.1Z"))
-            .fires
-            .into_iter()
-            .map(|f| f.at)
-            .collect();
-        assert_eq!(f1, f2);
+        let instants = |timer: &mut Timer, now: &str| -> Vec<_> {
+            timer.due(at(now)).fires.into_iter().map(|f| f.at).collect()
+        };
+        assert_eq!(
+            instants(&mut fast, "2026-01-01T00:00:01.9Z"),
+            instants(&mut slow, "2026-01-01T00:00:01.1Z")
+        );
     }
 }

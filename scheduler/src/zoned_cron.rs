@@ -303,23 +303,10 @@ mod tests {
     }
 
     #[test]
-    fn new_york_spring_forward_fires_once_after_the_gap() {
-        // 2026-03-08 02:00 EST → 03:00 EDT (07:00Z).
-        let c = zc("0 30 2 * * *", "America/New_York");
-        assert_eq!(
-            fires(&c, "2026-03-07T12:00:00Z", "2026-03-09T12:00:00Z"),
-            ["2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"]
-        );
-    }
-
-    #[test]
     fn new_york_fall_back_fixed_hour_fires_once_at_the_first_occurrence() {
         // 2026-11-01 02:00 EDT → 01:00 EST (06:00Z); 01:30 occurs twice.
+        // (The fires of those days: the New York rows of TRANSITIONS.)
         let c = zc("0 30 1 * * *", "America/New_York");
-        assert_eq!(
-            fires(&c, "2026-10-31T12:00:00Z", "2026-11-02T12:00:00Z"),
-            ["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]
-        );
         // Asked from inside the second pass (a restart at 01:10 EST): the
         // next fire is tomorrow's, never the past first-pass instant.
         assert_eq!(
@@ -361,42 +348,33 @@ mod tests {
         );
     }
 
-    #[test]
-    fn london_both_transitions() {
-        // 2026-03-29 01:00 GMT → 02:00 BST; 2026-10-25 02:00 BST → 01:00 GMT.
-        let c = zc("0 30 1 * * *", "Europe/London");
-        assert_eq!(
-            fires(&c, "2026-03-28T12:00:00Z", "2026-03-30T12:00:00Z"),
-            ["2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
-        );
-        assert_eq!(
-            fires(&c, "2026-10-24T12:00:00Z", "2026-10-26T12:00:00Z"),
-            ["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"]
-        );
-        let wild = zc("0 30 * * * *", "Europe/London");
-        assert_eq!(
-            fires(&wild, "2026-10-24T23:45:00Z", "2026-10-25T02:00:00Z"),
-            ["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"]
-        );
-    }
+    /// Each row: a rule, its zone, a span, and every fire in that span.
+    #[rustfmt::skip]
+    const TRANSITIONS: &[(&str, &str, &str, &str, &[&str])] = &[
+        // New York: spring forward 2026-03-08 02:00 EST → 03:00 EDT (07:00Z): a
+        // fixed 02:30 fires once, after the gap; fall back 2026-11-01 02:00
+        // EDT → 01:00 EST (06:00Z): a fixed 01:30 fires once, at the first pass.
+        ("0 30 2 * * *", "America/New_York", "2026-03-07T12:00:00Z", "2026-03-09T12:00:00Z", &["2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"]),
+        ("0 30 1 * * *", "America/New_York", "2026-10-31T12:00:00Z", "2026-11-02T12:00:00Z", &["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]),
+        // London: 2026-03-29 01:00 GMT → 02:00 BST; 2026-10-25 02:00 BST → 01:00 GMT.
+        ("0 30 1 * * *", "Europe/London", "2026-03-28T12:00:00Z", "2026-03-30T12:00:00Z", &["2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]),
+        ("0 30 1 * * *", "Europe/London", "2026-10-24T12:00:00Z", "2026-10-26T12:00:00Z", &["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"]),
+        ("0 30 * * * *", "Europe/London", "2026-10-24T23:45:00Z", "2026-10-25T02:00:00Z", &["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"]),
+        // Sydney: 2026-04-05 03:00 AEDT → 02:00 AEST (16:00Z on the 4th);
+        // 2026-10-04 02:00 AEST → 03:00 AEDT (16:00Z on the 3rd).
+        ("0 30 2 * * *", "Australia/Sydney", "2026-04-04T00:00:00Z", "2026-04-05T23:00:00Z", &["2026-04-04T15:30:00Z", "2026-04-05T16:30:00Z"]),
+        ("0 30 2 * * *", "Australia/Sydney", "2026-10-03T00:00:00Z", "2026-10-04T23:00:00Z", &["2026-10-03T16:00:00Z", "2026-10-04T15:30:00Z"]),
+        ("0 30 */1 * * *", "Australia/Sydney", "2026-04-04T14:45:00Z", "2026-04-04T17:00:00Z", &["2026-04-04T15:30:00Z", "2026-04-04T16:30:00Z"]),
+    ];
 
     #[test]
-    fn sydney_both_transitions() {
-        // 2026-04-05 03:00 AEDT → 02:00 AEST (16:00Z on the 4th);
-        // 2026-10-04 02:00 AEST → 03:00 AEDT (16:00Z on the 3rd).
-        let c = zc("0 30 2 * * *", "Australia/Sydney");
-        assert_eq!(
-            fires(&c, "2026-04-04T00:00:00Z", "2026-04-05T23:00:00Z"),
-            ["2026-04-04T15:30:00Z", "2026-04-05T16:30:00Z"]
-        );
-        assert_eq!(
-            fires(&c, "2026-10-03T00:00:00Z", "2026-10-04T23:00:00Z"),
-            ["2026-10-03T16:00:00Z", "2026-10-04T15:30:00Z"]
-        );
-        let wild = zc("0 30 */1 * * *", "Australia/Sydney");
-        assert_eq!(
-            fires(&wild, "2026-04-04T14:45:00Z", "2026-04-04T17:00:00Z"),
-            ["2026-04-04T15:30:00Z", "2026-04-04T16:30:00Z"]
-        );
+    fn fixed_and_wild_hours_across_transitions() {
+        for &(expr, tz, from, until, want) in TRANSITIONS {
+            assert_eq!(
+                fires(&zc(expr, tz), from, until),
+                want,
+                "{expr} in {tz} from {from}"
+            );
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! [`belfry_server::service`] (a replica with its API and web view); `belfry-scheduler preview ...` prints the
 //! next fire instants of an expression ([`belfry_scheduler::preview`]).
 
-use belfry_runtime::{init_telemetry, shutdown_token, Settings};
+use belfry_runtime::{exit_on_error, init_telemetry, shutdown_token, Settings};
 use belfry_server::ServerConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -21,13 +21,7 @@ async fn main() {
         }
         return;
     }
-    if let Err(e) = run().await {
-        tracing::error!("{e}");
-        // One line naming what is wrong (service and masked URL, variable,
-        // file or schedule); the error's own text already includes its cause.
-        eprintln!("belfry-scheduler: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error("belfry-scheduler", run().await);
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -44,10 +38,7 @@ async fn run() -> anyhow::Result<()> {
         exporting_traces = telemetry.exporting(),
         "starting belfry-scheduler"
     );
-    let served = serve(&config, cancel).await;
-    // Spans still buffered are flushed whether or not the replica failed.
-    telemetry.shutdown().await;
-    served
+    telemetry.flush_after(serve(&config, cancel)).await
 }
 
 async fn serve(config: &ServerConfig, cancel: CancellationToken) -> anyhow::Result<()> {

@@ -3,19 +3,13 @@
 //! types registered; see `examples/custom-worker`.
 
 use belfry_runtime::start_retry::retry_start;
-use belfry_runtime::{init_telemetry, shutdown_token, Settings};
+use belfry_runtime::{exit_on_error, init_telemetry, shutdown_token, Settings};
 use belfry_worker::{Registry, Worker, WorkerConfig, WorkerError};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() {
-    if let Err(e) = run().await {
-        tracing::error!("{e}");
-        // One line naming what is wrong (service and masked URL, variable,
-        // file or schedule); the error's own text already includes its cause.
-        eprintln!("belfry-worker: {e}");
-        std::process::exit(1);
-    }
+    exit_on_error("belfry-worker", run().await);
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -28,10 +22,7 @@ async fn run() -> anyhow::Result<()> {
         exporting_traces = telemetry.exporting(),
         "starting belfry-worker"
     );
-    let served = serve(&config, cancel).await;
-    // Spans still buffered are flushed whether or not the worker failed.
-    telemetry.shutdown().await;
-    served
+    telemetry.flush_after(serve(&config, cancel)).await
 }
 
 async fn serve(config: &WorkerConfig, cancel: CancellationToken) -> anyhow::Result<()> {

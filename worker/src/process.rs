@@ -401,25 +401,15 @@ impl Worker {
                 AttemptResult::Succeeded => {
                     entry.outcome = "succeeded".into();
                     tracing::info!(parent: &span, "attempt succeeded");
-                    let finish = Finish {
-                        id,
-                        status: RunStatus::Succeeded,
-                        entry,
-                        dead_letter: None,
-                    };
-                    return self.finish(&delivery, finish).await;
+                    return self
+                        .conclude(&delivery, id, RunStatus::Succeeded, entry)
+                        .await;
                 }
                 AttemptResult::Failed(JobError::Permanent(m)) => {
                     entry.outcome = "failed".into();
                     entry.error = Some(m.clone());
                     tracing::warn!(parent: &span, error = %m, "attempt failed permanently");
-                    let finish = Finish {
-                        id,
-                        status: RunStatus::Failed,
-                        entry,
-                        dead_letter: None,
-                    };
-                    return self.finish(&delivery, finish).await;
+                    return self.conclude(&delivery, id, RunStatus::Failed, entry).await;
                 }
                 AttemptResult::InvalidPayload(m) => {
                     let reason = format!(

@@ -92,6 +92,24 @@ impl Worker {
         ProcessOutcome::Superseded
     }
 
+    /// Ends the attempt and the run with `status` (`succeeded`, or `failed`
+    /// for a permanent error); nothing is dead-lettered.
+    pub(crate) async fn conclude(
+        &self,
+        delivery: &Delivery,
+        id: Uuid,
+        status: RunStatus,
+        entry: AttemptEntry,
+    ) -> ProcessOutcome {
+        let finish = Finish {
+            id,
+            status,
+            entry,
+            dead_letter: None,
+        };
+        self.finish(delivery, finish).await
+    }
+
     /// Ends the attempt with the run `dead` for `reason`, dead-lettering
     /// the delivery.
     pub(crate) async fn dead(

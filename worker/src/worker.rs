@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use belfry_broker::{Broker, JobQueue, PublisherSlot};
 use belfry_ledger::{AttemptBatcher, Ledger};
 use belfry_protocol::{validate_name, Topology};
+use belfry_runtime::shutdown::drain_within;
 
 use crate::counters::WorkerCounters;
 use crate::{Registry, RetryPolicy, WorkerConfig, WorkerError};
@@ -283,22 +284,13 @@ impl Worker {
         }
         let in_flight = tasks.len();
         tracing::info!(in_flight, deadline = ?this.shutdown_timeout, "worker stopping: finishing in-flight jobs");
-        let finished = tokio::time::timeout(this.shutdown_timeout, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if finished.is_err() {
+        if !drain_within(&mut tasks, this.shutdown_timeout).await {
             tracing::warn!(
                 left = tasks.len(),
                 "shutdown deadline passed; interrupting and handing back the rest"
             );
             hard_stop.cancel();
-            if tokio::time::timeout(HAND_BACK_GRACE, async {
-                while tasks.join_next().await.is_some() {}
-            })
-            .await
-            .is_err()
-            {
+            if !drain_within(&mut tasks, HAND_BACK_GRACE).await {
                 tasks.abort_all();
             }
         }

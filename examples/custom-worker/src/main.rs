@@ -43,10 +43,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
     let telemetry = init_telemetry("custom-worker", &config.instance, config.log_format)?;
-    let served = serve(&config).await;
-    // Flushed whether or not the worker failed.
-    telemetry.shutdown().await;
-    served
+    telemetry.flush_after(serve(&config)).await
 }
 
 async fn serve(config: &WorkerConfig) -> anyhow::Result<()> {
@@ -69,18 +66,14 @@ async fn dev() -> anyhow::Result<()> {
         belfry_runtime::LogFormat::Text,
     )?;
     let registry = Registry::builder().builtins().job(SendInvoice).build()?;
-    let dev = match belfry_embedded::start(env, registry, cancel).await {
-        Ok(dev) => dev,
-        Err(e) => {
-            telemetry.shutdown().await;
-            return Err(e.into());
-        }
-    };
-    println!("custom-worker dev: {}", dev.mode.describe());
-    if let Some(addr) = dev.api_addr {
-        println!("  API       http://{addr}/v1");
-    }
-    let waited = dev.wait().await;
-    telemetry.shutdown().await;
-    Ok(waited?)
+    telemetry
+        .flush_after(async {
+            let dev = belfry_embedded::start(env, registry, cancel).await?;
+            println!("custom-worker dev: {}", dev.mode.describe());
+            if let Some(addr) = dev.api_addr {
+                println!("  API       http://{addr}/v1");
+            }
+            Ok(dev.wait().await?)
+        })
+        .await
 }

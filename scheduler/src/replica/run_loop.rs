@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use belfry_runtime::shutdown::drain_within;
 use belfry_runtime::SharedClock;
 
 use super::Replica;
@@ -188,11 +189,7 @@ impl Replica {
             pending,
             "stopping: finishing in-flight claims and publishes"
         );
-        let drained = tokio::time::timeout(self.timing.shutdown_timeout, async {
-            while inflight.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
+        if !drain_within(&mut inflight, self.timing.shutdown_timeout).await {
             tracing::warn!(
                 left = inflight.len(),
                 "shutdown deadline passed; unfinished fires stay claimed for the reconciler"

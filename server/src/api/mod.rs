@@ -182,12 +182,13 @@ pub async fn serve(
     state: ApiState,
     cancel: CancellationToken,
 ) -> Result<SocketAddr, ServeError> {
-    let bind = |source| ServeError::Bind {
-        addr: addr.to_owned(),
-        source,
-    };
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
-    let bound = listener.local_addr().map_err(bind)?;
+    let (listener, bound) =
+        belfry_runtime::metrics_server::listen(addr)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: addr.to_owned(),
+                source,
+            })?;
     // Checked on the bound address, so a host name resolving to a public
     // interface is caught too.
     if state.tokens().is_empty() && !bound.ip().is_loopback() {
@@ -196,16 +197,7 @@ pub async fn serve(
         });
     }
     tracing::info!(addr = %bound, auth = !state.tokens().is_empty(), "API listening on http://{bound}/v1/");
-    let app = router(state);
-    tokio::spawn(async move {
-        // Graceful: stops accepting at cancel; requests in flight finish.
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(cancel.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::warn!(error = %e, "API stopped");
-        }
-    });
+    belfry_runtime::metrics_server::spawn_graceful(listener, router(state), cancel, "API");
     Ok(bound)
 }
 

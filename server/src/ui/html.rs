@@ -23,18 +23,9 @@ pub fn esc(text: &str) -> String {
     out
 }
 
-/// `text` percent-encoded for a URL path segment or query value.
-pub fn url(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
+/// `text` percent-encoded for a URL path segment or query value (the
+/// API's one rule, shared with the CLI).
+pub use belfry_api_types::encode_url_component as url;
 
 /// The sections of the navigation bar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +104,6 @@ mod tests {
             esc("<script>alert('x') & \"y\"</script>"),
             "&lt;script&gt;alert(&#39;x&#39;) &amp; &quot;y&quot;&lt;/script&gt;"
         );
-        assert_eq!(url("a b/<c>"), "a%20b%2F%3Cc%3E");
         let p = page("<t>", Section::Runs, Some("<me>"), true, "<p>ok</p>");
         assert!(p.contains("&lt;t&gt; · belfry") && p.contains("signed in as &lt;me&gt;"));
         assert!(p.contains("<main data-refresh><p>ok</p></main>"));
