@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use belfry_protocol::Topology;
+use belfry_runtime::ClientTls;
+use lapin::tcp::OwnedTLSConfig;
 
 use crate::consumption::Consumption;
 use crate::embedded_queue::{EmbeddedLink, JobQueue};
@@ -33,6 +35,8 @@ struct ConnectionState {
 struct Inner {
     url: String,
     connection_name: String,
+    /// TLS for an `amqps://` URL, kept for every reconnect.
+    tls: OwnedTLSConfig,
     topology: Topology,
     // A tokio mutex: reconnecting awaits. Held only to read or replace the
     // connection; channels are opened after it is released.
@@ -87,11 +91,31 @@ impl Broker {
         topology: Topology,
         connection_name: &str,
     ) -> Result<Self, BrokerError> {
-        let connection = open(url, connection_name).await?;
+        Self::connect_tls(url, &ClientTls::default(), topology, connection_name).await
+    }
+
+    /// As [`Broker::connect`], with `tls` for an `amqps://` URL: a CA to
+    /// trust besides the system's and an optional client certificate (see
+    /// [`crate::amqp_tls`]). The server's certificate is always verified.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::Tls`] when the TLS material is unusable;
+    /// [`BrokerError::Connect`] as for [`Broker::connect`], a server
+    /// certificate that does not verify included.
+    pub async fn connect_tls(
+        url: &str,
+        tls: &ClientTls,
+        topology: Topology,
+        connection_name: &str,
+    ) -> Result<Self, BrokerError> {
+        let tls = crate::amqp_tls::lapin_tls(tls)?;
+        let connection = open(url, connection_name, &tls).await?;
         Ok(Self {
             link: Link::Amqp(Arc::new(Inner {
                 url: url.to_owned(),
                 connection_name: connection_name.to_owned(),
+                tls,
                 topology,
                 link: tokio::sync::Mutex::new(ConnectionState {
                     connection: Arc::new(connection),
@@ -120,12 +144,13 @@ impl Broker {
     pub async fn embedded_or_connect(
         queue: Option<JobQueue>,
         amqp_url: &str,
+        amqp_tls: &ClientTls,
         topology: Topology,
         connection_name: &str,
     ) -> Result<Self, BrokerError> {
         match queue {
             Some(queue) => Ok(Self::embedded(queue, topology)),
-            None => Self::connect(amqp_url, topology, connection_name).await,
+            None => Self::connect_tls(amqp_url, amqp_tls, topology, connection_name).await,
         }
     }
 
@@ -183,7 +208,7 @@ impl Inner {
         {
             return Err(BrokerError::Disconnected { url });
         }
-        match open(&self.url, &self.connection_name).await {
+        match open(&self.url, &self.connection_name, &self.tls).await {
             Ok(connection) => {
                 tracing::info!(%url, "reconnected to RabbitMQ");
                 link.connection = Arc::new(connection);
@@ -412,7 +437,11 @@ impl Broker {
     }
 }
 
-async fn open(url: &str, connection_name: &str) -> Result<Connection, BrokerError> {
+async fn open(
+    url: &str,
+    connection_name: &str,
+    tls: &OwnedTLSConfig,
+) -> Result<Connection, BrokerError> {
     // lapin runs its I/O on the caller's tokio runtime instead of a private
     // thread pool.
     let properties = ConnectionProperties::default()
@@ -423,7 +452,10 @@ async fn open(url: &str, connection_name: &str) -> Result<Connection, BrokerErro
         url: belfry_runtime::masked(url),
         source,
     };
-    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties)).await {
+    // An `amqp://` URL ignores `tls`; an `amqps://` one verifies the server
+    // and never falls back to plaintext.
+    let connecting = Connection::connect_with_config(url, properties, crate::amqp_tls::copy(tls));
+    match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
         Ok(result) => result.map_err(connect_err),
         Err(_) => Err(connect_err(lapin::Error::IOError(Arc::new(
             std::io::Error::new(

@@ -14,6 +14,9 @@ pub enum BrokerError {
         #[source]
         source: lapin::Error,
     },
+    /// The TLS settings (`BELFRY_AMQP_TLS_*`) cannot be used.
+    #[error("RabbitMQ TLS settings: {0}")]
+    Tls(#[from] crate::amqp_tls::TlsMaterialError),
     /// An AMQP operation failed (channel closed, connection lost, ...).
     #[error("RabbitMQ {operation} failed: {source}")]
     Amqp {
@@ -44,5 +47,13 @@ pub enum BrokerError {
 impl BrokerError {
     pub(crate) fn amqp(operation: &'static str) -> impl FnOnce(lapin::Error) -> Self {
         move |source| Self::Amqp { operation, source }
+    }
+}
+
+impl BrokerError {
+    /// Whether waiting may help: not for unusable TLS settings, which a
+    /// retry would only read again.
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, BrokerError::Tls(_))
     }
 }

@@ -4,11 +4,12 @@
 //! exactly once and the fires missed while it was down follow each
 //! schedule's misfire policy.
 
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use belfry_ledger::{Ledger, RunRecord};
-use belfry_testkit::eventually;
+use belfry_testkit::{eventually, noop_every_second};
 use chrono::{DateTime, Timelike, Utc};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
@@ -41,20 +42,38 @@ struct Dev {
     api: String,
 }
 
-async fn start(dir: &std::path::Path) -> Dev {
-    let db = format!("sqlite://{}", dir.join("dev.db").display());
-    start_with(dir, &[("DATABASE_URL".to_owned(), db)]).await
+/// A new directory under the temporary directory whose `schedules.toml`
+/// holds `schedules`.
+fn dev_dir(schedules: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("schedules.toml"), schedules).unwrap();
+    dir
+}
+
+/// The URL of the embedded database `belfry dev` keeps in `dir`.
+fn database_url(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("dev.db").display())
+}
+
+/// The setting that puts `belfry dev` of `dir` on its embedded database.
+fn embedded_database(dir: &Path) -> [(String, String); 1] {
+    [("DATABASE_URL".to_owned(), database_url(dir))]
+}
+
+async fn start(dir: &Path) -> Dev {
+    start_with(dir, &embedded_database(dir)).await
 }
 
 /// `belfry dev` with `env` added (embedded unless it names Postgres).
-async fn start_with(dir: &std::path::Path, env: &[(String, String)]) -> Dev {
+async fn start_with(dir: &Path, env: &[(String, String)]) -> Dev {
     let (child, api) = belfry_testkit::spawn_with_api(dev_command(dir, env)).await;
     Dev { child, api }
 }
 
 /// The `belfry dev` command of `dir` (its `schedules.toml`), with `env`
 /// added.
-fn dev_command(dir: &std::path::Path, env: &[(String, String)]) -> Command {
+fn dev_command(dir: &Path, env: &[(String, String)]) -> Command {
     let mut command = Command::new(BIN);
     command
         .arg("dev")
@@ -72,13 +91,13 @@ fn dev_command(dir: &std::path::Path, env: &[(String, String)]) -> Command {
     command
 }
 
+/// The JSON `url` answers with.
+async fn get_json(url: &str) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
 async fn runs(api: &str, schedule: &str) -> Vec<Value> {
-    let body: Value = reqwest::get(format!("{api}/v1/runs?schedule={schedule}&limit=100"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body = get_json(&format!("{api}/v1/runs?schedule={schedule}&limit=100")).await;
     body["runs"].as_array().cloned().unwrap_or_default()
 }
 
@@ -110,9 +129,7 @@ fn between(runs: &[RunRecord], after: DateTime<Utc>, until: DateTime<Utc>) -> Ve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_job_then_restart_ends_the_run_once_and_applies_misfire_policies() {
-    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("schedules.toml"), SCHEDULES).unwrap();
+    let dir = dev_dir(SCHEDULES);
 
     let mut first = start(&dir).await;
     eventually(
@@ -147,12 +164,7 @@ async fn kill_9_mid_job_then_restart_ends_the_run_once_and_applies_misfire_polic
     until_odd_second_plus(100).await;
     let restarted_at = Utc::now();
     let mut second = start(&dir).await;
-    let ready: Value = reqwest::get(format!("{}/readyz", second.api))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready = get_json(&format!("{}/readyz", second.api)).await;
     assert_eq!(
         (
             &ready["status"],
@@ -190,8 +202,7 @@ async fn kill_9_mid_job_then_restart_ends_the_run_once_and_applies_misfire_polic
     assert!(exit.success(), "{exit:?}");
 
     // The process is gone, so the file can be opened here.
-    let url = format!("sqlite://{}", dir.join("dev.db").display());
-    let ledger = Ledger::connect(&url, 2).await.unwrap();
+    let ledger = Ledger::connect(&database_url(&dir), 2).await.unwrap();
 
     let long = ledger.runs_of("long", 100).await.unwrap();
     assert_eq!(long.len(), 1, "{long:?}");
@@ -243,18 +254,14 @@ async fn kill_9_mid_job_then_restart_ends_the_run_once_and_applies_misfire_polic
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_on_the_same_file_is_refused_with_a_clear_error() {
-    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("schedules.toml"), "").unwrap();
+    let dir = dev_dir("");
     let first = start(&dir).await;
-    let db = format!("sqlite://{}", dir.join("dev.db").display());
-    let second = dev_command(&dir, &[("DATABASE_URL".to_owned(), db)])
+    let second = dev_command(&dir, &embedded_database(&dir))
         .stderr(Stdio::piped())
         .output()
         .await
         .unwrap();
-    assert_eq!(second.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&second.stderr);
+    let stderr = belfry_testkit::stderr_of_exit_1(&second);
     assert!(
         stderr.contains("another belfry process has it open"),
         "{stderr}"
@@ -266,22 +273,11 @@ async fn a_second_process_on_the_same_file_is_refused_with_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_command_runs_the_distributed_mode_on_the_real_services() {
     let env = belfry_testkit::service_env!();
-    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("schedules.toml"),
-        "[[schedule]]\nname = \"tick\"\nevery = \"1s\"\njob_type = \"noop\"\n",
-    )
-    .unwrap();
+    let dir = dev_dir(&noop_every_second("tick"));
     // DATABASE_URL (Postgres), AMQP_URL, REDIS_URL and a namespace of this
     // test's own.
     let dev = start_with(&dir, &env.process_env()).await;
-    let ready: Value = reqwest::get(format!("{}/readyz", dev.api))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready = get_json(&format!("{}/readyz", dev.api)).await;
     assert_eq!(
         (
             &ready["mode"],
@@ -318,13 +314,7 @@ async fn the_same_command_runs_the_distributed_mode_on_the_real_services() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_view_reads_the_embedded_database() {
-    let dir = std::env::temp_dir().join(format!("belfry-dev-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("schedules.toml"),
-        "[[schedule]]\nname = \"tick\"\nevery = \"1s\"\njob_type = \"noop\"\n",
-    )
-    .unwrap();
+    let dir = dev_dir(&noop_every_second("tick"));
     let dev = start(&dir).await;
     let done = eventually("a tick to run", Duration::from_secs(30), || async {
         succeeded(&dev.api, "tick").await

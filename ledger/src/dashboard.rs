@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use crate::{Ledger, LedgerError};
 
 /// Runs of one minute with one status.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct MinuteCount {
     /// The minute.
     pub minute: DateTime<Utc>,
@@ -38,7 +38,7 @@ pub struct Overview {
 }
 
 /// One past fire of a schedule, for its strip.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct RecentFire {
     /// The schedule.
     pub job_name: String,
@@ -46,6 +46,59 @@ pub struct RecentFire {
     pub scheduled_at: DateTime<Utc>,
     /// The run's status, or `skipped`.
     pub status: String,
+}
+
+/// The counts of the overview that only look at unfinished runs (the
+/// partial unfinished index), as both backends select them.
+pub(crate) const UNFINISHED_COUNTS: &str = "\
+    (SELECT count(*) FROM job_runs \
+       WHERE status IN ('claimed', 'dispatched', 'running', 'retrying')) AS in_flight, \
+    (SELECT count(*) FROM job_runs \
+       WHERE status IN ('claimed', 'dispatched', 'running', 'retrying') \
+         AND last_error LIKE 'stuck:%') AS stuck";
+
+/// The scheduler replicas that claimed fires scheduled since `$1`, with
+/// their last claim, latest first; on both backends (SQLite reads `$n` as
+/// Postgres does).
+pub(crate) const SEEN_REPLICAS: &str = "SELECT claimed_by, max(claimed_at) FROM job_runs \
+     WHERE scheduled_at >= $1 AND claimed_by IS NOT NULL AND claimed_at IS NOT NULL \
+     GROUP BY 1 ORDER BY 2 DESC LIMIT 50";
+
+/// The workers that started attempts of fires scheduled since `$1`, with
+/// their last start, latest first; on both backends.
+pub(crate) const SEEN_WORKERS: &str = "SELECT worker, max(started_at) FROM job_runs \
+     WHERE scheduled_at >= $1 AND worker IS NOT NULL AND started_at IS NOT NULL \
+     GROUP BY 1 ORDER BY 2 DESC LIMIT 50";
+
+/// The four counts of the overview, as both backends select them.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub(crate) struct OverviewCounts {
+    /// [`Overview::in_flight`].
+    in_flight: i64,
+    /// [`Overview::stuck`].
+    stuck: i64,
+    /// [`Overview::dead_last_day`].
+    dead: i64,
+    /// [`Overview::failed_last_day`].
+    failed: i64,
+}
+
+impl OverviewCounts {
+    /// The overview: these counts, and the replicas and workers seen.
+    pub(crate) fn with_seen(
+        self,
+        replicas: Vec<(String, DateTime<Utc>)>,
+        workers: Vec<(String, DateTime<Utc>)>,
+    ) -> Overview {
+        Overview {
+            in_flight: self.in_flight,
+            stuck: self.stuck,
+            dead_last_day: self.dead,
+            failed_last_day: self.failed,
+            replicas,
+            workers,
+        }
+    }
 }
 
 impl Ledger {

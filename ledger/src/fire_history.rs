@@ -49,6 +49,27 @@ pub(crate) fn live_fire(alias: &str) -> String {
     )
 }
 
+/// The `SELECT` of [`Ledger::late_claims`], the same on both backends (SQLite
+/// reads the `$n` placeholders as Postgres does) but for `late`, the
+/// dialect's condition that the claimed run `r` is late: claimed more than
+/// `$2` ago and due more than `$1` ago. `$3` is the page's size, `$4` and
+/// `$5` the `(job_name, scheduled_at)` it starts after.
+pub(crate) fn late_claims_sql(late: &str) -> String {
+    format!(
+        "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
+             EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
+                     AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
+                     AND {}) AS superseded \
+         FROM job_runs r JOIN schedules s ON s.name = r.job_name \
+         WHERE r.status = 'claimed' AND {} AND {late} \
+           AND (CAST($4 AS TEXT) IS NULL OR r.job_name > $4 \
+                OR (r.job_name = $4 AND r.scheduled_at < $5)) \
+         ORDER BY r.job_name, r.scheduled_at DESC LIMIT $3",
+        live_fire("n"),
+        live_fire("r")
+    )
+}
+
 impl Ledger {
     /// The latest `scheduled_at` of each of `job_names` that has live fires
     /// (see [`live_fire`]: ad-hoc runs, manual triggers and backfills are not

@@ -9,6 +9,7 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::fire_history::live_fire;
 use crate::{Ledger, LedgerError};
 
 impl Ledger {
@@ -23,7 +24,7 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        self.store.prune_finished_runs(cutoff, batch).await
+        self.prune(Retained::FinishedRuns, cutoff, batch).await
     }
 
     /// Deletes up to `batch` records of skipped fires made before `cutoff`;
@@ -37,27 +38,77 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        self.store.prune_skipped_fires(cutoff, batch).await
+        self.prune(Retained::SkippedFires, cutoff, batch).await
+    }
+
+    /// Deletes up to `batch` rows of `rows` older than `cutoff`, oldest
+    /// first; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub(crate) async fn prune(
+        &self,
+        rows: Retained,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        self.store
+            .prune(PruneBatch {
+                rows,
+                cutoff,
+                batch,
+            })
+            .await
     }
 }
 
-/// Deletes up to `batch` rows of `table` (a record of skips, with a
-/// `recorded_at` column) recorded before `cutoff`, oldest first; rows
-/// another pruner holds are skipped, not waited for. Returns how many.
-pub(crate) async fn prune_recorded(
-    pool: &sqlx::PgPool,
-    table: &'static str,
-    cutoff: DateTime<Utc>,
-    batch: i64,
-) -> Result<u64, LedgerError> {
-    let done = sqlx::query(&format!(
-        "DELETE FROM {table} WHERE ctid IN ( \
-             SELECT ctid FROM {table} WHERE recorded_at < $1 \
-             ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
-    ))
-    .bind(cutoff)
-    .bind(batch)
-    .execute(pool)
-    .await?;
-    Ok(done.rows_affected())
+/// SQL true unless the finished run aliased `r` is its schedule's newest
+/// live fire (see [`crate::fire_history::live_fire`]), which retention
+/// keeps whatever its age: misfire recovery after downtime counts from it.
+/// The same on both backends.
+pub(crate) fn not_newest_fire() -> String {
+    format!(
+        "(NOT COALESCE({}, FALSE) \
+          OR EXISTS (SELECT 1 FROM job_runs n \
+                     WHERE n.job_name = r.job_name AND n.scheduled_at > r.scheduled_at \
+                       AND {}))",
+        live_fire("r"),
+        live_fire("n")
+    )
+}
+
+/// What retention deletes, one kind of row at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retained {
+    /// Finished runs, by `finished_at` (each schedule's newest scheduled
+    /// fire is kept).
+    FinishedRuns,
+    /// Records of skipped fires, by `recorded_at`.
+    SkippedFires,
+    /// Spans of skipped fires, by `recorded_at`.
+    SkippedRanges,
+}
+
+impl Retained {
+    /// The table the rows are in.
+    pub(crate) fn table(self) -> &'static str {
+        match self {
+            Self::FinishedRuns => "job_runs",
+            Self::SkippedFires => "skipped_fires",
+            Self::SkippedRanges => "skipped_ranges",
+        }
+    }
+}
+
+/// One batch of retention: up to `batch` rows of one kind that finished
+/// (runs) or were recorded (skips) before `cutoff`, oldest first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PruneBatch {
+    /// Which rows.
+    pub(crate) rows: Retained,
+    /// Only rows older than this.
+    pub(crate) cutoff: DateTime<Utc>,
+    /// At most this many.
+    pub(crate) batch: i64,
 }

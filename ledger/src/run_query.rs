@@ -62,19 +62,34 @@ impl Ledger {
         cursor: Option<RunCursor>,
         limit: i64,
     ) -> Result<Vec<RunRecord>, LedgerError> {
-        self.store.list_runs(filter, cursor, limit).await
+        let page = RunPage {
+            filter,
+            cursor,
+            limit,
+        };
+        self.store.list_runs(page).await
     }
 }
 
-/// Appends `filter`, `cursor` and `limit` to a `SELECT ... FROM job_runs
-/// WHERE TRUE` of either dialect; `instant` turns an instant into the value
-/// its database stores (Postgres takes it as is, the embedded ledger as
-/// fixed-width text).
+/// One page of [`Ledger::list_runs`]: which runs, where the page starts,
+/// how many at most.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunPage<'a> {
+    /// Which runs.
+    pub(crate) filter: &'a RunFilter,
+    /// Strictly after this run (newest fire first); `None`: the first page.
+    pub(crate) cursor: Option<RunCursor>,
+    /// At most this many.
+    pub(crate) limit: i64,
+}
+
+/// Appends `page` (its filter, cursor and limit) to a `SELECT ... FROM
+/// job_runs WHERE TRUE` of either dialect; `instant` turns an instant into
+/// the value its database stores (Postgres takes it as is, the embedded
+/// ledger as fixed-width text).
 pub(crate) fn push_run_filter<'a, DB, T>(
     q: &mut sqlx::QueryBuilder<'a, DB>,
-    filter: &RunFilter,
-    cursor: Option<RunCursor>,
-    limit: i64,
+    page: RunPage<'_>,
     instant: impl Fn(DateTime<Utc>) -> T,
 ) where
     DB: sqlx::Database,
@@ -83,6 +98,11 @@ pub(crate) fn push_run_filter<'a, DB, T>(
     i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     T: sqlx::Encode<'a, DB> + sqlx::Type<DB> + 'a,
 {
+    let RunPage {
+        filter,
+        cursor,
+        limit,
+    } = page;
     if let Some(name) = &filter.job_name {
         q.push(" AND job_name = ").push_bind(name.clone());
     }

@@ -6,10 +6,12 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sqlx::query::{Query, QueryAs};
 use uuid::Uuid;
 
 use belfry_protocol::{JobMessage, JobOptions, TraceContext, MESSAGE_VERSION};
 
+use crate::attempt_batch::{BeginRequest, EndRequest};
 use crate::{Ledger, LedgerError, RunStatus};
 
 /// A run to claim: the row a scheduler replica tries to insert for a fire.
@@ -111,6 +113,15 @@ impl AttemptEntry {
         self.error = self.error.map(crate::stored_text::into_storable);
         self
     }
+
+    /// The entry as JSON, as `attempt_log` holds it.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Corrupt`] when it cannot be encoded.
+    pub(crate) fn to_json(&self) -> Result<serde_json::Value, LedgerError> {
+        serde_json::to_value(self).map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))
+    }
 }
 
 /// A row of `job_runs`.
@@ -208,6 +219,26 @@ pub(crate) struct RunState {
     pub(crate) lease_until: Option<DateTime<Utc>>,
     /// The database's clock when this was read.
     pub(crate) now: DateTime<Utc>,
+}
+
+impl RunState {
+    /// The state from the columns both backends read, `(id, status,
+    /// lease_until)`, and the clock `now` they were read at.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Corrupt`] when the stored status is not a known one.
+    pub(crate) fn parse(
+        (id, status, lease_until): (Uuid, String, Option<DateTime<Utc>>),
+        now: DateTime<Utc>,
+    ) -> Result<Self, LedgerError> {
+        Ok(Self {
+            id,
+            status: status.parse().map_err(LedgerError::Corrupt)?,
+            lease_until,
+            now,
+        })
+    }
 }
 
 /// What a worker learns when it asks to start an attempt.
@@ -308,52 +339,51 @@ impl Ledger {
         worker: &str,
         lease: std::time::Duration,
     ) -> Result<AttemptStart, LedgerError> {
+        let request = BeginRequest {
+            job_name: message.job_name.clone(),
+            run_key: message.run_key.clone(),
+            worker: worker.to_owned(),
+            lease,
+        };
         // The common path is one statement: the row exists and is startable.
-        if let Some(start) = self.try_begin(message, worker, lease).await? {
+        if let Some(start) = self.try_begin(&request).await? {
             return Ok(start);
         }
-        if let Some(state) = self
-            .store
-            .state_by_key(&message.job_name, &message.run_key)
-            .await?
-        {
-            return self.not_startable(message, worker, lease, state).await;
+        if let Some(state) = self.store.state_of(message).await? {
+            return self.not_startable(&request, state).await;
         }
         // A message published by hand: record it as dispatched (the broker
         // had it) and start it like any other.
-        self.insert_from_message(message, RunStatus::Dispatched, None, OnRunConflict::Nothing)
+        self.insert_from_message(FromMessage::Dispatched(message))
             .await?;
-        if let Some(start) = self.try_begin(message, worker, lease).await? {
+        if let Some(start) = self.try_begin(&request).await? {
             return Ok(start);
         }
         let state = self
             .store
-            .state_by_key(&message.job_name, &message.run_key)
+            .state_of(message)
             .await?
             .ok_or_else(|| LedgerError::Corrupt(format!("run {} vanished", message.run_key)))?;
-        self.not_startable(message, worker, lease, state).await
+        self.not_startable(&request, state).await
     }
 
-    /// Starts the run's next attempt if it is startable
-    /// ([`crate::store::RunStore::try_begin`]).
-    async fn try_begin(
-        &self,
-        message: &JobMessage,
-        worker: &str,
-        lease: std::time::Duration,
-    ) -> Result<Option<AttemptStart>, LedgerError> {
-        let started = self
-            .store
-            .try_begin(&message.job_name, &message.run_key, worker, lease)
-            .await?;
-        Ok(started.map(|(id, attempt)| AttemptStart::Started { id, attempt }))
+    /// Starts the run's next attempt if it is startable: a batch of one,
+    /// whose guard is the only one (as [`Ledger::claim`] is a batch of one).
+    async fn try_begin(&self, request: &BeginRequest) -> Result<Option<AttemptStart>, LedgerError> {
+        let started = self.begin_batch(std::slice::from_ref(request)).await?;
+        Ok(started
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|(id, attempt)| AttemptStart::Started { id, attempt }))
     }
 
+    /// The answer for a run that was not startable when `state` was read:
+    /// finished, busy, or (when it became startable meanwhile) started after
+    /// all.
     async fn not_startable(
         &self,
-        message: &JobMessage,
-        worker: &str,
-        lease: std::time::Duration,
+        request: &BeginRequest,
         state: RunState,
     ) -> Result<AttemptStart, LedgerError> {
         if state.status.is_terminal() {
@@ -373,7 +403,7 @@ impl Ledger {
         // The row became startable between the two statements (another
         // transition raced us, or the lease just expired); one more try
         // settles it.
-        match self.try_begin(message, worker, lease).await? {
+        match self.try_begin(request).await? {
             Some(start) => Ok(start),
             None => Ok(AttemptStart::Busy {
                 id: state.id,
@@ -399,39 +429,22 @@ impl Ledger {
     ) -> Result<bool, LedgerError> {
         let reason = crate::storable(reason);
         let changed = self
-            .insert_from_message(
-                message,
-                RunStatus::Dead,
-                Some(&reason),
-                OnRunConflict::MarkDead,
-            )
+            .insert_from_message(FromMessage::Dead(message, &reason))
             .await?;
         Ok(changed == 1)
     }
 
-    /// Inserts the row of a run known only from its message, with
-    /// `status`, and `on_conflict` (an `ON CONFLICT (job_name, run_key)`
-    /// action) deciding what happens when the run key is already there.
-    /// Returns the number of rows inserted or updated.
-    async fn insert_from_message(
-        &self,
-        message: &JobMessage,
-        status: RunStatus,
-        last_error: Option<&str>,
-        on_conflict: OnRunConflict,
-    ) -> Result<u64, LedgerError> {
-        let done = self
-            .store
-            .insert_from_message(message, status, last_error, on_conflict)
-            .await;
-        match done {
+    /// Inserts the row of a run known only from its message, as `run`
+    /// says. Returns the number of rows inserted or updated.
+    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, LedgerError> {
+        match self.store.insert_from_message(run).await {
             Ok(rows) => Ok(rows),
             // The run key is handled by ON CONFLICT; a unique violation here
             // can only be the primary key: the id belongs to another run.
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                 Err(LedgerError::IdConflict {
-                    id: message.message_id,
-                    run_key: message.run_key.clone(),
+                    id: run.message().message_id,
+                    run_key: run.message().run_key.clone(),
                 })
             }
             Err(e) => Err(e.into()),
@@ -465,12 +478,17 @@ impl Ledger {
     ) -> Result<bool, LedgerError> {
         // Free text is made storable first: a NUL in a handler's error must
         // not fail the outcome's write.
-        let entry = &entry.clone().into_storable();
-        let last_error = last_error.map(crate::storable);
-        let last_error = last_error.as_deref();
-        self.store
-            .end_attempt(id, status, entry, last_error, redispatch_at)
-            .await
+        let request = EndRequest {
+            id,
+            status,
+            entry: entry.clone().into_storable(),
+            last_error: last_error.map(|e| crate::storable(e).into_owned()),
+            redispatch_at,
+        };
+        // A batch of one: the batch's statement, and its guard, is the only
+        // way an attempt ends.
+        let written = self.end_batch(std::slice::from_ref(&request)).await?;
+        Ok(written.first() == Some(&true))
     }
 
     /// Hands interrupted attempt `attempt` back (worker shutting down): the
@@ -497,7 +515,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
-        self.store.run(id).await
+        Ok(self.store.runs(RunLookup::Id(id)).await?.pop())
     }
 
     /// One run by `(job_name, run_key)`.
@@ -510,7 +528,11 @@ impl Ledger {
         job_name: &str,
         run_key: &str,
     ) -> Result<Option<RunRecord>, LedgerError> {
-        self.store.run_by_key(job_name, run_key).await
+        Ok(self
+            .store
+            .runs(RunLookup::Key(job_name, run_key))
+            .await?
+            .pop())
     }
 
     /// The runs of `job_name`, oldest fire first, at most `limit`.
@@ -519,20 +541,138 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
-        self.store.runs_of(job_name, limit).await
+        self.store.runs(RunLookup::Job(job_name, limit)).await
     }
 }
 
-/// What inserting a run known only from its message does when its run key
-/// is already there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OnRunConflict {
-    /// Leave the existing row alone.
-    Nothing,
-    /// Make a waiting run `dead` (a finished or running run keeps its state).
-    MarkDead,
+/// A run known only from its message (published by hand, or refused before
+/// any row was written), as [`Ledger`] records it: the row both backends
+/// insert, and what happens when its run key is already there (their
+/// `ON CONFLICT (job_name, run_key)` action).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FromMessage<'a> {
+    /// `dispatched` (the broker had it); an existing row is left alone.
+    Dispatched(&'a JobMessage),
+    /// `dead` with this reason (already storable); an existing waiting run
+    /// becomes `dead` too, a finished or running one keeps its state.
+    Dead(&'a JobMessage, &'a str),
 }
 
+impl<'a> FromMessage<'a> {
+    /// The message.
+    pub(crate) fn message(self) -> &'a JobMessage {
+        match self {
+            Self::Dispatched(message) | Self::Dead(message, _) => message,
+        }
+    }
+
+    /// The status the row is inserted with.
+    pub(crate) fn status(self) -> RunStatus {
+        match self {
+            Self::Dispatched(_) => RunStatus::Dispatched,
+            Self::Dead(..) => RunStatus::Dead,
+        }
+    }
+
+    /// Binds the row to `query`, the first 13 parameters of both backends'
+    /// inserts:
+    /// id, job_name, run_key, job_type, status, payload, scheduled_at,
+    /// dispatched_at (the instant it was published), last_error, whether the
+    /// status is terminal (`finished_at` is set), trace_id, traceparent,
+    /// options. `instant` turns an instant into the value its database
+    /// stores (as in [`crate::run_query::push_run_filter`]).
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error::Protocol`] when the job options cannot be encoded.
+    pub(crate) fn bind<DB, T>(
+        self,
+        query: Query<'a, DB, DB::Arguments<'a>>,
+        instant: impl Fn(DateTime<Utc>) -> T,
+    ) -> Result<Query<'a, DB, DB::Arguments<'a>>, sqlx::Error>
+    where
+        DB: sqlx::Database,
+        Uuid: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        Option<&'a str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        serde_json::Value: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        T: sqlx::Encode<'a, DB> + sqlx::Type<DB> + 'a,
+    {
+        let message = self.message();
+        let status = self.status();
+        let last_error = match self {
+            Self::Dispatched(_) => None,
+            Self::Dead(_, reason) => Some(reason),
+        };
+        let options =
+            options_json(&message.options).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+        let trace = message.trace.as_ref();
+        Ok(query
+            .bind(message.message_id)
+            .bind(message.job_name.as_str())
+            .bind(message.run_key.as_str())
+            .bind(message.job_type.as_str())
+            .bind(status.as_str())
+            .bind(&message.payload)
+            .bind(instant(message.scheduled_at))
+            .bind(instant(message.published_at))
+            .bind(last_error)
+            .bind(status.is_terminal())
+            .bind(trace.and_then(|t| t.trace_id()))
+            .bind(trace.map(|t| t.traceparent.as_str()))
+            .bind(options))
+    }
+}
+
+/// Which runs [`crate::store::RunStore::runs`] reads: the lookups of
+/// [`Ledger::run`], [`Ledger::run_by_key`] and [`Ledger::runs_of`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RunLookup<'a> {
+    /// The run with this id.
+    Id(Uuid),
+    /// The run `(job_name, run_key)`.
+    Key(&'a str, &'a str),
+    /// The runs of a job, oldest fire first, at most this many.
+    Job(&'a str, i64),
+}
+
+impl<'a> RunLookup<'a> {
+    /// The `SELECT` of the lookup, the same on both backends (SQLite reads
+    /// the `$n` placeholders as Postgres does).
+    pub(crate) fn sql(self) -> String {
+        let rows = match self {
+            Self::Id(_) => "id = $1",
+            Self::Key(..) => "job_name = $1 AND run_key = $2",
+            Self::Job(..) => "job_name = $1 ORDER BY scheduled_at ASC LIMIT $2",
+        };
+        format!("SELECT {RUN_COLUMNS} FROM job_runs WHERE {rows}")
+    }
+
+    /// `sql` (this lookup's [`RunLookup::sql`]) with the lookup's values
+    /// bound, on either backend.
+    pub(crate) fn query<DB>(self, sql: &'a str) -> QueryAs<'a, DB, RunRecord, DB::Arguments<'a>>
+    where
+        DB: sqlx::Database,
+        RunRecord: for<'r> sqlx::FromRow<'r, DB::Row>,
+        Uuid: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    {
+        let query = sqlx::query_as(sql);
+        match self {
+            Self::Id(id) => query.bind(id),
+            Self::Key(job_name, run_key) => query.bind(job_name).bind(run_key),
+            Self::Job(job_name, limit) => query.bind(job_name).bind(limit),
+        }
+    }
+}
+
+/// The job options as both backends store them (JSON).
+///
+/// # Errors
+///
+/// [`LedgerError::Corrupt`] when the options cannot be encoded.
 pub(crate) fn options_json(options: &JobOptions) -> Result<serde_json::Value, LedgerError> {
     serde_json::to_value(options).map_err(|e| LedgerError::Corrupt(format!("job options: {e}")))
 }

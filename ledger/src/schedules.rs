@@ -5,6 +5,7 @@
 //! the replicas run.
 
 use chrono::{DateTime, Utc};
+use sqlx::query::{Query, QueryAs};
 
 use crate::{Ledger, LedgerError};
 
@@ -38,6 +39,93 @@ pub struct ScheduleRow {
 pub(crate) const SCHEDULE_COLUMNS: &str =
     "name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at";
 
+/// What [`crate::store::ScheduleStore::write_schedule`] does when a schedule
+/// of the same name is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IfStored {
+    /// Replace its definition if it changed, keeping its paused state and
+    /// creation time ([`Ledger::upsert_schedule`]).
+    Update,
+    /// Leave it alone ([`Ledger::insert_schedule`]).
+    Keep,
+}
+
+/// Which stored schedules [`crate::store::ScheduleStore::schedules`] reads:
+/// the lookups of [`Ledger::schedules`], [`Ledger::schedules_page`] and
+/// [`Ledger::schedule`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ScheduleLookup<'a> {
+    /// All of them, by name.
+    All,
+    /// At most this many by name, after the name given, if any (keyset
+    /// pagination on the primary key).
+    Page(Option<&'a str>, i64),
+    /// The one of this name.
+    Name(&'a str),
+}
+
+impl<'a> ScheduleLookup<'a> {
+    /// The `SELECT` of the lookup, the same on both backends (SQLite reads
+    /// the `$n` placeholders as Postgres does).
+    pub(crate) fn sql(self) -> String {
+        let rows = match self {
+            Self::All => " ORDER BY name",
+            Self::Page(..) => {
+                " WHERE (CAST($1 AS TEXT) IS NULL OR name > $1) ORDER BY name LIMIT $2"
+            }
+            Self::Name(_) => " WHERE name = $1",
+        };
+        format!("SELECT {SCHEDULE_COLUMNS} FROM schedules{rows}")
+    }
+
+    /// `sql` (this lookup's [`ScheduleLookup::sql`]) with the lookup's
+    /// values bound, on either backend.
+    pub(crate) fn query<DB>(self, sql: &'a str) -> QueryAs<'a, DB, ScheduleRow, DB::Arguments<'a>>
+    where
+        DB: sqlx::Database,
+        ScheduleRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+        Option<&'a str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    {
+        let query = sqlx::query_as(sql);
+        match self {
+            Self::All => query,
+            Self::Page(after, limit) => query.bind(after).bind(limit),
+            Self::Name(name) => query.bind(name),
+        }
+    }
+}
+
+impl ScheduleRow {
+    /// Binds the definition to `query`, the first eight parameters of both
+    /// backends' writes: name, cron, every_ms, timezone, job_type, payload,
+    /// options, spec. The paused flag, which a replace may keep, is the
+    /// caller's.
+    pub(crate) fn bind_definition<'q, DB>(
+        &'q self,
+        query: Query<'q, DB, DB::Arguments<'q>>,
+    ) -> Query<'q, DB, DB::Arguments<'q>>
+    where
+        DB: sqlx::Database,
+        String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        Option<String>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        Option<serde_json::Value>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        query
+            .bind(&self.name)
+            .bind(&self.cron)
+            .bind(self.every_ms)
+            .bind(&self.timezone)
+            .bind(&self.job_type)
+            .bind(&self.payload)
+            .bind(&self.options)
+            .bind(&self.spec)
+    }
+}
+
 impl Ledger {
     /// Inserts or replaces the definition of `row.name`, keeping its paused
     /// state and creation time.
@@ -47,7 +135,8 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached or the row
     /// breaks a table constraint.
     pub async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
-        self.store.upsert_schedule(row).await
+        self.store.write_schedule(row, IfStored::Update).await?;
+        Ok(())
     }
 
     /// Stores a new schedule (with `row.paused`). Returns `false`, and
@@ -58,7 +147,7 @@ impl Ledger {
     /// [`LedgerError::Query`] when the database cannot be reached or the row
     /// breaks a table constraint.
     pub async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError> {
-        self.store.insert_schedule(row).await
+        Ok(self.store.write_schedule(row, IfStored::Keep).await? == 1)
     }
 
     /// Replaces the definition of the existing schedule `row.name`; its
@@ -93,7 +182,7 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
-        self.store.schedules().await
+        self.store.schedules(ScheduleLookup::All).await
     }
 
     /// Up to `limit` stored schedules by name, after `after` (keyset
@@ -107,7 +196,9 @@ impl Ledger {
         after: Option<&str>,
         limit: i64,
     ) -> Result<Vec<ScheduleRow>, LedgerError> {
-        self.store.schedules_page(after, limit).await
+        self.store
+            .schedules(ScheduleLookup::Page(after, limit))
+            .await
     }
 
     /// One stored schedule.
@@ -116,7 +207,11 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError> {
-        self.store.schedule(name).await
+        Ok(self
+            .store
+            .schedules(ScheduleLookup::Name(name))
+            .await?
+            .pop())
     }
 
     /// The name and last change of every stored schedule: what a replica

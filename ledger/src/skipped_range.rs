@@ -14,6 +14,7 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::retention::Retained;
 use crate::{Ledger, LedgerError};
 
 /// One span of skipped fires of one schedule.
@@ -58,6 +59,6 @@ impl Ledger {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, LedgerError> {
-        self.store.prune_skipped_ranges(cutoff, batch).await
+        self.prune(Retained::SkippedRanges, cutoff, batch).await
     }
 }

@@ -29,13 +29,15 @@ use uuid::Uuid;
 use crate::attempt_batch::{BeginRequest, EndRequest};
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::{ExclusiveClaim, LateClaim};
-use crate::run_query::{RunCursor, RunFilter};
-use crate::runs::{AttemptEntry, NewRun, OnRunConflict, RunRecord, RunState};
+use crate::postgres::PgStore;
+use crate::retention::PruneBatch;
+use crate::run_query::RunPage;
+use crate::runs::{FromMessage, NewRun, RunLookup, RunRecord, RunState};
 use crate::schedule_listener::ScheduleListener;
-use crate::schedules::ScheduleRow;
+use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow};
 use crate::skipped_range::SkippedRange;
 use crate::sqlite::SqliteLedger;
-use crate::{LedgerError, RunStatus};
+use crate::LedgerError;
 
 /// One database behind the ledger: every trait of the seam.
 pub(crate) trait Store:
@@ -51,18 +53,16 @@ pub(crate) trait Store:
 {
 }
 
-impl<T> Store for T where
-    T: Lifecycle
-        + RunStore
-        + FireHistoryStore
-        + OutboxStore
-        + ScheduleStore
-        + ViewStore
-        + std::fmt::Debug
-        + Send
-        + Sync
-{
-}
+impl Store for PgStore {}
+
+impl Store for SqliteLedger {}
+
+/// This process's clock, as [`crate::Ledger::clock_probe`] reads it.
+pub(crate) type LocalClock<'a> = dyn Fn() -> DateTime<Utc> + Send + Sync + 'a;
+
+/// `(before, database, after)`: the database's clock, read between two
+/// readings of this process's.
+pub(crate) type ClockReading = (DateTime<Utc>, DateTime<Utc>, DateTime<Utc>);
 
 /// The database as a whole: schema, health, clock, change feed, shutdown.
 #[async_trait]
@@ -74,10 +74,7 @@ pub(crate) trait Lifecycle {
     async fn ping(&self) -> bool;
 
     /// [`crate::Ledger::clock_probe`].
-    async fn clock_probe(
-        &self,
-        local: &(dyn Fn() -> DateTime<Utc> + Send + Sync),
-    ) -> Result<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>), LedgerError>;
+    async fn clock_probe(&self, local: &LocalClock<'_>) -> Result<ClockReading, LedgerError>;
 
     /// [`crate::Ledger::listen_schedules`].
     async fn listen_schedules(&self, channel: &str) -> Result<ScheduleListener, LedgerError>;
@@ -104,18 +101,9 @@ pub(crate) trait RunStore {
     /// [`crate::Ledger::hand_back`].
     async fn hand_back(&self, id: Uuid, attempt: i32, reason: &str) -> Result<bool, LedgerError>;
 
-    /// [`crate::Ledger::run`].
-    async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError>;
-
-    /// [`crate::Ledger::run_by_key`].
-    async fn run_by_key(
-        &self,
-        job_name: &str,
-        run_key: &str,
-    ) -> Result<Option<RunRecord>, LedgerError>;
-
+    /// [`crate::Ledger::run`], [`crate::Ledger::run_by_key`] and
     /// [`crate::Ledger::runs_of`].
-    async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError>;
+    async fn runs(&self, lookup: RunLookup<'_>) -> Result<Vec<RunRecord>, LedgerError>;
 
     /// [`crate::Ledger::claim_many`].
     async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError>;
@@ -123,56 +111,25 @@ pub(crate) trait RunStore {
     /// [`crate::Ledger::mark_dispatched_many`].
     async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError>;
 
-    /// [`crate::Ledger::begin_batch`].
+    /// [`crate::Ledger::begin_batch`] (a batch of one is how
+    /// [`crate::Ledger::begin_attempt`] starts an attempt).
     async fn begin_batch(
         &self,
         batch: &[BeginRequest],
     ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError>;
 
-    /// [`crate::Ledger::end_batch`].
+    /// [`crate::Ledger::end_batch`] (a batch of one is
+    /// [`crate::Ledger::end_attempt`]).
     async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError>;
 
-    /// [`crate::Ledger::renew_leases`].
-    /// Starts an attempt of the run `(job_name, run_key)` if it is
-    /// startable (waiting, or running under an expired lease): its id and
-    /// the attempt's number; `None` when it is not (or has no row). The
-    /// building block of [`crate::Ledger::begin_attempt`].
-    async fn try_begin(
-        &self,
-        job_name: &str,
-        run_key: &str,
-        worker: &str,
-        lease: Duration,
-    ) -> Result<Option<(Uuid, i32)>, LedgerError>;
-
-    /// The state of the run `(job_name, run_key)`, with the database's
+    /// The state of the run `message` belongs to, with the database's
     /// `now`, for [`crate::Ledger::begin_attempt`]'s decision.
-    async fn state_by_key(
-        &self,
-        job_name: &str,
-        run_key: &str,
-    ) -> Result<Option<RunState>, LedgerError>;
+    async fn state_of(&self, message: &JobMessage) -> Result<Option<RunState>, LedgerError>;
 
     /// Inserts the row of a run known only from its message; the raw
     /// database error is kept so that [`crate::Ledger`] can tell an id
     /// conflict from an outage.
-    async fn insert_from_message(
-        &self,
-        message: &JobMessage,
-        status: RunStatus,
-        last_error: Option<&str>,
-        on_conflict: OnRunConflict,
-    ) -> Result<u64, sqlx::Error>;
-
-    /// [`crate::Ledger::end_attempt`], its texts already made storable.
-    async fn end_attempt(
-        &self,
-        id: Uuid,
-        status: RunStatus,
-        entry: &AttemptEntry,
-        last_error: Option<&str>,
-        redispatch_at: Option<DateTime<Utc>>,
-    ) -> Result<bool, LedgerError>;
+    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, sqlx::Error>;
 
     /// [`crate::Ledger::renew_leases`].
     async fn renew_leases(
@@ -259,11 +216,14 @@ pub(crate) trait OutboxStore {
 #[async_trait]
 /// The `schedules` table.
 pub(crate) trait ScheduleStore {
-    /// [`crate::Ledger::upsert_schedule`].
-    async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError>;
-
-    /// [`crate::Ledger::insert_schedule`].
-    async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError>;
+    /// [`crate::Ledger::upsert_schedule`] and
+    /// [`crate::Ledger::insert_schedule`]: inserts `row`, `if_stored`
+    /// deciding what happens to a schedule of the same name; rows written.
+    async fn write_schedule(
+        &self,
+        row: &ScheduleRow,
+        if_stored: IfStored,
+    ) -> Result<u64, LedgerError>;
 
     /// [`crate::Ledger::replace_schedule`].
     async fn replace_schedule(
@@ -275,18 +235,9 @@ pub(crate) trait ScheduleStore {
     /// [`crate::Ledger::delete_schedule`].
     async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError>;
 
-    /// [`crate::Ledger::schedules`].
-    async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError>;
-
-    /// [`crate::Ledger::schedules_page`].
-    async fn schedules_page(
-        &self,
-        after: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<ScheduleRow>, LedgerError>;
-
+    /// [`crate::Ledger::schedules`], [`crate::Ledger::schedules_page`] and
     /// [`crate::Ledger::schedule`].
-    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError>;
+    async fn schedules(&self, lookup: ScheduleLookup<'_>) -> Result<Vec<ScheduleRow>, LedgerError>;
 
     /// [`crate::Ledger::schedule_versions`].
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError>;
@@ -319,34 +270,13 @@ pub(crate) trait ViewStore {
     ) -> Result<Vec<RecentFire>, LedgerError>;
 
     /// [`crate::Ledger::list_runs`].
-    async fn list_runs(
-        &self,
-        filter: &RunFilter,
-        cursor: Option<RunCursor>,
-        limit: i64,
-    ) -> Result<Vec<RunRecord>, LedgerError>;
+    async fn list_runs(&self, page: RunPage<'_>) -> Result<Vec<RunRecord>, LedgerError>;
 
-    /// [`crate::Ledger::prune_finished_runs`].
-    async fn prune_finished_runs(
-        &self,
-        cutoff: DateTime<Utc>,
-        batch: i64,
-    ) -> Result<u64, LedgerError>;
-
-    /// [`crate::Ledger::prune_skipped_fires`].
-    async fn prune_skipped_fires(
-        &self,
-        cutoff: DateTime<Utc>,
-        batch: i64,
-    ) -> Result<u64, LedgerError>;
+    /// [`crate::Ledger::prune_finished_runs`],
+    /// [`crate::Ledger::prune_skipped_fires`] and
+    /// [`crate::Ledger::prune_skipped_ranges`].
+    async fn prune(&self, batch: PruneBatch) -> Result<u64, LedgerError>;
 
     /// [`crate::Ledger::record_skipped_ranges`].
     async fn record_skipped_ranges(&self, ranges: &[SkippedRange]) -> Result<(), LedgerError>;
-
-    /// [`crate::Ledger::prune_skipped_ranges`].
-    async fn prune_skipped_ranges(
-        &self,
-        cutoff: DateTime<Utc>,
-        batch: i64,
-    ) -> Result<u64, LedgerError>;
 }

@@ -6,6 +6,7 @@
 //! Nothing here knows about jobs or schedules; it exists so that the
 //! scheduler and the worker read configuration, log and stop the same way.
 
+pub mod client_tls;
 pub mod clock;
 pub mod endpoint;
 pub mod exit;
@@ -20,6 +21,7 @@ pub mod start_retry;
 pub mod telemetry;
 pub mod trace_propagation;
 
+pub use client_tls::ClientTls;
 pub use clock::{process_clock, Clock, SharedClock, SkewedClock, SystemClock};
 pub use endpoint::masked;
 pub use exit::exit_on_error;

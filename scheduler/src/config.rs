@@ -4,9 +4,13 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused) |
-//! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; empty string `-` disables it |
-//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start) |
+//! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; empty string `-` disables it; `rediss://` for TLS |
+//! | `BELFRY_REDIS_TLS_CA` | unset (system trust store) | PEM file of the CA that signed Redis' certificate (then the only one trusted) |
+//! | `BELFRY_REDIS_TLS_CERT`, `BELFRY_REDIS_TLS_KEY` | unset | client certificate and its key (PEM) for Redis |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ; `amqps://` for TLS |
+//! | `BELFRY_AMQP_TLS_CA` | unset (system trust store) | PEM file of a CA to trust for RabbitMQ besides the system's |
+//! | `BELFRY_AMQP_TLS_CERT`, `BELFRY_AMQP_TLS_KEY` | unset | client certificate and its key (PEM; the key PKCS#8, `BEGIN PRIVATE KEY`) for RabbitMQ |
 //! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.claimed_by` |
 //! | `BELFRY_NAMESPACE` | `belfry` | prefix of every exchange, queue and Redis key |
 //! | `BELFRY_SCHEDULES` | `examples/schedules.toml` | schedule file |
@@ -32,7 +36,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use belfry_runtime::{default_instance, LogFormat, SettingError, Settings};
+use belfry_runtime::client_tls::check_postgres_tls_files;
+use belfry_runtime::{default_instance, ClientTls, LogFormat, SettingError, Settings};
 
 use crate::replica::ReplicaTiming;
 
@@ -52,6 +57,10 @@ pub struct SchedulerConfig {
     pub redis_url: Option<String>,
     /// RabbitMQ URL (may hold a password).
     pub amqp_url: String,
+    /// TLS material for a `rediss://` Redis (`BELFRY_REDIS_TLS_*`).
+    pub redis_tls: ClientTls,
+    /// TLS material for an `amqps://` RabbitMQ (`BELFRY_AMQP_TLS_*`).
+    pub amqp_tls: ClientTls,
     /// This replica's name.
     pub instance: String,
     /// Namespace of AMQP objects and Redis keys.
@@ -92,6 +101,8 @@ impl std::fmt::Debug for SchedulerConfig {
                 &self.redis_url.as_deref().map(belfry_runtime::masked),
             )
             .field("amqp_url", &belfry_runtime::masked(&self.amqp_url))
+            .field("redis_tls", &self.redis_tls)
+            .field("amqp_tls", &self.amqp_tls)
             .field("instance", &self.instance)
             .field("namespace", &self.namespace)
             .field("schedules_path", &self.schedules_path)
@@ -119,10 +130,14 @@ impl SchedulerConfig {
     // (the README's variable table mirrors it).
     pub fn from_settings(settings: &Settings) -> Result<Self, SettingError> {
         let redis_url = settings.string("REDIS_URL", DEFAULT_REDIS_URL);
+        let database_url = settings.string("DATABASE_URL", DEFAULT_DATABASE_URL);
+        check_postgres_tls_files("DATABASE_URL", &database_url)?;
         Ok(Self {
-            database_url: settings.string("DATABASE_URL", DEFAULT_DATABASE_URL),
+            database_url,
             redis_url: (redis_url != "-").then_some(redis_url),
             amqp_url: settings.string("AMQP_URL", DEFAULT_AMQP_URL),
+            redis_tls: ClientTls::from_settings(settings, "BELFRY_REDIS_TLS")?,
+            amqp_tls: ClientTls::from_settings(settings, "BELFRY_AMQP_TLS")?,
             instance: settings.string("BELFRY_INSTANCE", &default_instance()),
             namespace: settings.string(
                 "BELFRY_NAMESPACE",

@@ -36,9 +36,10 @@ impl SchedulerError {
     /// Whether the error comes from a service (Postgres, RabbitMQ) that may
     /// come back, rather than from configuration or schedules.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            SchedulerError::Ledger(_) | SchedulerError::Broker(_) | SchedulerError::Dispatch(_)
-        )
+        match self {
+            SchedulerError::Broker(e) => e.is_transient(),
+            SchedulerError::Ledger(_) | SchedulerError::Dispatch(_) => true,
+            _ => false,
+        }
     }
 }

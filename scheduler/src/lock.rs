@@ -19,6 +19,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use thiserror::Error;
 
 use belfry_protocol::Topology;
+use belfry_runtime::ClientTls;
 
 /// How long a Redis call may take before the claim falls back to the ledger.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -92,8 +93,39 @@ impl ClaimLock {
         instance: &str,
         ttl: Duration,
     ) -> Result<Self, LockError> {
+        Self::with_tls(url, &ClientTls::default(), topology, instance, ttl)
+    }
+
+    /// As [`ClaimLock::new`], with `tls` for a `rediss://` URL: a CA to
+    /// trust (given, it is the only one trusted, as the redis crate does)
+    /// and an optional client certificate. The server's certificate is
+    /// always verified; without `tls` against the system trust store.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unavailable`] when `url` is not a Redis URL or the TLS
+    /// material is unusable.
+    pub fn with_tls(
+        url: &str,
+        tls: &ClientTls,
+        topology: Topology,
+        instance: &str,
+        ttl: Duration,
+    ) -> Result<Self, LockError> {
         let url_masked = belfry_runtime::masked(url);
-        let client = redis::Client::open(url).map_err(|e| LockError::Unavailable {
+        let client = if tls.is_configured() {
+            let certificates = redis::TlsCertificates {
+                client_tls: tls.identity.as_ref().map(|id| redis::ClientTlsConfig {
+                    client_cert: id.cert.pem.clone(),
+                    client_key: id.key.pem.clone(),
+                }),
+                root_cert: tls.ca.as_ref().map(|ca| ca.pem.clone()),
+            };
+            redis::Client::build_with_tls(url, certificates)
+        } else {
+            redis::Client::open(url)
+        };
+        let client = client.map_err(|e| LockError::Unavailable {
             url: url_masked.clone(),
             message: e.to_string(),
         })?;

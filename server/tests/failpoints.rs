@@ -5,7 +5,7 @@
 //! message id.
 #![cfg(feature = "failpoints")]
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use belfry_ledger::Ledger;
@@ -16,23 +16,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_belfry-scheduler");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_between_claim_and_publish_loses_no_fire() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
-    let file =
-        std::env::temp_dir().join(format!("belfry-fp-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(
-        &file,
-        "[[schedule]]\nname = \"crashy\"\nevery = \"1s\"\njob_type = \"noop\"\n",
-    )
-    .unwrap();
-    let child = Command::new(BIN)
-        .envs(env.process_env())
+    let env = belfry_testkit::service_env!("noop");
+    let file = belfry_testkit::temp_schedule_file(&belfry_testkit::noop_every_second("crashy"));
+    let child = belfry_testkit::service_command(BIN, &env, "doomed")
         .env("BELFRY_SCHEDULES", &file)
-        .env("BELFRY_INSTANCE", "doomed")
         .env("BELFRY_RECONCILE_AFTER", "1s")
         .env("BELFRY_FAILPOINTS", "after_claim_before_publish=abort")
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

@@ -2,31 +2,20 @@
 //! exits 0 on SIGTERM leaving nothing `claimed`, and refuses bad input with
 //! one clear line.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_belfry-scheduler");
+use belfry_testkit::temp_schedule_file;
 
-fn schedule_file(text: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("belfry-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&path, text).unwrap();
-    path
-}
+const BIN: &str = env!("CARGO_BIN_EXE_belfry-scheduler");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fires_and_stops_cleanly_on_sigterm() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
-    let file = schedule_file(
-        "[[schedule]]\nname = \"every-second\"\nevery = \"1s\"\njob_type = \"noop\"\n",
-    );
-    let child = Command::new(BIN)
-        .envs(env.process_env())
+    let env = belfry_testkit::service_env!("noop");
+    let file = temp_schedule_file(&belfry_testkit::noop_every_second("every-second"));
+    let child = belfry_testkit::service_command(BIN, &env, "sched-under-test")
         .env("BELFRY_SCHEDULES", &file)
-        .env("BELFRY_INSTANCE", "sched-under-test")
         .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
@@ -62,16 +51,12 @@ fn run_expecting_failure(envs: &[(&str, &str)]) -> String {
         .env("RUST_LOG", "off")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let lines = stderr.lines().filter(|l| !l.trim().is_empty()).count();
-    assert_eq!(lines, 1, "one line expected: {stderr}");
-    stderr
+    belfry_testkit::one_line_exit_1(&out)
 }
 
 #[test]
 fn an_invalid_schedule_names_the_schedule_and_the_field() {
-    let file = schedule_file(
+    let file = temp_schedule_file(
         "[[schedule]]\nname = \"nightly\"\ncron = \"0 0 25 * * *\"\njob_type = \"noop\"\n",
     );
     let stderr = run_expecting_failure(&[("BELFRY_SCHEDULES", file.to_str().unwrap())]);
@@ -85,7 +70,7 @@ fn an_invalid_schedule_names_the_schedule_and_the_field() {
 #[tokio::test]
 async fn unreachable_services_name_the_url_with_the_password_masked() {
     let env = belfry_testkit::service_env!();
-    let file = schedule_file("");
+    let file = temp_schedule_file("");
     let stderr = run_expecting_failure(&[
         ("BELFRY_SCHEDULES", file.to_str().unwrap()),
         ("DATABASE_URL", &env.database_url),

@@ -115,7 +115,9 @@ pub fn skip(why: &str) {
 }
 
 /// A [`TestEnv`] on the real services, or `return` from the calling test
-/// after saying why it was skipped (see the crate docs).
+/// after saying why it was skipped (see the crate docs). Given job types
+/// (`service_env!("noop")`), its worker group `default` is declared too,
+/// bound to them (see [`TestEnv::declare_default_group`]).
 #[macro_export]
 macro_rules! service_env {
     () => {
@@ -124,6 +126,11 @@ macro_rules! service_env {
             None => return,
         }
     };
+    ($($job_type:expr),+ $(,)?) => {{
+        let env = $crate::service_env!();
+        env.declare_default_group(&[$($job_type),+]).await;
+        env
+    }};
 }
 
 /// Runs one test body on both backends: `distributed` (Postgres, RabbitMQ,
@@ -259,12 +266,7 @@ impl TestEnv {
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let path = dir.join("belfry.db");
         let database_url = format!("sqlite://{}", path.display());
-        let ledger = Ledger::connect(&database_url, 8)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        ledger.migrate().await.unwrap_or_else(|e| panic!("{e}"));
-        let namespace = format!("t{id}");
-        let topology = Topology::new(&namespace).unwrap_or_else(|e| panic!("{e}"));
+        let (ledger, namespace, topology) = migrated_in_namespace(&database_url, 8, &id).await;
         let queue =
             embedded_queue(&ledger).unwrap_or_else(|| panic!("an embedded ledger has a job queue"));
         let broker = Broker::embedded(queue, topology.clone());
@@ -300,12 +302,7 @@ impl TestEnv {
             .unwrap_or_else(|e| panic!("cannot create test database {database}: {e}"));
         let _ = conn.close().await;
         let database_url = with_database(&admin, &database);
-        let ledger = Ledger::connect(&database_url, 10)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        ledger.migrate().await.unwrap_or_else(|e| panic!("{e}"));
-        let namespace = format!("t{id}");
-        let topology = Topology::new(&namespace).unwrap_or_else(|e| panic!("{e}"));
+        let (ledger, namespace, topology) = migrated_in_namespace(&database_url, 10, &id).await;
         let broker = Broker::connect(&amqp_url(), topology.clone(), "belfry-test")
             .await
             .unwrap_or_else(|e| panic!("service-backed test could not run: {e}"));
@@ -509,18 +506,71 @@ impl TestEnv {
         }
     }
 
+    /// [`TestEnv::wait_terminal`] for the run of `message`.
+    ///
+    /// # Panics
+    ///
+    /// When it is not terminal in time.
+    pub async fn wait_terminal_of(&self, message: &JobMessage, within: Duration) -> RunRecord {
+        self.wait_terminal(&message.job_name, &message.run_key, within)
+            .await
+    }
+
+    /// [`TestEnv::wait_terminal`] for the run of schedule `name`'s fire at
+    /// `at`.
+    ///
+    /// # Panics
+    ///
+    /// When it is not terminal in time.
+    pub async fn wait_fire(&self, name: &str, at: DateTime<Utc>, within: Duration) -> RunRecord {
+        let key = run_key(name, at).unwrap_or_else(|e| panic!("{e}"));
+        self.wait_terminal(name, &key, within).await
+    }
+
+    /// The stored schedule `name`.
+    ///
+    /// # Panics
+    ///
+    /// When there is no such schedule.
+    pub async fn schedule(&self, name: &str) -> belfry_ledger::ScheduleRow {
+        self.ledger
+            .schedule(name)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no schedule {name:?}"))
+    }
+
     /// Whether the stored schedule `name` is paused.
     ///
     /// # Panics
     ///
     /// When there is no such schedule.
     pub async fn paused(&self, name: &str) -> bool {
-        self.ledger
-            .schedule(name)
+        self.schedule(name).await.paused
+    }
+
+    /// Starts an attempt of the run of `message` as `worker` would, under
+    /// a lease of `lease`: the run's id and the attempt's number.
+    ///
+    /// # Panics
+    ///
+    /// When the run does not start (it is missing, finished, or another
+    /// attempt holds its lease).
+    pub async fn start_attempt(
+        &self,
+        message: &JobMessage,
+        worker: &str,
+        lease: Duration,
+    ) -> (Uuid, i32) {
+        let started = self
+            .ledger
+            .begin_attempt(message, worker, lease)
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|| panic!("no schedule {name:?}"))
-            .paused
+            .unwrap_or_else(|e| panic!("{e}"));
+        let belfry_ledger::AttemptStart::Started { id, attempt } = started else {
+            panic!("run {} could not start: {started:?}", message.run_key)
+        };
+        (id, attempt)
     }
 
     /// Ends attempt `attempt` of run `id`, held by `worker`, with `status`,
@@ -546,14 +596,9 @@ impl TestEnv {
     ///
     /// When the run cannot be started or the end is not recorded.
     pub async fn finish(&self, message: &JobMessage, worker: &str, status: RunStatus) {
-        let started = self
-            .ledger
-            .begin_attempt(message, worker, Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let belfry_ledger::AttemptStart::Started { id, attempt } = started else {
-            panic!("run {} could not start: {started:?}", message.run_key)
-        };
+        let (id, attempt) = self
+            .start_attempt(message, worker, Duration::from_secs(60))
+            .await;
         assert!(
             self.end_attempt(id, attempt, worker, status).await,
             "the end of {} was not recorded",
@@ -673,6 +718,60 @@ pub async fn spawn_with_api(
     (child, api)
 }
 
+/// A new file under the temporary directory holding `text`: a schedule
+/// file for a process under test (the caller removes it).
+///
+/// # Panics
+///
+/// When it cannot be written.
+pub fn temp_schedule_file(text: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("belfry-{}.toml", Uuid::new_v4().simple()));
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
+}
+
+/// The text of a schedule file holding one schedule, `name`: a `noop`
+/// every second.
+pub fn noop_every_second(name: &str) -> String {
+    format!("[[schedule]]\nname = \"{name}\"\nevery = \"1s\"\njob_type = \"noop\"\n")
+}
+
+/// A command for the service binary `bin` (`belfry-scheduler`,
+/// `belfry-worker` or a worker built on belfry) pointed at `env` (see
+/// [`TestEnv::process_env`]) as instance `instance`, its stdout discarded.
+pub fn service_command(bin: &str, env: &TestEnv, instance: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(bin);
+    command
+        .envs(env.process_env())
+        .env("BELFRY_INSTANCE", instance)
+        .stdout(std::process::Stdio::null());
+    command
+}
+
+/// The stderr of a finished process that must have exited with code 1,
+/// as the binaries do on bad settings and unreachable services.
+///
+/// # Panics
+///
+/// When it exited otherwise.
+pub fn stderr_of_exit_1(out: &std::process::Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// [`stderr_of_exit_1`] where the error must be one line: the only line
+/// on stderr that is not blank.
+///
+/// # Panics
+///
+/// When the process did not exit with 1 or wrote more or fewer lines.
+pub fn one_line_exit_1(out: &std::process::Output) -> String {
+    let stderr = stderr_of_exit_1(out);
+    let lines = stderr.lines().filter(|l| !l.trim().is_empty()).count();
+    assert_eq!(lines, 1, "one line expected: {stderr}");
+    stderr
+}
+
 /// Waits for a child process to exit, off the async runtime's threads.
 ///
 /// # Panics
@@ -733,16 +832,35 @@ pub async fn wait_consumed(env: &TestEnv, group: &str, within: Duration) {
 ///
 /// When it is not in time.
 pub async fn wait_running(env: &TestEnv, message: &JobMessage, within: Duration) {
-    eventually("the job to start", within, || async {
+    wait_run(env, message, "the job to start", within, |run| {
+        run.status_text == "running"
+    })
+    .await;
+}
+
+/// Waits (up to `within`) until the run of `message` has a row for which
+/// `ready` holds, and returns that row; `what` says what was awaited.
+///
+/// # Panics
+///
+/// When it is not in time.
+pub async fn wait_run(
+    env: &TestEnv,
+    message: &JobMessage,
+    what: &str,
+    within: Duration,
+    ready: impl Fn(&RunRecord) -> bool,
+) -> RunRecord {
+    eventually(what, within, || async {
         let run = env
             .ledger
             .run_by_key(&message.job_name, &message.run_key)
             .await
             .ok()
             .flatten()?;
-        (run.status_text == "running").then_some(())
+        ready(&run).then_some(run)
     })
-    .await;
+    .await
 }
 
 /// The job queue in an embedded ledger's file; `None` on Postgres.
@@ -774,6 +892,16 @@ async fn passive_declare(env: &TestEnv, queue: &str) -> Option<lapin::Queue> {
         .queue_declare(queue, passive, FieldTable::default())
         .await
         .ok()
+}
+
+/// A run's status, attempts and worker, to check all three in one
+/// `assert_eq!`.
+pub fn run_outcome(run: &RunRecord) -> (&str, i32, Option<&str>) {
+    (
+        run.status_text.as_str(),
+        run.attempts,
+        run.worker.as_deref(),
+    )
 }
 
 /// An attempt of `worker` that started and ended now with `status`.
@@ -809,6 +937,22 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The ledger at `database_url` (at most `connections`), migrated, and the
+/// namespace `t{id}` with its names.
+async fn migrated_in_namespace(
+    database_url: &str,
+    connections: u32,
+    id: &str,
+) -> (Ledger, String, Topology) {
+    let ledger = Ledger::connect(database_url, connections)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    ledger.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+    let namespace = format!("t{id}");
+    let topology = Topology::new(&namespace).unwrap_or_else(|e| panic!("{e}"));
+    (ledger, namespace, topology)
 }
 
 fn with_database(url: &str, database: &str) -> String {

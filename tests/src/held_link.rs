@@ -8,8 +8,10 @@
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
+
+use crate::loopback::serve_loopback;
 
 /// A proxy in front of one service address.
 pub struct HeldLink {
@@ -25,23 +27,17 @@ impl HeldLink {
     ///
     /// When no loopback port can be bound.
     pub async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("bind a proxy port: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("proxy address: {e}"));
         let (hold, held) = watch::channel(false);
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let held = held.clone();
-                tokio::spawn(async move {
-                    if let Ok(server) = TcpStream::connect(upstream).await {
-                        forward(client, server, held).await;
-                    }
-                });
+        // The accept loop runs for the rest of the test process.
+        let (addr, _accepting) = serve_loopback("proxy", move |client, _| {
+            let held = held.clone();
+            async move {
+                if let Ok(server) = TcpStream::connect(upstream).await {
+                    forward(client, server, held).await;
+                }
             }
-        });
+        })
+        .await;
         Self { addr, hold }
     }
 

@@ -5,8 +5,10 @@
 pub mod fault;
 pub mod held_link;
 pub mod http_request;
+pub mod loopback;
 pub mod otlp_sink;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,8 +17,11 @@ use belfry_ledger::Ledger;
 use belfry_protocol::ScheduleSpec;
 use belfry_runtime::Settings;
 use belfry_scheduler::{ClaimLock, Replica, ReplicaTiming, Schedule};
-use belfry_testkit::{amqp_url, TestEnv};
-use belfry_worker::{Registry, Worker, WorkerConfig, WorkerCounters, WorkerError};
+use belfry_testkit::{amqp_url, redis_url, TestEnv};
+use belfry_worker::{
+    Job, JobContext, JobError, Registry, Worker, WorkerConfig, WorkerCounters, WorkerError,
+};
+use chrono::{DateTime, Utc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -85,18 +90,96 @@ pub async fn worker(
 
 /// An interval schedule of `job_type` every `every`.
 pub fn every(name: &str, every: &str, job_type: &str) -> Arc<Schedule> {
-    Arc::new(
-        Schedule::from_spec(&ScheduleSpec {
-            name: name.into(),
-            cron: None,
-            every: Some(every.into()),
-            timezone: None,
-            job_type: job_type.into(),
-            payload: None,
-            ..Default::default()
-        })
-        .unwrap_or_else(|e| panic!("{e}")),
-    )
+    every_with(name, every, job_type, |_| {})
+}
+
+/// [`every`] with more of its spec set by `extra` (a payload, a misfire
+/// policy, a jitter, ...).
+pub fn every_with(
+    name: &str,
+    every: &str,
+    job_type: &str,
+    extra: impl FnOnce(&mut ScheduleSpec),
+) -> Arc<Schedule> {
+    let mut spec = ScheduleSpec {
+        name: name.into(),
+        every: Some(every.into()),
+        job_type: job_type.into(),
+        ..Default::default()
+    };
+    extra(&mut spec);
+    Arc::new(Schedule::from_spec(&spec).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The instant `s` (RFC 3339), for runs fired at fixed times.
+///
+/// # Panics
+///
+/// When `s` is not an RFC 3339 instant.
+pub fn at(s: &str) -> DateTime<Utc> {
+    s.parse()
+        .unwrap_or_else(|e| panic!("{s:?} is not an instant: {e}"))
+}
+
+/// The instant the worker tests fire their runs at, 2026-07-26T03:00:00Z.
+pub fn t0() -> DateTime<Utc> {
+    at("2026-07-26T03:00:00Z")
+}
+
+/// A registry of the built-in job types only.
+pub fn builtins() -> Registry {
+    Registry::builder()
+        .builtins()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A registry of `job` only.
+pub fn one_job<J: Job>(job: J) -> Registry {
+    Registry::builder()
+        .job(job)
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A job of type `flaky` that fails with a retryable error (`transient
+/// failure {n}` on its `n`th call) until `fail_first` calls are used up,
+/// then succeeds; it counts its calls (clones share the count).
+#[derive(Clone)]
+pub struct Flaky {
+    /// Calls so far.
+    pub calls: Arc<AtomicU32>,
+    /// How many calls fail before one succeeds (`u32::MAX`: all of them).
+    pub fail_first: u32,
+}
+
+impl Flaky {
+    /// A flaky job whose first `fail_first` calls fail.
+    pub fn failing_first(fail_first: u32) -> Self {
+        Self {
+            calls: Arc::new(AtomicU32::new(0)),
+            fail_first,
+        }
+    }
+
+    /// Calls so far.
+    pub fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Job for Flaky {
+    const TYPE: &'static str = "flaky";
+    type Payload = serde_json::Value;
+
+    async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n <= self.fail_first {
+            Err(JobError::retryable(format!("transient failure {n}")))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// Starts worker `w1` of group `default` with `registry` and `extra`
@@ -135,6 +218,13 @@ impl RunningWorker {
             Err(e) => panic!("worker task failed: {e}"),
         }
     }
+
+    /// [`RunningWorker::stop`], then tears `env` down with its `default`
+    /// group: how a test served by [`serve`] ends.
+    pub async fn stop_and_teardown(self, env: TestEnv) {
+        self.stop().await;
+        env.teardown(&["default"]).await;
+    }
 }
 
 /// A REST API served in-process for tests.
@@ -148,6 +238,17 @@ impl TestApi {
     /// Serves the API of `replica` on a free loopback port with `tokens`.
     pub async fn serve(replica: Arc<Replica>, tokens: belfry_server::api::Tokens) -> Self {
         Self::serve_state(belfry_server::api::ApiState::new(replica, tokens)).await
+    }
+
+    /// Serves, with `tokens`, the API of a new replica `instance` of `env`
+    /// that locks through Redis; the replica too, for the test to drive.
+    pub async fn of_replica(
+        env: &TestEnv,
+        instance: &str,
+        tokens: belfry_server::api::Tokens,
+    ) -> (Arc<Replica>, Self) {
+        let r = Arc::new(replica(env, instance, Some(&redis_url())).await);
+        (r.clone(), Self::serve(r, tokens).await)
     }
 
     /// Serves `state` on a free loopback port.

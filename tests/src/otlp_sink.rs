@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::TcpListener;
 
 use crate::http_request::read_request;
+use crate::loopback::serve_loopback;
 
 /// Request bodies received, with their paths.
 type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
@@ -30,31 +30,24 @@ impl OtlpSink {
     ///
     /// When no port can be bound.
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("sink cannot bind: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("sink address: {e}"));
         let bodies: Received = Arc::new(Mutex::new(Vec::new()));
         let kept = bodies.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let kept = kept.clone();
-                tokio::spawn(async move {
-                    let mut stream = BufReader::new(stream);
-                    while let Some(request) = read_request(&mut stream).await {
-                        kept.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push((request.path, request.body));
-                        let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                        if stream.get_mut().write_all(ok.as_bytes()).await.is_err() {
-                            return;
-                        }
+        let (addr, task) = serve_loopback("sink", move |stream, _| {
+            let kept = kept.clone();
+            async move {
+                let mut stream = BufReader::new(stream);
+                while let Some(request) = read_request(&mut stream).await {
+                    kept.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((request.path, request.body));
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if stream.get_mut().write_all(ok.as_bytes()).await.is_err() {
+                        return;
                     }
-                });
+                }
             }
-        });
+        })
+        .await;
         Self { addr, bodies, task }
     }
 

@@ -8,11 +8,10 @@
 //! Its own test binary: the span exporter is process-wide.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use chrono::{DurationRound, Utc};
+use chrono::{DateTime, DurationRound, Utc};
 use opentelemetry::trace::{SpanId, TraceContextExt};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use serde_json::json;
@@ -22,8 +21,8 @@ use tracing_subscriber::layer::SubscriberExt;
 
 use belfry_dispatch::{AdHocJob, Client};
 use belfry_testkit::{eventually, redis_url, TestEnv};
-use belfry_tests::{every, replica, serve};
-use belfry_worker::{Job, JobContext, JobError, Registry};
+use belfry_tests::{builtins, every, one_job, replica, serve, Flaky, RunningWorker};
+use belfry_worker::Registry;
 
 fn exporter() -> &'static InMemorySpanExporter {
     static EXPORTER: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
@@ -72,6 +71,29 @@ fn descends(spans: &HashMap<SpanId, SpanData>, span: &SpanData, ancestor: SpanId
     false
 }
 
+/// The hex id of the trace `span` belongs to.
+fn trace_id_of(span: &tracing::Span) -> String {
+    span.context().span().span_context().trace_id().to_string()
+}
+
+/// Now, to the whole second: an instant a schedule fires at.
+fn this_second() -> DateTime<Utc> {
+    Utc::now()
+        .duration_trunc(chrono::Duration::seconds(1))
+        .unwrap()
+}
+
+/// The span exporter installed, an environment on the real services, and
+/// a worker with `registry` and `extra` settings serving it; `None` (the
+/// test is skipped, see `belfry_testkit::service_env!`) when the services
+/// do not answer.
+async fn traced(registry: Registry, extra: &[(&str, &str)]) -> Option<(TestEnv, RunningWorker)> {
+    exporter();
+    let env = TestEnv::connect().await?;
+    let running = serve(&env, registry, extra).await;
+    Some((env, running))
+}
+
 /// Waits until the trace holds a finished `process` span (it ends after
 /// the ack, just after the outcome is recorded).
 async fn trace_with_process(trace_id: &str) -> HashMap<SpanId, SpanData> {
@@ -88,30 +110,25 @@ async fn trace_with_process(trace_id: &str) -> HashMap<SpanId, SpanData> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fire_is_one_trace_from_tick_to_outcome() {
-    exporter();
-    let env = belfry_testkit::service_env!();
-    let running = serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
+    let Some((env, running)) = traced(builtins(), &[]).await else {
+        return;
+    };
     let r = replica(&env, "traced-r1", Some(&redis_url())).await;
     let schedule = every("traced", "1s", "noop");
-    let at = Utc::now()
-        .duration_trunc(chrono::Duration::seconds(1))
-        .unwrap();
+    let at = this_second();
     let outcome = r.fire(&schedule, at).await;
     assert_eq!(outcome.label(), "dispatched", "{outcome:?}");
     assert_one_trace(&env, "traced", at).await;
-    running.stop().await;
-    env.teardown(&["default"]).await;
+    running.stop_and_teardown(env).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_fire_of_a_batch_is_a_trace_of_its_own() {
-    exporter();
-    let env = belfry_testkit::service_env!();
-    let running = serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
+    let Some((env, running)) = traced(builtins(), &[]).await else {
+        return;
+    };
     let r = replica(&env, "traced-batch", Some(&redis_url())).await;
-    let at = Utc::now()
-        .duration_trunc(chrono::Duration::seconds(1))
-        .unwrap();
+    let at = this_second();
     let names = ["batch-a", "batch-b", "batch-c"];
     let fires: Vec<_> = names.iter().map(|n| (every(n, "1s", "noop"), at)).collect();
     let outcomes = r
@@ -126,21 +143,14 @@ async fn every_fire_of_a_batch_is_a_trace_of_its_own() {
         traces.insert(assert_one_trace(&env, name, at).await);
     }
     assert_eq!(traces.len(), 3, "each run its own trace");
-    running.stop().await;
-    env.teardown(&["default"]).await;
+    running.stop_and_teardown(env).await;
 }
 
 /// Waits for the run of `name` at `at` to succeed and checks its trace:
 /// one `fire` root, `claim` and `publish` under it, the worker's
 /// `process`, `attempt` and `record` under `publish`. Returns the trace id.
-async fn assert_one_trace(env: &TestEnv, name: &str, at: chrono::DateTime<Utc>) -> String {
-    let run = env
-        .wait_terminal(
-            name,
-            &belfry_protocol::run_key(name, at).unwrap(),
-            Duration::from_secs(10),
-        )
-        .await;
+async fn assert_one_trace(env: &TestEnv, name: &str, at: DateTime<Utc>) -> String {
+    let run = env.wait_fire(name, at, Duration::from_secs(10)).await;
     assert_eq!(run.status_text, "succeeded");
     let trace_id = run.trace_id.clone().expect("the run has a trace id");
     let spans = trace_with_process(&trace_id).await;
@@ -168,41 +178,19 @@ async fn assert_one_trace(env: &TestEnv, name: &str, at: chrono::DateTime<Utc>) 
     trace_id
 }
 
-/// Fails its first two attempts.
-#[derive(Clone, Default)]
-struct Flaky(Arc<AtomicU32>);
-
-impl Job for Flaky {
-    const TYPE: &'static str = "flaky";
-    type Payload = serde_json::Value;
-
-    async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
-        if self.0.fetch_add(1, Ordering::SeqCst) < 2 {
-            Err(JobError::retryable("not yet"))
-        } else {
-            Ok(())
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_attempt_of_a_retried_run_is_in_its_trace() {
-    exporter();
-    let env = belfry_testkit::service_env!();
-    let registry = Registry::builder().job(Flaky::default()).build().unwrap();
-    let running = serve(&env, registry, &[("BELFRY_RETRY_INITIAL", "50ms")]).await;
+    // Fails its first two attempts.
+    let registry = one_job(Flaky::failing_first(2));
+    let Some((env, running)) = traced(registry, &[("BELFRY_RETRY_INITIAL", "50ms")]).await else {
+        return;
+    };
     let r = replica(&env, "traced-r2", Some(&redis_url())).await;
     let schedule = every("flaky-traced", "1s", "flaky");
-    let at = Utc::now()
-        .duration_trunc(chrono::Duration::seconds(1))
-        .unwrap();
+    let at = this_second();
     r.fire(&schedule, at).await;
     let run = env
-        .wait_terminal(
-            "flaky-traced",
-            &belfry_protocol::run_key("flaky-traced", at).unwrap(),
-            Duration::from_secs(10),
-        )
+        .wait_fire("flaky-traced", at, Duration::from_secs(10))
         .await;
     assert_eq!((run.status_text.as_str(), run.attempts), ("succeeded", 3));
     let spans = trace_with_process(run.trace_id.as_deref().unwrap()).await;
@@ -216,23 +204,17 @@ async fn every_attempt_of_a_retried_run_is_in_its_trace() {
     assert!(attempts
         .iter()
         .all(|a| descends(&spans, a, process.span_context.span_id())));
-    running.stop().await;
-    env.teardown(&["default"]).await;
+    running.stop_and_teardown(env).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ad_hoc_job_joins_the_callers_trace_and_a_republished_run_keeps_its_trace() {
-    exporter();
-    let env = belfry_testkit::service_env!();
-    let running = serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
+    let Some((env, running)) = traced(builtins(), &[]).await else {
+        return;
+    };
     // A request span of the calling service.
     let request = tracing::info_span!("POST /invoices");
-    let caller_trace = request
-        .context()
-        .span()
-        .span_context()
-        .trace_id()
-        .to_string();
+    let caller_trace = trace_id_of(&request);
     let client = Client::new(env.ledger.clone(), env.broker.clone(), "api");
     let enqueued = client
         .enqueue(AdHocJob::new("noop", json!({})).named("from-request"))
@@ -269,16 +251,9 @@ async fn an_ad_hoc_job_joins_the_callers_trace_and_a_republished_run_keeps_its_t
     // reconciler's republish stays in the run's trace.
     let r = replica(&env, "traced-r3", None).await;
     let schedule = every("orphan-traced", "1s", "noop");
-    let at = Utc::now()
-        .duration_trunc(chrono::Duration::seconds(1))
-        .unwrap();
+    let at = this_second();
     let orphan = tracing::info_span!("fire");
-    let trace = orphan
-        .context()
-        .span()
-        .span_context()
-        .trace_id()
-        .to_string();
+    let trace = trace_id_of(&orphan);
     let claimed = belfry_scheduler::Claimer::new(
         None,
         env.ledger.clone(),
@@ -301,11 +276,7 @@ async fn an_ad_hoc_job_joins_the_callers_trace_and_a_republished_run_keeps_its_t
     )
     .await;
     let run = env
-        .wait_terminal(
-            "orphan-traced",
-            &belfry_protocol::run_key("orphan-traced", at).unwrap(),
-            Duration::from_secs(10),
-        )
+        .wait_fire("orphan-traced", at, Duration::from_secs(10))
         .await;
     assert_eq!(run.trace_id.as_deref(), Some(trace.as_str()));
     let spans = trace_with_process(&trace).await;
@@ -321,6 +292,5 @@ async fn an_ad_hoc_job_joins_the_callers_trace_and_a_republished_run_keeps_its_t
         named(&spans, "process")[0],
         republish[0].span_context.span_id()
     ));
-    running.stop().await;
-    env.teardown(&["default"]).await;
+    running.stop_and_teardown(env).await;
 }

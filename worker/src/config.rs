@@ -2,8 +2,10 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused) |
-//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start) |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ; `amqps://` for TLS |
+//! | `BELFRY_AMQP_TLS_CA` | unset (system trust store) | PEM file of a CA to trust for RabbitMQ besides the system's |
+//! | `BELFRY_AMQP_TLS_CERT`, `BELFRY_AMQP_TLS_KEY` | unset | client certificate and its key (PEM; the key PKCS#8, `BEGIN PRIVATE KEY`) for RabbitMQ |
 //! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.worker` |
 //! | `BELFRY_NAMESPACE` | `belfry` | prefix of every exchange and queue |
 //! | `BELFRY_WORKER_GROUP` | `default` | group; its queue is `{ns}.jobs.{group}` |
@@ -26,7 +28,8 @@
 
 use std::time::Duration;
 
-use belfry_runtime::{default_instance, LogFormat, SettingError, Settings};
+use belfry_runtime::client_tls::check_postgres_tls_files;
+use belfry_runtime::{default_instance, ClientTls, LogFormat, SettingError, Settings};
 
 use crate::RetryPolicy;
 
@@ -37,6 +40,8 @@ pub struct WorkerConfig {
     pub database_url: String,
     /// RabbitMQ URL (may hold a password).
     pub amqp_url: String,
+    /// TLS material for an `amqps://` RabbitMQ (`BELFRY_AMQP_TLS_*`).
+    pub amqp_tls: ClientTls,
     /// This worker's name.
     pub instance: String,
     /// Namespace of AMQP objects.
@@ -77,6 +82,7 @@ impl std::fmt::Debug for WorkerConfig {
         f.debug_struct("WorkerConfig")
             .field("database_url", &belfry_runtime::masked(&self.database_url))
             .field("amqp_url", &belfry_runtime::masked(&self.amqp_url))
+            .field("amqp_tls", &self.amqp_tls)
             .field("instance", &self.instance)
             .field("namespace", &self.namespace)
             .field("group", &self.group)
@@ -117,12 +123,15 @@ impl WorkerConfig {
             });
         }
         let num = |var, default, min, max| s.number(var, default, min, max);
+        let database_url = s.string(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        );
+        check_postgres_tls_files("DATABASE_URL", &database_url)?;
         Ok(Self {
-            database_url: s.string(
-                "DATABASE_URL",
-                "postgres://postgres@127.0.0.1:5432/postgres",
-            ),
+            database_url,
             amqp_url: s.string("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            amqp_tls: ClientTls::from_settings(s, "BELFRY_AMQP_TLS")?,
             instance: s.string("BELFRY_INSTANCE", &default_instance()),
             namespace: s.string(
                 "BELFRY_NAMESPACE",

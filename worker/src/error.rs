@@ -32,6 +32,10 @@ impl WorkerError {
     /// Whether the error comes from a service (Postgres, RabbitMQ) that may
     /// come back, rather than from configuration or the registry.
     pub fn is_transient(&self) -> bool {
-        matches!(self, WorkerError::Ledger(_) | WorkerError::Broker(_))
+        match self {
+            WorkerError::Broker(e) => e.is_transient(),
+            WorkerError::Ledger(_) => true,
+            _ => false,
+        }
     }
 }

@@ -76,6 +76,7 @@ impl Worker {
         let broker = Broker::embedded_or_connect(
             queue,
             &config.amqp_url,
+            &config.amqp_tls,
             topology,
             &format!("belfry-worker {} ({})", config.instance, config.group),
         )

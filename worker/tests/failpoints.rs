@@ -4,22 +4,19 @@
 //! `--features belfry-worker/failpoints`, as `scripts/test` does.
 #![cfg(feature = "failpoints")]
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use belfry_testkit::{eventually, queue_len, TestEnv};
+use belfry_testkit::{eventually, queue_len, run_outcome, TestEnv};
 use chrono::Utc;
 use serde_json::json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_belfry-worker");
 
 fn worker(env: &TestEnv, name: &str, failpoints: &str) -> std::process::Child {
-    Command::new(BIN)
-        .envs(env.process_env())
-        .env("BELFRY_INSTANCE", name)
+    belfry_testkit::service_command(BIN, env, name)
         .env("BELFRY_FAILPOINTS", failpoints)
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
@@ -27,8 +24,7 @@ fn worker(env: &TestEnv, name: &str, failpoints: &str) -> std::process::Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_before_ack_does_not_run_the_job_twice() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop", "sleep", "http"]).await;
+    let env = belfry_testkit::service_env!("noop", "sleep", "http");
     let m = env
         .enqueue("once-only", "sleep", json!({"duration_ms": 10}), Utc::now())
         .await;
@@ -55,14 +51,7 @@ async fn a_worker_killed_before_ack_does_not_run_the_job_twice() {
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let run = env.run_of(&m).await;
-    assert_eq!(
-        (
-            run.status_text.as_str(),
-            run.attempts,
-            run.worker.as_deref()
-        ),
-        ("succeeded", 1, Some("doomed-worker"))
-    );
+    assert_eq!(run_outcome(&run), ("succeeded", 1, Some("doomed-worker")));
     let exit = belfry_testkit::terminate(second).await;
     assert!(exit.success());
     env.teardown(&["default"]).await;

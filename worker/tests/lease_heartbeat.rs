@@ -4,7 +4,7 @@
 //! the kill, whatever the timeout. The killed worker's binary runs with the
 //! defaults users run.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -30,12 +30,9 @@ fn spawn_worker(
     instance: &str,
     extra: &[(&str, &str)],
 ) -> std::process::Child {
-    Command::new(BIN)
-        .envs(env.process_env())
-        .env("BELFRY_INSTANCE", instance)
+    belfry_testkit::service_command(BIN, env, instance)
         .env("RUST_LOG", "warn")
         .envs(extra.iter().copied())
-        .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn belfry-worker")
@@ -71,17 +68,14 @@ async fn a_killed_workers_run_is_taken_over_within_a_lease() {
         // Stops at once when asked: the taken-over run is handed back.
         &[("BELFRY_SHUTDOWN_TIMEOUT", "1s")],
     )));
-    let taken_over =
-        belfry_testkit::eventually("attempt 2 to start", Duration::from_secs(40), || async {
-            let run = env
-                .ledger
-                .run_by_key(&m.job_name, &m.run_key)
-                .await
-                .ok()
-                .flatten()?;
-            (run.attempts >= 2).then_some(run)
-        })
-        .await;
+    let taken_over = belfry_testkit::wait_run(
+        &env,
+        &m,
+        "attempt 2 to start",
+        Duration::from_secs(40),
+        |run| run.attempts >= 2,
+    )
+    .await;
     let took = killed.elapsed();
     eprintln!("kill -9 to the next attempt: {:.1} s", took.as_secs_f64());
     assert_eq!(taken_over.worker.as_deref(), Some("survivor"));

@@ -13,12 +13,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_belfry-worker");
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_three_second_job_finishes_and_records_it() {
     let env = belfry_testkit::service_env!();
-    let child = Command::new(BIN)
-        .envs(env.process_env())
-        .env("BELFRY_INSTANCE", "worker-under-test")
+    let child = belfry_testkit::service_command(BIN, &env, "worker-under-test")
         .env("BELFRY_SHUTDOWN_TIMEOUT", "20s")
         .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn belfry-worker");
@@ -52,12 +49,9 @@ fn an_unreachable_database_is_one_clear_line_with_the_password_masked() {
         .env("RUST_LOG", "off")
         .output()
         .expect("run belfry-worker");
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<_> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
+    let stderr = belfry_testkit::one_line_exit_1(&out);
     assert!(
-        lines[0].contains("cannot connect to Postgres at postgres://app:***@127.0.0.1:1/belfry"),
+        stderr.contains("cannot connect to Postgres at postgres://app:***@127.0.0.1:1/belfry"),
         "{stderr}"
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
@@ -70,8 +64,7 @@ fn a_bad_setting_names_the_variable() {
         .env("RUST_LOG", "off")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = belfry_testkit::stderr_of_exit_1(&out);
     assert!(
         stderr.contains("BELFRY_PREFETCH=\"lots\" is invalid"),
         "{stderr}"

@@ -19,28 +19,24 @@ async fn first_run(api: &str, schedule: &str) -> Option<Value> {
     body["runs"].as_array()?.first().cloned()
 }
 
+/// The schedule file entry of `name`: an `invoice` every second with
+/// `payload` (a TOML inline table).
+fn invoice_schedule(name: &str, payload: &str) -> String {
+    format!(
+        "[[schedule]]\nname = \"{name}\"\nevery = \"1s\"\njob_type = \"invoice\"\npayload = {payload}\n"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invoice_runs_in_embedded_mode() {
     let dir = std::env::temp_dir().join(format!("belfry-custom-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("schedules.toml"),
-        r#"
-[[schedule]]
-name = "invoice-ok"
-every = "1s"
-job_type = "invoice"
-payload = { customer = "c-42", cents = 1999 }
-
-[[schedule]]
-name = "invoice-zero"
-every = "1s"
-job_type = "invoice"
-payload = { customer = "c-0", cents = 0 }
-"#,
-    )
-    .unwrap();
+    let schedules = [
+        invoice_schedule("invoice-ok", r#"{ customer = "c-42", cents = 1999 }"#),
+        invoice_schedule("invoice-zero", r#"{ customer = "c-0", cents = 0 }"#),
+    ];
+    std::fs::write(dir.join("schedules.toml"), schedules.join("\n")).unwrap();
     let mut command = tokio::process::Command::new(BIN);
     command
         .arg("dev")

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::PgStore;
-use crate::fire_history::{live_fire, ExclusiveClaim, LateClaim};
+use crate::fire_history::{late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
 use crate::runs::NewRun;
 use crate::store::FireHistoryStore;
 use crate::LedgerError;
@@ -110,28 +110,16 @@ impl FireHistoryStore for PgStore {
         after: Option<(&str, DateTime<Utc>)>,
     ) -> Result<Vec<LateClaim>, LedgerError> {
         let pool = &self.pool;
-        Ok(sqlx::query_as(&format!(
-            "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
-                 EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
-                         AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
-                         AND {}) AS superseded \
-             FROM job_runs r JOIN schedules s ON s.name = r.job_name \
-             WHERE r.status = 'claimed' AND {} \
-               AND r.claimed_at < now() - make_interval(secs => $2) \
-               AND r.scheduled_at < now() - make_interval(secs => $1) \
-               AND ($4::text IS NULL OR r.job_name > $4 \
-                    OR (r.job_name = $4 AND r.scheduled_at < $5)) \
-             ORDER BY r.job_name, r.scheduled_at DESC LIMIT $3",
-            live_fire("n"),
-            live_fire("r")
-        ))
-        .bind(older_than.as_secs_f64())
-        .bind(grace.as_secs_f64())
-        .bind(limit)
-        .bind(after.map(|(name, _)| name))
-        .bind(after.map(|(_, at)| at))
-        .fetch_all(pool)
-        .await?)
+        let late = "r.claimed_at < now() - make_interval(secs => $2) \
+                    AND r.scheduled_at < now() - make_interval(secs => $1)";
+        Ok(sqlx::query_as(&late_claims_sql(late))
+            .bind(older_than.as_secs_f64())
+            .bind(grace.as_secs_f64())
+            .bind(limit)
+            .bind(after.map(|(name, _)| name))
+            .bind(after.map(|(_, at)| at))
+            .fetch_all(pool)
+            .await?)
     }
 
     async fn skip_claimed(

@@ -19,11 +19,12 @@ mod views;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::postgres::PgArguments;
 use sqlx::PgPool;
 
 use crate::schedule_listener::ScheduleListener;
 use crate::sqlite::SqliteLedger;
-use crate::store::Lifecycle;
+use crate::store::{ClockReading, Lifecycle, LocalClock};
 use crate::LedgerError;
 
 /// The embedded migrations of `migrations/`.
@@ -33,6 +34,21 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 #[derive(Debug, Clone)]
 pub(crate) struct PgStore {
     pub(crate) pool: PgPool,
+}
+
+/// A statement of the Postgres ledger, its values bound.
+pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
+
+impl PgStore {
+    /// Runs `statement`, a guarded write of one row (its `WHERE` says
+    /// whether the row may move): whether the row moved.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the statement fails.
+    pub(crate) async fn moved(&self, statement: PgQuery<'_>) -> Result<bool, LedgerError> {
+        Ok(statement.execute(&self.pool).await?.rows_affected() == 1)
+    }
 }
 
 #[async_trait]
@@ -49,10 +65,7 @@ impl Lifecycle for PgStore {
         sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
     }
 
-    async fn clock_probe(
-        &self,
-        local: &(dyn Fn() -> DateTime<Utc> + Send + Sync),
-    ) -> Result<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>), LedgerError> {
+    async fn clock_probe(&self, local: &LocalClock<'_>) -> Result<ClockReading, LedgerError> {
         // Hold a connection first, so waiting for the pool is not timed:
         // only the query's round trip is.
         let mut conn = self.pool.acquire().await?;

@@ -45,18 +45,13 @@ impl OutboxStore for PgStore {
     }
 
     async fn mark_republished(&self, id: Uuid, lease: DateTime<Utc>) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE job_runs SET \
                  status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
                  dispatched_at = now(), next_dispatch_at = NULL, updated_at = now() \
              WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = $2",
-        )
-        .bind(id)
-        .bind(lease)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        );
+        self.moved(update.bind(id).bind(lease)).await
     }
 
     async fn postpone_dispatch(
@@ -65,16 +60,10 @@ impl OutboxStore for PgStore {
         lease: DateTime<Utc>,
         at: DateTime<Utc>,
     ) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE job_runs SET next_dispatch_at = $2 \
              WHERE id = $1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = $3",
-        )
-        .bind(id)
-        .bind(at)
-        .bind(lease)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        );
+        self.moved(update.bind(id).bind(at).bind(lease)).await
     }
 }

@@ -3,114 +3,64 @@
 //! attempts under leases (guarded `UPDATE`s, so a duplicate delivery never
 //! moves a finished run back) and lookups.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use belfry_protocol::JobMessage;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use uuid::Uuid;
 
 use super::PgStore;
 use crate::attempt_batch::{BeginRequest, EndRequest};
-use crate::runs::AttemptEntry;
-use crate::runs::NewRun;
-use crate::runs::{options_json, OnRunConflict, RunRecord, RunState, RUN_COLUMNS};
-use crate::status::waiting_statuses;
-use crate::status::WAITING;
+use crate::runs::{options_json, FromMessage, NewRun, RunLookup, RunRecord, RunState};
+use crate::status::{waiting_statuses, WAITING};
 use crate::store::RunStore;
 use crate::LedgerError;
-use crate::RunStatus;
 
 #[async_trait]
 impl RunStore for PgStore {
     async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE job_runs SET status = 'dispatched', dispatched_at = now(), \
                  next_dispatch_at = NULL, updated_at = now() \
              WHERE id = $1 AND status = 'claimed'",
-        )
-        .bind(id)
-        .execute(pool)
-        .await?;
+        );
+        let moved = self.moved(update.bind(id)).await?;
         // dispatched_at is also worth having when the worker was faster.
-        if done.rows_affected() == 0 {
+        if !moved {
             sqlx::query(
                 "UPDATE job_runs SET dispatched_at = now() WHERE id = $1 AND dispatched_at IS NULL",
             )
             .bind(id)
-            .execute(pool)
+            .execute(&self.pool)
             .await?;
         }
-        Ok(done.rows_affected() == 1)
+        Ok(moved)
     }
 
     async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let done = sqlx::query(&format!(
+        let update = sqlx::query(concat!(
             "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
                  updated_at = now() \
-             WHERE id = $1 AND status IN {WAITING}"
-        ))
-        .bind(id)
-        .bind(reason)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+             WHERE id = $1 AND status IN ",
+            waiting_statuses!()
+        ));
+        self.moved(update.bind(id).bind(reason)).await
     }
 
     async fn hand_back(&self, id: Uuid, attempt: i32, reason: &str) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE job_runs SET status = 'retrying', last_error = $2, lease_until = NULL, \
                  updated_at = now() \
              WHERE id = $1 AND status = 'running' AND attempts = $3",
-        )
-        .bind(id)
-        .bind(reason)
-        .bind(attempt)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        );
+        self.moved(update.bind(id).bind(reason).bind(attempt)).await
     }
 
-    async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
-        let pool = &self.pool;
-        Ok(
-            sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM job_runs WHERE id = $1"))
-                .bind(id)
-                .fetch_optional(pool)
-                .await?,
-        )
-    }
-
-    async fn run_by_key(
-        &self,
-        job_name: &str,
-        run_key: &str,
-    ) -> Result<Option<RunRecord>, LedgerError> {
-        let pool = &self.pool;
-        Ok(sqlx::query_as(&format!(
-            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = $1 AND run_key = $2"
-        ))
-        .bind(job_name)
-        .bind(run_key)
-        .fetch_optional(pool)
-        .await?)
-    }
-
-    async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
-        let pool = &self.pool;
-        Ok(sqlx::query_as(&format!(
-            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = $1 \
-             ORDER BY scheduled_at ASC LIMIT $2"
-        ))
-        .bind(job_name)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+    async fn runs(&self, lookup: RunLookup<'_>) -> Result<Vec<RunRecord>, LedgerError> {
+        let sql = lookup.sql();
+        Ok(lookup.query(&sql).fetch_all(&self.pool).await?)
     }
 
     async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
@@ -155,13 +105,13 @@ impl RunStore for PgStore {
         let keys: Vec<&str> = batch.iter().map(|r| r.run_key.as_str()).collect();
         let workers: Vec<&str> = batch.iter().map(|r| r.worker.as_str()).collect();
         let leases: Vec<f64> = batch.iter().map(|r| r.lease.as_secs_f64()).collect();
-        // Same guard as `try_begin`, row by row. A run named twice in one
-        // batch is updated once; the other request gets no row and takes
-        // the slow path, which sees the run held. Rows are locked in id
-        // order first (as the schedulers' batched `dispatched` update and
-        // `end_batch` do), so concurrent batches wait instead of
-        // deadlocking.
-        let rows = sqlx::query(
+        // The guard of a startable run (waiting, or running under an
+        // expired lease), row by row. A run named twice in one batch is
+        // updated once; the other request gets no row and takes the slow
+        // path, which sees the run held. Rows are locked in id order first
+        // (as the schedulers' batched `dispatched` update and `end_batch`
+        // do), so concurrent batches wait instead of deadlocking.
+        let rows: Vec<(String, String, Uuid, i32)> = sqlx::query_as(
             concat!("WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) \
                         AS b(job_name, run_key, worker, lease)), \
                   locked AS ( \
@@ -184,12 +134,10 @@ impl RunStore for PgStore {
         .bind(&leases)
         .fetch_all(pool)
         .await?;
-        let mut started = std::collections::HashMap::with_capacity(rows.len());
-        for r in rows {
-            let name: String = r.try_get("job_name")?;
-            let key: String = r.try_get("run_key")?;
-            started.insert((name, key), (r.try_get("id")?, r.try_get("attempts")?));
-        }
+        let mut started: HashMap<_, _> = rows
+            .into_iter()
+            .map(|(name, key, id, attempt)| ((name, key), (id, attempt)))
+            .collect();
         Ok(batch
             .iter()
             .map(|r| started.remove(&(r.job_name.clone(), r.run_key.clone())))
@@ -204,16 +152,14 @@ impl RunStore for PgStore {
         let terminal: Vec<bool> = batch.iter().map(|r| r.status.is_terminal()).collect();
         let entries = batch
             .iter()
-            .map(|r| serde_json::to_value(&r.entry))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
+            .map(|r| r.entry.to_json())
+            .collect::<Result<Vec<_>, _>>()?;
         let redispatch: Vec<Option<DateTime<Utc>>> =
             batch.iter().map(|r| r.redispatch_at).collect();
         let attempts: Vec<i32> = batch.iter().map(|r| r.entry.attempt).collect();
-        // Same guard as `end_attempt`: only the attempt that holds the run
-        // writes its outcome. Rows are locked in id order first (see
-        // `begin_batch`).
-        let rows = sqlx::query(
+        // Only the attempt that holds the run writes its outcome. Rows are
+        // locked in id order first (see `begin_batch`).
+        let written: HashSet<(Uuid, i32)> = sqlx::query_as(
             "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::jsonb[], \
                         $6::timestamptz[], $7::int[]) \
                         AS b(id, status, last_error, terminal, entry, redispatch_at, attempt)), \
@@ -237,14 +183,9 @@ impl RunStore for PgStore {
         .bind(&redispatch)
         .bind(&attempts)
         .fetch_all(pool)
-        .await?;
-        let mut written = std::collections::HashSet::with_capacity(rows.len());
-        for r in rows {
-            written.insert((
-                r.try_get::<Uuid, _>("id")?,
-                r.try_get::<i32, _>("attempts")?,
-            ));
-        }
+        .await?
+        .into_iter()
+        .collect();
         Ok(batch
             .iter()
             .map(|r| written.contains(&(r.id, r.entry.attempt)))
@@ -255,14 +196,14 @@ impl RunStore for PgStore {
         &self,
         held: &[(Uuid, i32)],
         lease: Duration,
-    ) -> Result<std::collections::HashSet<(Uuid, i32)>, LedgerError> {
+    ) -> Result<HashSet<(Uuid, i32)>, LedgerError> {
         let pool = &self.pool;
         let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
         let attempts: Vec<i32> = held.iter().map(|(_, a)| *a).collect();
         // Rows are locked in id order first, as the other batched
         // statements do, so a heartbeat never deadlocks with them.
         // `updated_at` is left alone: a heartbeat is not progress.
-        let rows = sqlx::query(
+        let renewed: Vec<(Uuid, i32)> = sqlx::query_as(
             "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS b(id, attempt)), \
                   locked AS ( \
                  SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
@@ -278,136 +219,41 @@ impl RunStore for PgStore {
         .bind(lease.as_secs_f64())
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get("id")?, r.try_get("attempts")?)))
-            .collect()
+        Ok(renewed.into_iter().collect())
     }
 
-    async fn try_begin(
-        &self,
-        job_name: &str,
-        run_key: &str,
-        worker: &str,
-        lease: std::time::Duration,
-    ) -> Result<Option<(Uuid, i32)>, LedgerError> {
-        let pool = &self.pool;
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        Ok(sqlx::query_as(concat!(
-            "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
-                 started_at = COALESCE(started_at, now()), worker = $3, next_dispatch_at = NULL, \
-                 lease_until = now() + make_interval(secs => $4::double precision / 1000), \
-                 updated_at = now() \
-             WHERE job_name = $1 AND run_key = $2 \
-               AND (status IN ",
-            waiting_statuses!(),
-            " \
-                    OR (status = 'running' AND (lease_until IS NULL OR lease_until < now()))) \
-             RETURNING id, attempts"
-        ))
-        .bind(job_name)
-        .bind(run_key)
-        .bind(worker)
-        .bind(lease_ms)
-        .fetch_optional(pool)
-        .await?)
-    }
-
-    async fn state_by_key(
-        &self,
-        job_name: &str,
-        run_key: &str,
-    ) -> Result<Option<RunState>, LedgerError> {
-        let pool = &self.pool;
-        let row = sqlx::query(
-            "SELECT id, status, lease_until, now() AS now FROM job_runs \
-             WHERE job_name = $1 AND run_key = $2",
+    async fn state_of(&self, message: &JobMessage) -> Result<Option<RunState>, LedgerError> {
+        let row: Option<(Uuid, String, Option<DateTime<Utc>>, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT id, status, lease_until, now() FROM job_runs WHERE job_name = $1 AND run_key = $2",
         )
-        .bind(job_name)
-        .bind(run_key)
-        .fetch_optional(pool)
+        .bind(&message.job_name)
+        .bind(&message.run_key)
+        .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| {
-            let status: String = r.try_get("status")?;
-            Ok(RunState {
-                id: r.try_get("id")?,
-                status: status.parse().map_err(LedgerError::Corrupt)?,
-                lease_until: r.try_get("lease_until")?,
-                now: r.try_get("now")?,
-            })
-        })
-        .transpose()
+        row.map(|(id, status, lease_until, now)| RunState::parse((id, status, lease_until), now))
+            .transpose()
     }
 
-    async fn insert_from_message(
-        &self,
-        message: &JobMessage,
-        status: RunStatus,
-        last_error: Option<&str>,
-        on_conflict: OnRunConflict,
-    ) -> Result<u64, sqlx::Error> {
-        let pool = &self.pool;
-        let on_conflict = match on_conflict {
-            OnRunConflict::Nothing => "DO NOTHING".to_owned(),
-            OnRunConflict::MarkDead => format!(
+    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, sqlx::Error> {
+        let on_conflict = match run {
+            FromMessage::Dispatched(_) => "DO NOTHING".to_owned(),
+            FromMessage::Dead(..) => format!(
                 "DO UPDATE SET status = 'dead', last_error = EXCLUDED.last_error, \
                  finished_at = now(), updated_at = now() WHERE job_runs.status IN {WAITING}"
             ),
         };
-        let options =
-            options_json(&message.options).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
-        let trace = message.trace.as_ref();
-        let done = sqlx::query(&format!(
+        let insert = format!(
             "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
                  dispatched_at, last_error, finished_at, trace_id, traceparent, options) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN now() END, $11, $12, $13) \
              ON CONFLICT (job_name, run_key) {on_conflict}"
-        ))
-        .bind(message.message_id)
-        .bind(&message.job_name)
-        .bind(&message.run_key)
-        .bind(&message.job_type)
-        .bind(status.as_str())
-        .bind(&message.payload)
-        .bind(message.scheduled_at)
-        .bind(message.published_at)
-        .bind(last_error)
-        .bind(status.is_terminal())
-        .bind(trace.and_then(|t| t.trace_id()))
-        .bind(trace.map(|t| t.traceparent.as_str()))
-        .bind(options)
-        .execute(pool)
-        .await?;
+        );
+        // `$1` to `$13` in the order of the columns above.
+        let done = run
+            .bind(sqlx::query(&insert), |at| at)?
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected())
-    }
-
-    async fn end_attempt(
-        &self,
-        id: Uuid,
-        status: RunStatus,
-        entry: &AttemptEntry,
-        last_error: Option<&str>,
-        redispatch_at: Option<DateTime<Utc>>,
-    ) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let entry_json = serde_json::to_value(entry)
-            .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
-        let done = sqlx::query(
-            "UPDATE job_runs SET status = $2, last_error = $3, \
-                 finished_at = CASE WHEN $4 THEN now() ELSE NULL END, \
-                 attempt_log = attempt_log || jsonb_build_array($5::jsonb), \
-                 next_dispatch_at = $6, lease_until = NULL, updated_at = now() \
-             WHERE id = $1 AND status = 'running' AND attempts = $7",
-        )
-        .bind(id)
-        .bind(status.as_str())
-        .bind(last_error)
-        .bind(status.is_terminal())
-        .bind(entry_json)
-        .bind(redispatch_at)
-        .bind(entry.attempt)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
     }
 }
 
@@ -445,10 +291,7 @@ where
         claimers.push(r.claimed_by.as_str());
         trace_ids.push(r.trace_id.as_deref());
         traceparents.push(r.traceparent.as_deref());
-        options.push(
-            serde_json::to_value(&r.options)
-                .map_err(|e| LedgerError::Corrupt(format!("job options: {e}")))?,
-        );
+        options.push(options_json(&r.options)?);
         next_dispatch.push(r.next_dispatch_at);
     }
     // Rows of the batch are inserted in its order; each conflict is

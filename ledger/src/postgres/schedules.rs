@@ -3,37 +3,46 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 
 use super::PgStore;
-use crate::schedules::ScheduleRow;
+use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow};
 use crate::store::ScheduleStore;
 use crate::LedgerError;
 
 #[async_trait]
 impl ScheduleStore for PgStore {
-    async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
-        let pool = &self.pool;
-        // Rows that did not change are left alone, so replicas starting
-        // together do not wake each other with notifications.
-        write_schedule(
-            pool,
-            row,
-            "DO UPDATE SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
-                 timezone = EXCLUDED.timezone, job_type = EXCLUDED.job_type, \
-                 payload = EXCLUDED.payload, options = EXCLUDED.options, spec = EXCLUDED.spec \
-             WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
-                    schedules.payload, schedules.options, schedules.spec) \
-                   IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_ms, EXCLUDED.timezone, \
-                    EXCLUDED.job_type, EXCLUDED.payload, EXCLUDED.options, EXCLUDED.spec)",
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        Ok(write_schedule(pool, row, "DO NOTHING").await? == 1)
+    async fn write_schedule(
+        &self,
+        row: &ScheduleRow,
+        if_stored: IfStored,
+    ) -> Result<u64, LedgerError> {
+        let on_conflict = match if_stored {
+            // Rows that did not change are left alone, so replicas starting
+            // together do not wake each other with notifications.
+            IfStored::Update => {
+                "DO UPDATE SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, \
+                     timezone = EXCLUDED.timezone, job_type = EXCLUDED.job_type, \
+                     payload = EXCLUDED.payload, options = EXCLUDED.options, spec = EXCLUDED.spec \
+                 WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
+                        schedules.payload, schedules.options, schedules.spec) \
+                       IS DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_ms, EXCLUDED.timezone, \
+                        EXCLUDED.job_type, EXCLUDED.payload, EXCLUDED.options, EXCLUDED.spec)"
+            }
+            IfStored::Keep => "DO NOTHING",
+        };
+        let insert = format!(
+            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, options, spec, \
+                 paused) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (name) {on_conflict}"
+        );
+        // `$1` to `$8`: the definition; then the paused flag.
+        let done = row
+            .bind_definition(sqlx::query(&insert))
+            .bind(row.paused)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn replace_schedule(
@@ -41,125 +50,41 @@ impl ScheduleStore for PgStore {
         row: &ScheduleRow,
         paused: Option<bool>,
     ) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let done = sqlx::query(
+        let replace = sqlx::query(
             "UPDATE schedules SET cron = $2, every_ms = $3, timezone = $4, job_type = $5, \
                  payload = $6, options = $7, spec = $8, paused = COALESCE($9, paused) \
              WHERE name = $1",
-        )
-        .bind(&row.name)
-        .bind(&row.cron)
-        .bind(row.every_ms)
-        .bind(&row.timezone)
-        .bind(&row.job_type)
-        .bind(&row.payload)
-        .bind(&row.options)
-        .bind(&row.spec)
-        .bind(paused)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        );
+        self.moved(row.bind_definition(replace).bind(paused)).await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let done = sqlx::query("DELETE FROM schedules WHERE name = $1")
-            .bind(name)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        self.moved(sqlx::query("DELETE FROM schedules WHERE name = $1").bind(name))
+            .await
     }
 
-    async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
-        let pool = &self.pool;
-        Ok(sqlx::query_as(
-            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
-             FROM schedules ORDER BY name",
-        )
-        .fetch_all(pool)
-        .await?)
-    }
-
-    async fn schedules_page(
-        &self,
-        after: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<ScheduleRow>, LedgerError> {
-        let pool = &self.pool;
-        Ok(sqlx::query_as(
-            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
-             FROM schedules WHERE ($1::text IS NULL OR name > $1) ORDER BY name LIMIT $2",
-        )
-        .bind(after)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
-    }
-
-    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError> {
-        let pool = &self.pool;
-        Ok(sqlx::query_as(
-            "SELECT name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at \
-             FROM schedules WHERE name = $1",
-        )
-        .bind(name)
-        .fetch_optional(pool)
-        .await?)
+    async fn schedules(&self, lookup: ScheduleLookup<'_>) -> Result<Vec<ScheduleRow>, LedgerError> {
+        let sql = lookup.sql();
+        Ok(lookup.query(&sql).fetch_all(&self.pool).await?)
     }
 
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
-        let pool = &self.pool;
-        let rows = sqlx::query("SELECT name, updated_at FROM schedules")
-            .fetch_all(pool)
-            .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get("name")?, r.try_get("updated_at")?)))
-            .collect()
+        Ok(sqlx::query_as("SELECT name, updated_at FROM schedules")
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
-        let pool = &self.pool;
-        let done = sqlx::query("UPDATE schedules SET paused = $2 WHERE name = $1")
-            .bind(name)
-            .bind(paused)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let update = sqlx::query("UPDATE schedules SET paused = $2 WHERE name = $1");
+        self.moved(update.bind(name).bind(paused)).await
     }
 
     async fn delete_schedules_except(&self, keep: &[String]) -> Result<Vec<String>, LedgerError> {
-        let pool = &self.pool;
         Ok(
             sqlx::query_scalar("DELETE FROM schedules WHERE NOT (name = ANY($1)) RETURNING name")
                 .bind(keep)
-                .fetch_all(pool)
+                .fetch_all(&self.pool)
                 .await?,
         )
     }
-}
-
-/// Inserts `row`, with `on_conflict` (an `ON CONFLICT (name)` action)
-/// deciding what happens to an existing schedule; rows written.
-async fn write_schedule(
-    pool: &sqlx::PgPool,
-    row: &ScheduleRow,
-    on_conflict: &str,
-) -> Result<u64, LedgerError> {
-    let done = sqlx::query(&format!(
-        "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused, options, spec) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-         ON CONFLICT (name) {on_conflict}"
-    ))
-    .bind(&row.name)
-    .bind(&row.cron)
-    .bind(row.every_ms)
-    .bind(&row.timezone)
-    .bind(&row.job_type)
-    .bind(&row.payload)
-    .bind(row.paused)
-    .bind(&row.options)
-    .bind(&row.spec)
-    .execute(pool)
-    .await?;
-    Ok(done.rows_affected())
 }

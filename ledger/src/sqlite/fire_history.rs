@@ -14,7 +14,7 @@ use uuid::Uuid;
 use async_trait::async_trait;
 
 use super::{now, now_minus, ts, SqliteLedger};
-use crate::fire_history::{live_fire, ExclusiveClaim, LateClaim};
+use crate::fire_history::{late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
 use crate::runs::NewRun;
 use crate::store::FireHistoryStore;
 use crate::LedgerError;
@@ -113,7 +113,9 @@ impl FireHistoryStore for SqliteLedger {
             tx.commit().await?;
             return Ok(ExclusiveClaim::Overlapped);
         }
-        let won = super::runs::claim_in(&mut tx, run).await?;
+        let won = !super::runs::claim_in(&mut tx, std::slice::from_ref(run), &at)
+            .await?
+            .is_empty();
         tx.commit().await?;
         Ok(if won {
             ExclusiveClaim::Won
@@ -129,26 +131,15 @@ impl FireHistoryStore for SqliteLedger {
         limit: i64,
         after: Option<(&str, DateTime<Utc>)>,
     ) -> Result<Vec<LateClaim>, LedgerError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
-                 EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
-                         AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
-                         AND {}) AS superseded \
-             FROM job_runs r JOIN schedules s ON s.name = r.job_name \
-             WHERE r.status = 'claimed' AND {} \
-               AND r.claimed_at < ?2 AND r.scheduled_at < ?1 \
-               AND (?4 IS NULL OR r.job_name > ?4 OR (r.job_name = ?4 AND r.scheduled_at < ?5)) \
-             ORDER BY r.job_name, r.scheduled_at DESC LIMIT ?3",
-            live_fire("n"),
-            live_fire("r")
-        ))
-        .bind(now_minus(older_than))
-        .bind(now_minus(grace))
-        .bind(limit)
-        .bind(after.map(|(name, _)| name))
-        .bind(after.map(|(_, at)| ts(at)))
-        .fetch_all(&self.pool)
-        .await?)
+        let late = "r.claimed_at < $2 AND r.scheduled_at < $1";
+        Ok(sqlx::query_as(&late_claims_sql(late))
+            .bind(now_minus(older_than))
+            .bind(now_minus(grace))
+            .bind(limit)
+            .bind(after.map(|(name, _)| name))
+            .bind(after.map(|(_, at)| ts(at)))
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     async fn skip_claimed(

@@ -36,14 +36,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::SqlitePool;
 use tokio::sync::{broadcast, Notify};
 
 use async_trait::async_trait;
 
 use crate::schedule_listener::ScheduleListener;
-use crate::store::Lifecycle;
+use crate::store::{ClockReading, Lifecycle, LocalClock};
 use crate::LedgerError;
 
 /// The embedded migrations of `sqlite-migrations/`.
@@ -83,6 +85,9 @@ pub(crate) fn now_minus(d: Duration) -> String {
         .unwrap_or(DateTime::UNIX_EPOCH);
     ts(earlier.max(DateTime::UNIX_EPOCH))
 }
+
+/// A statement of the embedded ledger, its values bound.
+pub(crate) type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments<'q>>;
 
 /// The embedded ledger's handle (cheap to clone).
 #[derive(Debug, Clone)]
@@ -198,6 +203,16 @@ impl SqliteLedger {
         Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 
+    /// Runs `statement`, a guarded write of one row (its `WHERE` says
+    /// whether the row may move), on the writer: whether the row moved.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the statement fails.
+    pub(crate) async fn moved(&self, statement: SqliteQuery<'_>) -> Result<bool, LedgerError> {
+        Ok(statement.execute(&self.writer).await?.rows_affected() == 1)
+    }
+
     /// Announces a changed schedule to this process's replicas.
     pub(crate) fn announce(&self, name: &str) {
         // No receiver (no replica running) is fine: nothing to tell.
@@ -234,10 +249,7 @@ impl Lifecycle for SqliteLedger {
 
     /// The embedded database has no clock of its own: its answer is the
     /// system clock.
-    async fn clock_probe(
-        &self,
-        local: &(dyn Fn() -> DateTime<Utc> + Send + Sync),
-    ) -> Result<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>), LedgerError> {
+    async fn clock_probe(&self, local: &LocalClock<'_>) -> Result<ClockReading, LedgerError> {
         let before = local();
         Ok((before, Utc::now(), local()))
     }

@@ -33,18 +33,14 @@ impl OutboxStore for SqliteLedger {
     }
 
     async fn mark_republished(&self, id: Uuid, lease: DateTime<Utc>) -> Result<bool, LedgerError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE job_runs SET \
                  status = CASE WHEN status = 'claimed' THEN 'dispatched' ELSE status END, \
                  dispatched_at = ?3, next_dispatch_at = NULL, updated_at = ?3 \
              WHERE id = ?1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = ?2",
-        )
-        .bind(id)
-        .bind(ts(lease))
-        .bind(now())
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        );
+        self.moved(update.bind(id).bind(ts(lease)).bind(now()))
+            .await
     }
 
     async fn postpone_dispatch(
@@ -53,15 +49,11 @@ impl OutboxStore for SqliteLedger {
         lease: DateTime<Utc>,
         at: DateTime<Utc>,
     ) -> Result<bool, LedgerError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE job_runs SET next_dispatch_at = ?2 \
              WHERE id = ?1 AND status IN ('claimed', 'retrying') AND next_dispatch_at = ?3",
-        )
-        .bind(id)
-        .bind(ts(at))
-        .bind(ts(lease))
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        );
+        self.moved(update.bind(id).bind(ts(at)).bind(ts(lease)))
+            .await
     }
 }

@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use uuid::Uuid;
 
 use belfry_protocol::JobMessage;
@@ -17,20 +16,10 @@ use async_trait::async_trait;
 
 use super::{now, now_plus, ts, SqliteLedger};
 use crate::attempt_batch::{BeginRequest, EndRequest};
-use crate::runs::{
-    options_json, AttemptEntry, NewRun, OnRunConflict, RunRecord, RunState, RUN_COLUMNS,
-};
+use crate::runs::{options_json, FromMessage, NewRun, RunLookup, RunRecord, RunState};
 use crate::status::waiting_statuses;
 use crate::store::RunStore;
-use crate::{LedgerError, RunStatus};
-
-/// The insert of a claim; one row.
-const CLAIM: &str = "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, \
-         scheduled_at, claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at, \
-         updated_at) \
-     VALUES (?1, ?2, ?3, ?4, 'claimed', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?8) \
-     ON CONFLICT (job_name, run_key) DO NOTHING \
-     RETURNING id";
+use crate::LedgerError;
 
 /// `claimed` → `dispatched`, or only `dispatched_at` for a run a fast worker
 /// already moved; every expression reads the row as it was (the batched
@@ -43,7 +32,8 @@ const MARK_DISPATCHED: &str = "UPDATE job_runs SET \
      WHERE id = ?1 AND (status = 'claimed' OR dispatched_at IS NULL) \
      RETURNING status";
 
-/// Starts an attempt of a startable run (see `Ledger::try_begin`).
+/// Starts an attempt of a startable run (waiting, or running under an
+/// expired lease); see `Ledger::begin_attempt`.
 const BEGIN: &str = concat!(
     "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
          started_at = COALESCE(started_at, ?4), worker = ?3, next_dispatch_at = NULL, \
@@ -63,50 +53,53 @@ const END: &str = "UPDATE job_runs SET status = ?2, last_error = ?3, \
          next_dispatch_at = ?6, lease_until = NULL, updated_at = ?8 \
      WHERE id = ?1 AND status = 'running' AND attempts = ?7";
 
+/// Most runs [`claim_in`] inserts in one statement: 13 parameters each, far
+/// below SQLite's limit.
+const CLAIM_CHUNK: usize = 256;
+
+/// Claims `runs` (at most [`CLAIM_CHUNK`]) in `tx` with one multi-row
+/// insert, each row decided on its own by the unique constraint; the ids
+/// inserted.
+///
+/// # Errors
+///
+/// [`LedgerError::Query`] when the insert fails; [`LedgerError::Corrupt`]
+/// when a run's options cannot be encoded.
 pub(super) async fn claim_in(
     tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    run: &NewRun,
-) -> Result<bool, LedgerError> {
-    let inserted: Option<Uuid> = sqlx::query_scalar(CLAIM)
-        .bind(run.id)
-        .bind(&run.job_name)
-        .bind(&run.run_key)
-        .bind(&run.job_type)
-        .bind(&run.payload)
-        .bind(ts(run.scheduled_at))
-        .bind(&run.claimed_by)
-        .bind(now())
-        .bind(&run.trace_id)
-        .bind(&run.traceparent)
-        .bind(options_json(&run.options)?)
-        .bind(ts(run.next_dispatch_at))
-        .fetch_optional(&mut **tx)
-        .await?;
-    Ok(inserted.is_some())
-}
-
-async fn end_in(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    id: Uuid,
-    status: RunStatus,
-    entry: &AttemptEntry,
-    last_error: Option<&str>,
-    redispatch_at: Option<DateTime<Utc>>,
-) -> Result<bool, LedgerError> {
-    let entry_json = serde_json::to_string(entry)
-        .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
-    let done = sqlx::query(END)
-        .bind(id)
-        .bind(status.as_str())
-        .bind(last_error)
-        .bind(status.is_terminal())
-        .bind(entry_json)
-        .bind(redispatch_at.map(ts))
-        .bind(entry.attempt)
-        .bind(now())
-        .execute(&mut **tx)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    runs: &[NewRun],
+    at: &str,
+) -> Result<Vec<Uuid>, LedgerError> {
+    if runs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, \
+             scheduled_at, claimed_by, claimed_at, trace_id, traceparent, options, \
+             next_dispatch_at, updated_at) ",
+    );
+    let mut rows = Vec::with_capacity(runs.len());
+    for run in runs {
+        rows.push((run, options_json(&run.options)?));
+    }
+    q.push_values(rows, |mut b, (run, options)| {
+        b.push_bind(run.id)
+            .push_bind(run.job_name.clone())
+            .push_bind(run.run_key.clone())
+            .push_bind(run.job_type.clone())
+            .push("'claimed'")
+            .push_bind(run.payload.clone())
+            .push_bind(ts(run.scheduled_at))
+            .push_bind(run.claimed_by.clone())
+            .push_bind(at.to_owned())
+            .push_bind(run.trace_id.clone())
+            .push_bind(run.traceparent.clone())
+            .push_bind(options)
+            .push_bind(ts(run.next_dispatch_at))
+            .push_bind(at.to_owned());
+    });
+    q.push(" ON CONFLICT (job_name, run_key) DO NOTHING RETURNING id");
+    Ok(q.build_query_scalar().fetch_all(&mut **tx).await?)
 }
 
 #[async_trait]
@@ -114,40 +107,11 @@ impl RunStore for SqliteLedger {
     async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
         let mut won = HashSet::with_capacity(runs.len());
         let at = now();
-        // Multi-row inserts of at most 256 rows (13 parameters each, far
-        // below SQLite's limit), all in one transaction: all of the batch or
-        // none of it, as the single Postgres statement. Each row is still
-        // decided on its own by the unique constraint.
+        // Multi-row inserts, all in one transaction: all of the batch or
+        // none of it, as the single Postgres statement.
         let mut tx = self.write_tx().await?;
-        for chunk in runs.chunks(256) {
-            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, \
-                     scheduled_at, claimed_by, claimed_at, trace_id, traceparent, options, \
-                     next_dispatch_at, updated_at) ",
-            );
-            let mut rows = Vec::with_capacity(chunk.len());
-            for run in chunk {
-                rows.push((run, options_json(&run.options)?));
-            }
-            q.push_values(rows, |mut b, (run, options)| {
-                b.push_bind(run.id)
-                    .push_bind(run.job_name.clone())
-                    .push_bind(run.run_key.clone())
-                    .push_bind(run.job_type.clone())
-                    .push("'claimed'")
-                    .push_bind(run.payload.clone())
-                    .push_bind(ts(run.scheduled_at))
-                    .push_bind(run.claimed_by.clone())
-                    .push_bind(at.clone())
-                    .push_bind(run.trace_id.clone())
-                    .push_bind(run.traceparent.clone())
-                    .push_bind(options)
-                    .push_bind(ts(run.next_dispatch_at))
-                    .push_bind(at.clone());
-            });
-            q.push(" ON CONFLICT (job_name, run_key) DO NOTHING RETURNING id");
-            let inserted: Vec<Uuid> = q.build_query_scalar().fetch_all(&mut *tx).await?;
-            won.extend(inserted);
+        for chunk in runs.chunks(CLAIM_CHUNK) {
+            won.extend(claim_in(&mut tx, chunk, &at).await?);
         }
         tx.commit().await?;
         Ok(won)
@@ -200,169 +164,65 @@ impl RunStore for SqliteLedger {
     }
 
     async fn mark_dead(&self, id: Uuid, reason: &str) -> Result<bool, LedgerError> {
-        let done = sqlx::query(concat!(
+        let update = sqlx::query(concat!(
             "UPDATE job_runs SET status = 'dead', last_error = ?2, finished_at = ?3, \
                  updated_at = ?3 \
              WHERE id = ?1 AND status IN ",
             waiting_statuses!()
-        ))
-        .bind(id)
-        .bind(reason)
-        .bind(now())
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        ));
+        self.moved(update.bind(id).bind(reason).bind(now())).await
     }
 
-    async fn try_begin(
-        &self,
-        job_name: &str,
-        run_key: &str,
-        worker: &str,
-        lease: Duration,
-    ) -> Result<Option<(Uuid, i32)>, LedgerError> {
-        Ok(sqlx::query_as(BEGIN)
-            .bind(job_name)
-            .bind(run_key)
-            .bind(worker)
-            .bind(now())
-            .bind(now_plus(lease))
-            .fetch_optional(&self.writer)
-            .await?)
-    }
-
-    async fn state_by_key(
-        &self,
-        job_name: &str,
-        run_key: &str,
-    ) -> Result<Option<RunState>, LedgerError> {
-        let row = sqlx::query(
+    async fn state_of(&self, message: &JobMessage) -> Result<Option<RunState>, LedgerError> {
+        let row: Option<(Uuid, String, Option<DateTime<Utc>>)> = sqlx::query_as(
             "SELECT id, status, lease_until FROM job_runs WHERE job_name = ?1 AND run_key = ?2",
         )
-        .bind(job_name)
-        .bind(run_key)
+        .bind(&message.job_name)
+        .bind(&message.run_key)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| {
-            let status: String = r.try_get("status")?;
-            Ok(RunState {
-                id: r.try_get("id")?,
-                status: status.parse().map_err(LedgerError::Corrupt)?,
-                lease_until: r.try_get("lease_until")?,
-                now: Utc::now(),
-            })
-        })
-        .transpose()
+        // There is no other clock than this process's.
+        row.map(|row| RunState::parse(row, Utc::now())).transpose()
     }
 
-    async fn insert_from_message(
-        &self,
-        message: &JobMessage,
-        status: RunStatus,
-        last_error: Option<&str>,
-        on_conflict: OnRunConflict,
-    ) -> Result<u64, sqlx::Error> {
-        let action = match on_conflict {
-            OnRunConflict::Nothing => "DO NOTHING",
-            OnRunConflict::MarkDead => {
-                concat!(
-                    "DO UPDATE SET status = 'dead', last_error = excluded.last_error, \
+    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, sqlx::Error> {
+        let action = match run {
+            FromMessage::Dispatched(_) => "DO NOTHING",
+            FromMessage::Dead(..) => concat!(
+                "DO UPDATE SET status = 'dead', last_error = excluded.last_error, \
                  finished_at = excluded.updated_at, updated_at = excluded.updated_at \
                  WHERE job_runs.status IN ",
-                    waiting_statuses!()
-                )
-            }
+                waiting_statuses!()
+            ),
         };
-        let at = now();
-        let trace = message.trace.as_ref();
-        let options =
-            options_json(&message.options).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
-        let done = sqlx::query(&format!(
+        let insert = format!(
             "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
                  dispatched_at, last_error, finished_at, trace_id, traceparent, options, updated_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, CASE WHEN ?10 THEN ?14 END, ?11, ?12, ?13, ?14) \
              ON CONFLICT (job_name, run_key) {action}"
-        ))
-        .bind(message.message_id)
-        .bind(&message.job_name)
-        .bind(&message.run_key)
-        .bind(&message.job_type)
-        .bind(status.as_str())
-        .bind(&message.payload)
-        .bind(ts(message.scheduled_at))
-        .bind(ts(message.published_at))
-        .bind(last_error)
-        .bind(status.is_terminal())
-        .bind(trace.and_then(|t| t.trace_id()))
-        .bind(trace.map(|t| t.traceparent.as_str()))
-        .bind(options)
-        .bind(at)
-        .execute(&self.writer)
-        .await?;
+        );
+        // `?1` to `?13` in the order of the columns above; `?14` is now.
+        let done = run
+            .bind(sqlx::query(&insert), ts)?
+            .bind(now())
+            .execute(&self.writer)
+            .await?;
         Ok(done.rows_affected())
     }
 
-    async fn end_attempt(
-        &self,
-        id: Uuid,
-        status: RunStatus,
-        entry: &AttemptEntry,
-        last_error: Option<&str>,
-        redispatch_at: Option<DateTime<Utc>>,
-    ) -> Result<bool, LedgerError> {
-        let mut tx = self.writer.begin().await?;
-        let done = end_in(&mut tx, id, status, entry, last_error, redispatch_at).await?;
-        tx.commit().await?;
-        Ok(done)
-    }
-
     async fn hand_back(&self, id: Uuid, attempt: i32, reason: &str) -> Result<bool, LedgerError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE job_runs SET status = 'retrying', last_error = ?2, lease_until = NULL, \
                  updated_at = ?4 \
              WHERE id = ?1 AND status = 'running' AND attempts = ?3",
-        )
-        .bind(id)
-        .bind(reason)
-        .bind(attempt)
-        .bind(now())
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        );
+        self.moved(update.bind(id).bind(reason).bind(attempt).bind(now()))
+            .await
     }
 
-    async fn run(&self, id: Uuid) -> Result<Option<RunRecord>, LedgerError> {
-        Ok(
-            sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM job_runs WHERE id = ?1"))
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn run_by_key(
-        &self,
-        job_name: &str,
-        run_key: &str,
-    ) -> Result<Option<RunRecord>, LedgerError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = ?1 AND run_key = ?2"
-        ))
-        .bind(job_name)
-        .bind(run_key)
-        .fetch_optional(&self.pool)
-        .await?)
-    }
-
-    async fn runs_of(&self, job_name: &str, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {RUN_COLUMNS} FROM job_runs WHERE job_name = ?1 \
-             ORDER BY scheduled_at ASC LIMIT ?2"
-        ))
-        .bind(job_name)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
+    async fn runs(&self, lookup: RunLookup<'_>) -> Result<Vec<RunRecord>, LedgerError> {
+        let sql = lookup.sql();
+        Ok(lookup.query(&sql).fetch_all(&self.pool).await?)
     }
 
     async fn begin_batch(
@@ -373,10 +233,10 @@ impl RunStore for SqliteLedger {
         let mut out = Vec::with_capacity(batch.len());
         let mut tx = self.write_tx().await?;
         for r in batch {
-            // Row by row, the guard of `try_begin`: a run named twice in one
-            // batch starts once; the second request gets `None` and the
-            // slow path sees the run held.
-            let row = sqlx::query(BEGIN)
+            // Row by row, one guard: a run named twice in one batch starts
+            // once; the second request gets `None` and the slow path sees
+            // the run held.
+            let started = sqlx::query_as(BEGIN)
                 .bind(&r.job_name)
                 .bind(&r.run_key)
                 .bind(&r.worker)
@@ -384,12 +244,7 @@ impl RunStore for SqliteLedger {
                 .bind(now_plus(r.lease))
                 .fetch_optional(&mut *tx)
                 .await?;
-            out.push(
-                row.map(|row| -> Result<_, LedgerError> {
-                    Ok((row.try_get("id")?, row.try_get("attempts")?))
-                })
-                .transpose()?,
-            );
+            out.push(started);
         }
         tx.commit().await?;
         Ok(out)
@@ -398,10 +253,10 @@ impl RunStore for SqliteLedger {
     async fn renew_leases(
         &self,
         held: &[(Uuid, i32)],
-        lease: std::time::Duration,
-    ) -> Result<std::collections::HashSet<(Uuid, i32)>, LedgerError> {
+        lease: Duration,
+    ) -> Result<HashSet<(Uuid, i32)>, LedgerError> {
         let until = now_plus(lease);
-        let mut renewed = std::collections::HashSet::with_capacity(held.len());
+        let mut renewed = HashSet::with_capacity(held.len());
         let mut tx = self.write_tx().await?;
         for (id, attempt) in held {
             let done = sqlx::query(
@@ -425,17 +280,20 @@ impl RunStore for SqliteLedger {
         let mut out = Vec::with_capacity(batch.len());
         let mut tx = self.write_tx().await?;
         for r in batch {
-            out.push(
-                end_in(
-                    &mut tx,
-                    r.id,
-                    r.status,
-                    &r.entry,
-                    r.last_error.as_deref(),
-                    r.redispatch_at,
-                )
-                .await?,
-            );
+            let entry = serde_json::to_string(&r.entry)
+                .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
+            let done = sqlx::query(END)
+                .bind(r.id)
+                .bind(r.status.as_str())
+                .bind(r.last_error.as_deref())
+                .bind(r.status.is_terminal())
+                .bind(entry)
+                .bind(r.redispatch_at.map(ts))
+                .bind(r.entry.attempt)
+                .bind(now())
+                .execute(&mut *tx)
+                .await?;
+            out.push(done.rows_affected() == 1);
         }
         tx.commit().await?;
         Ok(out)

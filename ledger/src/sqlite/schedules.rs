@@ -4,67 +4,73 @@
 //! process's replicas, as the Postgres trigger's `NOTIFY` does.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 
 use async_trait::async_trait;
 
-use super::{now, SqliteLedger};
-use crate::schedules::{ScheduleRow, SCHEDULE_COLUMNS};
+use super::{now, SqliteLedger, SqliteQuery};
+use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow};
 use crate::store::ScheduleStore;
 use crate::LedgerError;
 
 impl SqliteLedger {
-    async fn write_schedule(
+    /// [`SqliteLedger::moved`], announcing the schedule `name` when it moved.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the statement fails (nothing is
+    /// announced).
+    async fn moved_announced(
         &self,
-        row: &ScheduleRow,
-        on_conflict: &str,
-    ) -> Result<u64, LedgerError> {
-        let done = sqlx::query(&format!(
-            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, paused, \
-                 options, spec, created_at, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10) \
-             ON CONFLICT (name) {on_conflict}"
-        ))
-        .bind(&row.name)
-        .bind(&row.cron)
-        .bind(row.every_ms)
-        .bind(&row.timezone)
-        .bind(&row.job_type)
-        .bind(&row.payload)
-        .bind(row.paused)
-        .bind(&row.options)
-        .bind(&row.spec)
-        .bind(now())
-        .execute(&self.writer)
-        .await?;
-        if done.rows_affected() > 0 {
-            self.announce(&row.name);
+        name: &str,
+        statement: SqliteQuery<'_>,
+    ) -> Result<bool, LedgerError> {
+        let moved = self.moved(statement).await?;
+        if moved {
+            self.announce(name);
         }
-        Ok(done.rows_affected())
+        Ok(moved)
     }
 }
 
 #[async_trait]
 impl ScheduleStore for SqliteLedger {
-    async fn upsert_schedule(&self, row: &ScheduleRow) -> Result<(), LedgerError> {
-        // Rows that did not change are left alone (no announcement either).
-        self.write_schedule(
-            row,
-            "DO UPDATE SET cron = excluded.cron, every_ms = excluded.every_ms, \
-                 timezone = excluded.timezone, job_type = excluded.job_type, \
-                 payload = excluded.payload, options = excluded.options, spec = excluded.spec, \
-                 updated_at = excluded.updated_at \
-             WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
-                    schedules.payload, schedules.options, schedules.spec) \
-                   IS NOT (excluded.cron, excluded.every_ms, excluded.timezone, \
-                    excluded.job_type, excluded.payload, excluded.options, excluded.spec)",
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn insert_schedule(&self, row: &ScheduleRow) -> Result<bool, LedgerError> {
-        Ok(self.write_schedule(row, "DO NOTHING").await? == 1)
+    async fn write_schedule(
+        &self,
+        row: &ScheduleRow,
+        if_stored: IfStored,
+    ) -> Result<u64, LedgerError> {
+        let on_conflict = match if_stored {
+            // Rows that did not change are left alone (no announcement
+            // either).
+            IfStored::Update => {
+                "DO UPDATE SET cron = excluded.cron, every_ms = excluded.every_ms, \
+                     timezone = excluded.timezone, job_type = excluded.job_type, \
+                     payload = excluded.payload, options = excluded.options, spec = excluded.spec, \
+                     updated_at = excluded.updated_at \
+                 WHERE (schedules.cron, schedules.every_ms, schedules.timezone, schedules.job_type, \
+                        schedules.payload, schedules.options, schedules.spec) \
+                       IS NOT (excluded.cron, excluded.every_ms, excluded.timezone, \
+                        excluded.job_type, excluded.payload, excluded.options, excluded.spec)"
+            }
+            IfStored::Keep => "DO NOTHING",
+        };
+        let insert = format!(
+            "INSERT INTO schedules (name, cron, every_ms, timezone, job_type, payload, options, \
+                 spec, paused, created_at, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10) \
+             ON CONFLICT (name) {on_conflict}"
+        );
+        // `?1` to `?8`: the definition; then the paused flag and now.
+        let done = row
+            .bind_definition(sqlx::query(&insert))
+            .bind(row.paused)
+            .bind(now())
+            .execute(&self.writer)
+            .await?;
+        if done.rows_affected() > 0 {
+            self.announce(&row.name);
+        }
+        Ok(done.rows_affected())
     }
 
     async fn replace_schedule(
@@ -72,93 +78,37 @@ impl ScheduleStore for SqliteLedger {
         row: &ScheduleRow,
         paused: Option<bool>,
     ) -> Result<bool, LedgerError> {
-        let done = sqlx::query(
+        let replace = sqlx::query(
             "UPDATE schedules SET cron = ?2, every_ms = ?3, timezone = ?4, job_type = ?5, \
                  payload = ?6, options = ?7, spec = ?8, paused = COALESCE(?9, paused), \
                  updated_at = ?10 \
              WHERE name = ?1",
-        )
-        .bind(&row.name)
-        .bind(&row.cron)
-        .bind(row.every_ms)
-        .bind(&row.timezone)
-        .bind(&row.job_type)
-        .bind(&row.payload)
-        .bind(&row.options)
-        .bind(&row.spec)
-        .bind(paused)
-        .bind(now())
-        .execute(&self.writer)
-        .await?;
-        if done.rows_affected() == 1 {
-            self.announce(&row.name);
-        }
-        Ok(done.rows_affected() == 1)
+        );
+        let replace = row.bind_definition(replace).bind(paused).bind(now());
+        self.moved_announced(&row.name, replace).await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<bool, LedgerError> {
-        let done = sqlx::query("DELETE FROM schedules WHERE name = ?1")
-            .bind(name)
-            .execute(&self.writer)
-            .await?;
-        if done.rows_affected() == 1 {
-            self.announce(name);
-        }
-        Ok(done.rows_affected() == 1)
+        let delete = sqlx::query("DELETE FROM schedules WHERE name = ?1").bind(name);
+        self.moved_announced(name, delete).await
     }
 
-    async fn schedules(&self) -> Result<Vec<ScheduleRow>, LedgerError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {SCHEDULE_COLUMNS} FROM schedules ORDER BY name"
-        ))
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    async fn schedules_page(
-        &self,
-        after: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<ScheduleRow>, LedgerError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE (?1 IS NULL OR name > ?1) \
-             ORDER BY name LIMIT ?2"
-        ))
-        .bind(after)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>, LedgerError> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE name = ?1"
-        ))
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await?)
+    async fn schedules(&self, lookup: ScheduleLookup<'_>) -> Result<Vec<ScheduleRow>, LedgerError> {
+        let sql = lookup.sql();
+        Ok(lookup.query(&sql).fetch_all(&self.pool).await?)
     }
 
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
-        let rows = sqlx::query("SELECT name, updated_at FROM schedules")
+        Ok(sqlx::query_as("SELECT name, updated_at FROM schedules")
             .fetch_all(&self.pool)
-            .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get("name")?, r.try_get("updated_at")?)))
-            .collect()
+            .await?)
     }
 
     async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
-        let done = sqlx::query("UPDATE schedules SET paused = ?2, updated_at = ?3 WHERE name = ?1")
-            .bind(name)
-            .bind(paused)
-            .bind(now())
-            .execute(&self.writer)
-            .await?;
-        if done.rows_affected() == 1 {
-            self.announce(name);
-        }
-        Ok(done.rows_affected() == 1)
+        let update =
+            sqlx::query("UPDATE schedules SET paused = ?2, updated_at = ?3 WHERE name = ?1");
+        self.moved_announced(name, update.bind(name).bind(paused).bind(now()))
+            .await
     }
 
     async fn delete_schedules_except(&self, keep: &[String]) -> Result<Vec<String>, LedgerError> {

@@ -223,6 +223,7 @@ impl Replica {
         let broker = Broker::embedded_or_connect(
             queue,
             &config.amqp_url,
+            &config.amqp_tls,
             topology,
             &format!("belfry-scheduler {}", config.instance),
         )
@@ -286,7 +287,13 @@ impl Replica {
         // One process owns an embedded database: there is nobody to race.
         let redis_url = config.redis_url.as_ref().filter(|_| !ledger.is_embedded());
         let lock = match redis_url {
-            Some(url) => match ClaimLock::new(url, topology, &config.instance, config.lock_ttl) {
+            Some(url) => match ClaimLock::with_tls(
+                url,
+                &config.redis_tls,
+                topology,
+                &config.instance,
+                config.lock_ttl,
+            ) {
                 Ok(lock) => Some(lock),
                 Err(e) => {
                     tracing::warn!(error = %e, "REDIS_URL unusable; claiming through the database only");

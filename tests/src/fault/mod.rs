@@ -67,7 +67,8 @@ pub struct FaultConfig {
     /// `fire_once` writes no `misfire` line at all, so the default applies.
     pub misfire: String,
     /// Seconds each service is down in the long outages
-    /// (`BELFRY_FAULT_LONG_OUTAGE`, default 60; 0 leaves them out).
+    /// (`BELFRY_FAULT_LONG_OUTAGE`, default 30: longer than a worker's
+    /// 20 s lease; `scripts/fault-suite` uses 60; 0 leaves them out).
     pub long_outage: u64,
 }
 
@@ -99,7 +100,7 @@ impl FaultConfig {
             misfire: std::env::var("BELFRY_FAULT_MISFIRE")
                 .map(|v| v.trim().to_owned())
                 .unwrap_or_else(|_| "fire_once".into()),
-            long_outage: num("BELFRY_FAULT_LONG_OUTAGE", 60),
+            long_outage: num("BELFRY_FAULT_LONG_OUTAGE", 30),
         }
     }
 }
@@ -433,17 +434,9 @@ async fn inject(
                 .as_deref()
                 .and_then(|h| fleet.find(h))
                 .unwrap_or_else(|| pick(fleet, Role::Scheduler, rng));
-            let Some(pid) = fleet.pid(i) else {
-                return format!("SIGSTOP skipped: {} not running", fleet.members[i].name);
-            };
             let stopped = LOCK_TTL + Duration::from_secs(2);
-            fleet::signal(pid, "STOP");
-            tokio::time::sleep(stopped).await;
-            fleet::signal(pid, "CONT");
-            format!(
-                "SIGSTOP {} (latest claimer) for {:?} (lock TTL {:?}), SIGCONT",
-                fleet.members[i].name, stopped, LOCK_TTL
-            )
+            let why = format!("lock TTL {LOCK_TTL:?}");
+            freeze(fleet, i, " (latest claimer)", stopped, &why).await
         }
         Fault::SchedulerFailpoint(point) | Fault::WorkerFailpoint(point) => {
             let role = if matches!(fault, Fault::SchedulerFailpoint(_)) {
@@ -496,17 +489,8 @@ async fn inject(
         }
         Fault::StopWorker => {
             let i = pick(fleet, Role::Worker, rng);
-            let Some(pid) = fleet.pid(i) else {
-                return format!("SIGSTOP skipped: {} not running", fleet.members[i].name);
-            };
             let stopped = LEASE + Duration::from_secs(5);
-            fleet::signal(pid, "STOP");
-            tokio::time::sleep(stopped).await;
-            fleet::signal(pid, "CONT");
-            format!(
-                "SIGSTOP {} for {:?} (lease {:?}), SIGCONT",
-                fleet.members[i].name, stopped, LEASE
-            )
+            freeze(fleet, i, "", stopped, &format!("lease {LEASE:?}")).await
         }
         Fault::PoisonStorm => {
             let storm = storm::publish_storm(env, &probe.url(), 5).await;
@@ -537,6 +521,21 @@ async fn inject(
             )
         }
     }
+}
+
+/// Freezes fleet member `i` with SIGSTOP for `stopped`, then lets it go on
+/// with SIGCONT; the line that reports it (`note` follows the member's
+/// name, `why` says what `stopped` is measured against), or that it was
+/// skipped because the member is not running.
+async fn freeze(fleet: &Fleet, i: usize, note: &str, stopped: Duration, why: &str) -> String {
+    let name = &fleet.members[i].name;
+    let Some(pid) = fleet.pid(i) else {
+        return format!("SIGSTOP skipped: {name} not running");
+    };
+    fleet::signal(pid, "STOP");
+    tokio::time::sleep(stopped).await;
+    fleet::signal(pid, "CONT");
+    format!("SIGSTOP {name}{note} for {stopped:?} ({why}), SIGCONT")
 }
 
 fn schedule_file_text(config: &FaultConfig, url: &str) -> String {

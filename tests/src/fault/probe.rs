@@ -15,10 +15,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use uuid::Uuid;
 
 use crate::http_request::read_request;
+use crate::loopback::serve_loopback;
 
 /// One handler execution as the probe saw it.
 #[derive(Debug, Clone)]
@@ -50,22 +51,13 @@ impl Probe {
     ///
     /// When no port can be bound.
     pub async fn start(seed: u64, max_delay_ms: u64) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("probe cannot bind: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("probe address: {e}"));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
-        let task = tokio::spawn(async move {
-            let mut connection = 0u64;
-            while let Ok((stream, _)) = listener.accept().await {
-                connection += 1;
-                let rng = rand::rngs::StdRng::seed_from_u64(seed ^ connection);
-                tokio::spawn(serve(stream, recorded.clone(), rng, max_delay_ms.max(6)));
-            }
-        });
+        let (addr, task) = serve_loopback("probe", move |stream, connection| {
+            let rng = rand::rngs::StdRng::seed_from_u64(seed ^ connection);
+            serve(stream, recorded.clone(), rng, max_delay_ms.max(6))
+        })
+        .await;
         Self { addr, seen, task }
     }
 

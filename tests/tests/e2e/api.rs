@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use belfry_ledger::{AttemptEntry, NewRun, RunStatus};
 use belfry_protocol::JobOptions;
+use belfry_scheduler::Replica;
 use belfry_server::api::Tokens;
 use belfry_testkit::{redis_url, TestEnv, DEAD_REDIS_URL};
 use belfry_tests::{replica, TestApi};
@@ -69,8 +70,25 @@ fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str, field
 }
 
 async fn open_api(env: &TestEnv) -> TestApi {
-    let r = Arc::new(replica(env, "api-replica", Some(&redis_url())).await);
-    TestApi::serve(r, Tokens::default()).await
+    TestApi::of_replica(env, "api-replica", Tokens::default())
+        .await
+        .1
+}
+
+/// The API of a new replica `instance` of `env` guarded by the tokens
+/// `ADMIN` and `READ`, and their secrets: `(replica, api, admin, read)`.
+async fn guarded_api(
+    env: &TestEnv,
+    instance: &str,
+) -> (Arc<Replica>, TestApi, &'static str, &'static str) {
+    let tokens = Tokens::parse(Some(ADMIN), Some(READ)).unwrap();
+    let (r, api) = TestApi::of_replica(env, instance, tokens).await;
+    (r, api, secret(ADMIN), secret(READ))
+}
+
+/// The secret of a `name:secret` token.
+fn secret(token: &str) -> &str {
+    token.split_once(':').unwrap().1
 }
 
 belfry_testkit::both_backends! {
@@ -85,7 +103,7 @@ belfry_testkit::both_backends! {
         assert_eq!(created.1["paused"], false);
         assert!(created.1["updated_at"].is_string());
         // The stored definition is what the file would hold.
-        let row = env.ledger.schedule("nightly").await.unwrap().unwrap();
+        let row = env.schedule("nightly").await;
         assert_eq!(row.timezone, "Asia/Shanghai");
         assert_eq!(row.payload, json!({"k": 1}));
 
@@ -238,16 +256,7 @@ belfry_testkit::both_backends! {
             "invalid",
             Some("cron"),
         );
-        assert_eq!(
-            env.ledger
-                .schedule("nightly")
-                .await
-                .unwrap()
-                .unwrap()
-                .cron
-                .as_deref(),
-            Some("0 30 4 * * *")
-        );
+        assert_eq!(env.schedule("nightly").await.cron.as_deref(), Some("0 30 4 * * *"));
 
         // Pause, resume, preview.
         let paused = call(Method::POST, &s("/nightly/pause"), None, None).await;
@@ -488,48 +497,18 @@ belfry_testkit::both_backends! {
             "[from, to) holds seconds 2 and 3"
         );
 
-        assert_error(
-            &runs("?status=lost").await,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            Some("status"),
-        );
-        assert_error(
-            &runs("?from=yesterday").await,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            Some("from"),
-        );
-        assert_error(
-            &runs("?cursor=nonsense").await,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            Some("cursor"),
-        );
-        assert_error(
-            &runs("?limit=0").await,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            Some("limit"),
-        );
-        assert_error(
-            &runs("?to=").await,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            Some("to"),
-        );
-        assert_error(
-            &runs("?job_type=a%00b").await,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            Some("job_type"),
-        );
-        assert_error(
-            &runs("?sort=asc").await,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            Some("sort"),
-        );
+        // Bad queries: each names its parameter.
+        for (query, field) in [
+            ("?status=lost", "status"),
+            ("?from=yesterday", "from"),
+            ("?cursor=nonsense", "cursor"),
+            ("?limit=0", "limit"),
+            ("?to=", "to"),
+            ("?job_type=a%00b", "job_type"),
+            ("?sort=asc", "sort"),
+        ] {
+            assert_error(&runs(query).await, StatusCode::BAD_REQUEST, "bad_request", Some(field));
+        }
 
         let detail = call(
             Method::GET,
@@ -573,31 +552,18 @@ belfry_testkit::both_backends! {
 
 belfry_testkit::both_backends! {
     async fn tokens_separate_readers_from_admins_and_the_open_api_stays_on_loopback(env: TestEnv) {
-        let r = Arc::new(replica(&env, "auth-replica", Some(&redis_url())).await);
-        let tokens = Tokens::parse(Some(ADMIN), Some(READ)).unwrap();
-        let api = TestApi::serve(r.clone(), tokens).await;
-        let admin = ADMIN.split_once(':').unwrap().1;
-        let read = READ.split_once(':').unwrap().1;
+        let (r, api, admin, read) = guarded_api(&env, "auth-replica").await;
         let list = api.url("/v1/schedules");
         let body = json!({"name": "guarded", "every": "1h", "job_type": "noop"});
-        assert_error(
-            &call(Method::GET, &list, None, None).await,
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            None,
-        );
-        assert_error(
-            &call(Method::GET, &list, Some("wrong-token-0123456789"), None).await,
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            None,
-        );
-        assert_error(
-            &call(Method::GET, &list, Some(""), None).await,
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            None,
-        );
+        // No token, a wrong one, an empty one.
+        for token in [None, Some("wrong-token-0123456789"), Some("")] {
+            assert_error(
+                &call(Method::GET, &list, token, None).await,
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                None,
+            );
+        }
         assert_eq!(
             call(Method::GET, &list, Some(read), None).await.0,
             StatusCode::OK
@@ -735,8 +701,7 @@ belfry_testkit::both_backends! {
 belfry_testkit::both_backends! {
     async fn backfill_fires_each_missing_instant_once(env: TestEnv) {
         env.declare_default_group(&["noop"]).await;
-        let r = Arc::new(replica(&env, "bf", Some(&redis_url())).await);
-        let api = TestApi::serve(r.clone(), Tokens::default()).await;
+        let (r, api) = TestApi::of_replica(&env, "bf", Tokens::default()).await;
         let s = |p: &str| api.url(&format!("/v1/schedules{p}"));
         assert_eq!(
             call(
@@ -1000,8 +965,7 @@ async fn probes_report_services_and_every_documented_route_exists() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_respects_overlap_retention_and_marks_its_runs() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     let r = Arc::new(replica(&env, "bf2", Some(&redis_url())).await);
     let state = belfry_server::api::ApiState::new(r, Tokens::default())
         .with_retention(Some(Duration::from_secs(3600)));
@@ -1088,43 +1052,23 @@ belfry_testkit::both_backends! {
         let api = open_api(&env).await;
         let client = reqwest::Client::new();
         let body = json!({"name": "csrf", "every": "1h", "job_type": "noop"});
-        // A page elsewhere posting to the open API on loopback.
-        let cross = client
-            .post(api.url("/v1/schedules"))
-            .header("origin", "http://evil.example")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(cross.status(), StatusCode::FORBIDDEN);
-        let fetch_meta = client
-            .post(api.url("/v1/schedules"))
-            .header("sec-fetch-site", "cross-site")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(fetch_meta.status(), StatusCode::FORBIDDEN);
-        // DNS rebinding: the open API answers only loopback host names.
-        let rebound = client
-            .get(api.url("/v1/schedules"))
-            .header("host", "evil.example")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+        let create = || client.post(api.url("/v1/schedules")).json(&body);
+        for (what, refused) in [
+            // A page elsewhere posting to the open API on loopback.
+            ("cross origin", create().header("origin", "http://evil.example")),
+            ("cross site", create().header("sec-fetch-site", "cross-site")),
+            // DNS rebinding: the open API answers only loopback host names.
+            ("rebound", client.get(api.url("/v1/schedules")).header("host", "evil.example")),
+        ] {
+            let answer = refused.send().await.unwrap();
+            assert_eq!(answer.status(), StatusCode::FORBIDDEN, "{what}");
+        }
         assert!(
             env.ledger.schedules().await.unwrap().is_empty(),
             "a refused request stored something"
         );
         // Same origin is fine.
-        let same = client
-            .post(api.url("/v1/schedules"))
-            .header("origin", api.base.clone())
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let same = create().header("origin", api.base.clone()).send().await.unwrap();
         assert_eq!(same.status(), StatusCode::CREATED);
         // A path that is not valid UTF-8 after decoding: JSON 400.
         assert_error(
@@ -1140,11 +1084,7 @@ belfry_testkit::both_backends! {
 
 belfry_testkit::both_backends! {
     async fn a_fired_one_shot_can_still_be_edited_and_heads_and_schemes_are_lenient(env: TestEnv) {
-        let r = Arc::new(replica(&env, "edit-replica", Some(&redis_url())).await);
-        let tokens = Tokens::parse(Some(ADMIN), Some(READ)).unwrap();
-        let api = TestApi::serve(r, tokens).await;
-        let admin = ADMIN.split_once(':').unwrap().1;
-        let read = READ.split_once(':').unwrap().1;
+        let (_, api, admin, read) = guarded_api(&env, "edit-replica").await;
         // A one-shot whose instant has passed, stored as the file sync would.
         let past = (Utc::now() - chrono::Duration::hours(1))
             .trunc_subsecs(0)

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use belfry_ledger::{NewRun, RunStatus};
-use belfry_scheduler::{FireOutcome, FireSource, Schedule};
+use belfry_scheduler::{FireOutcome, FireSource, Replica, Schedule};
 use belfry_testkit::{redis_url, DEAD_REDIS_URL};
 use belfry_tests::{every, replica};
 use chrono::{DateTime, SubsecRound, Utc};
@@ -17,13 +17,27 @@ fn batch(schedules: &[Arc<Schedule>], at: DateTime<Utc>) -> Vec<(Arc<Schedule>, 
     schedules.iter().map(|s| (s.clone(), at)).collect()
 }
 
+/// `n` schedules of `noop` every second, named `{prefix}{i}`.
+fn noop_schedules(prefix: &str, n: usize) -> Vec<Arc<Schedule>> {
+    (0..n)
+        .map(|i| every(&format!("{prefix}{i}"), "1s", "noop"))
+        .collect()
+}
+
+/// `r`'s timer firing every schedule of `schedules` at `at` as one batch.
+async fn fire_all(r: &Replica, schedules: &[Arc<Schedule>], at: DateTime<Utc>) -> Vec<FireOutcome> {
+    r.fire_batch(&batch(schedules, at), FireSource::Timer).await
+}
+
+/// Checks that every outcome of a batch is `expected`.
+fn assert_all(outcomes: &[FireOutcome], expected: impl Fn(&FireOutcome) -> bool) {
+    assert!(outcomes.iter().all(expected), "{outcomes:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_racing_for_a_batch_make_one_run_per_fire() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
-    let schedules: Vec<Arc<Schedule>> = (0..120)
-        .map(|i| every(&format!("b{i}"), "1s", "noop"))
-        .collect();
+    let env = belfry_testkit::service_env!("noop");
+    let schedules = noop_schedules("b", 120);
     for (round, redis) in [(0, Some(redis_url())), (1, None)] {
         let at = Utc::now().trunc_subsecs(0) + chrono::Duration::seconds(round);
         let mut replicas = Vec::new();
@@ -69,9 +83,8 @@ async fn replicas_racing_for_a_batch_make_one_run_per_fire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_fires_in_a_pipelined_batch_are_exactly_their_own() {
-    let env = belfry_testkit::service_env!();
     // Only "noop" has a queue: every "orphan" fire comes back unroutable.
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     let schedules: Vec<Arc<Schedule>> = (0..300)
         .map(|i| {
             let job_type = if i % 3 == 0 { "orphan" } else { "noop" };
@@ -80,9 +93,7 @@ async fn unroutable_fires_in_a_pipelined_batch_are_exactly_their_own() {
         .collect();
     let r = replica(&env, "mixed", Some(&redis_url())).await;
     let at = Utc::now().trunc_subsecs(0);
-    let outcomes = r
-        .fire_batch(&batch(&schedules, at), FireSource::Timer)
-        .await;
+    let outcomes = fire_all(&r, &schedules, at).await;
     for (s, o) in schedules.iter().zip(&outcomes) {
         match (s.job_type.as_str(), o) {
             ("orphan", FireOutcome::Unroutable { .. })
@@ -110,46 +121,24 @@ async fn unroutable_fires_in_a_pipelined_batch_are_exactly_their_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_the_ledger_refuses_gives_its_locks_back_and_is_recovered() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
-    let schedules: Vec<Arc<Schedule>> = (0..20)
-        .map(|i| every(&format!("f{i}"), "1s", "noop"))
-        .collect();
+    let env = belfry_testkit::service_env!("noop");
+    let schedules = noop_schedules("f", 20);
     let at = Utc::now().trunc_subsecs(0);
     let broken = replica(&env, "broken", Some(&redis_url())).await;
     // Its ledger goes away: the batch insert fails.
     broken.ledger().close().await;
-    let outcomes = broken
-        .fire_batch(&batch(&schedules, at), FireSource::Timer)
-        .await;
-    assert!(
-        outcomes
-            .iter()
-            .all(|o| matches!(o, FireOutcome::ClaimFailed { .. })),
-        "{outcomes:?}"
-    );
+    let outcomes = fire_all(&broken, &schedules, at).await;
+    assert_all(&outcomes, |o| matches!(o, FireOutcome::ClaimFailed { .. }));
     // The locks were given back: a healthy replica claims every fire through
     // the lock at once, none lost to a lock nobody recorded.
     let healthy = replica(&env, "healthy", Some(&redis_url())).await;
-    let outcomes = healthy
-        .fire_batch(&batch(&schedules, at), FireSource::Timer)
-        .await;
-    assert!(
-        outcomes
-            .iter()
-            .all(|o| matches!(o, FireOutcome::Dispatched { .. })),
-        "{outcomes:?}"
-    );
+    let outcomes = fire_all(&healthy, &schedules, at).await;
+    assert_all(&outcomes, |o| matches!(o, FireOutcome::Dispatched { .. }));
     // A replica whose Redis is down claims through the ledger alone and
     // finds every fire taken.
     let no_redis = replica(&env, "no-redis", Some(DEAD_REDIS_URL)).await;
-    let outcomes = no_redis
-        .fire_batch(&batch(&schedules, at), FireSource::Timer)
-        .await;
-    assert!(
-        outcomes.iter().all(|o| *o == FireOutcome::Lost),
-        "{outcomes:?}"
-    );
+    let outcomes = fire_all(&no_redis, &schedules, at).await;
+    assert_all(&outcomes, |o| *o == FireOutcome::Lost);
     env.teardown(&["default"]).await;
 }
 

@@ -219,8 +219,7 @@ async fn with_redis_the_lock_turns_losers_away_before_the_database() {
 async fn replicas_with_clocks_apart_agree_on_run_keys() {
     // Two replicas whose clocks differ by 1.5 s drive their timers with
     // their own notion of now; the run keys are the same nominal instants.
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     let schedule = every("skew", "1s", "noop");
     let a = replica(&env, "exact", Some(&redis_url())).await;
     let b = replica(&env, "late-clock", Some(&redis_url())).await;

@@ -21,6 +21,7 @@ mod process_telemetry;
 mod publish_confirm;
 mod retention;
 mod schedule_engine;
+mod tls;
 mod ui;
 mod ui_browser;
 mod worker_library;

@@ -8,12 +8,9 @@ use chrono::{DurationRound, Utc};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use belfry_protocol::{run_key, ScheduleSpec};
 use belfry_runtime::metrics_server::{serve as serve_metrics, CONTENT_TYPE_OPENMETRICS};
-use belfry_scheduler::Schedule;
 use belfry_testkit::redis_url;
-use belfry_tests::{every, replica, worker, RunningWorker};
-use belfry_worker::Registry;
+use belfry_tests::{builtins, every, every_with, replica, worker, RunningWorker};
 
 /// The value of the series `series` (name with labels, as printed).
 fn find(text: &str, series: &str) -> Option<f64> {
@@ -43,14 +40,8 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
 belfry_testkit::both_backends! {
     async fn both_endpoints_count_a_fire_and_a_failure(env: TestEnv) {
         let stop = CancellationToken::new();
-        let w = worker(
-            &env,
-            "metrics-w",
-            "default",
-            Registry::builder().builtins().build().unwrap(),
-            &[("BELFRY_MAX_ATTEMPTS", "1")],
-        )
-        .await;
+        let one_attempt = [("BELFRY_MAX_ATTEMPTS", "1")];
+        let w = worker(&env, "metrics-w", "default", builtins(), &one_attempt).await;
         let worker_addr = serve_metrics("127.0.0.1:0", w.metrics_registry().into(), stop.clone())
             .await
             .unwrap();
@@ -72,32 +63,13 @@ belfry_testkit::both_backends! {
             .unwrap();
         let ok = every("metrics-ok", "1s", "noop");
         // An http job to a port where nothing listens: the only attempt fails.
-        let failing = std::sync::Arc::new(
-            Schedule::from_spec(&ScheduleSpec {
-                name: "metrics-fail".into(),
-                every: Some("1s".into()),
-                job_type: "http".into(),
-                payload: Some(json!({"url": "http://127.0.0.1:1/", "timeout_ms": 500})),
-                ..Default::default()
-            })
-            .unwrap(),
-        );
+        let failing = every_with("metrics-fail", "1s", "http", |spec| {
+            spec.payload = Some(json!({"url": "http://127.0.0.1:1/", "timeout_ms": 500}));
+        });
         r.fire(&ok, at).await;
         r.fire(&failing, at).await;
-        let succeeded = env
-            .wait_terminal(
-                "metrics-ok",
-                &run_key("metrics-ok", at).unwrap(),
-                Duration::from_secs(10),
-            )
-            .await;
-        let failed = env
-            .wait_terminal(
-                "metrics-fail",
-                &run_key("metrics-fail", at).unwrap(),
-                Duration::from_secs(10),
-            )
-            .await;
+        let succeeded = env.wait_fire("metrics-ok", at, Duration::from_secs(10)).await;
+        let failed = env.wait_fire("metrics-fail", at, Duration::from_secs(10)).await;
         assert_eq!(succeeded.status_text, "succeeded");
         assert_ne!(failed.status_text, "succeeded");
         // The worker counts a run once its delivery is settled (acked or
@@ -157,7 +129,6 @@ belfry_testkit::both_backends! {
             assert_eq!(value(&after_w, "belfry_dead_lettered_total"), 1.0);
         }
         stop.cancel();
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use belfry_tests::serve;
+use belfry_tests::{serve, t0};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde_json::json;
 
 /// Succeeds, or fails permanently with a text holding a NUL when the
@@ -54,10 +54,6 @@ fn registry(job: &Binary) -> Registry {
         .unwrap()
 }
 
-fn at(s: &str) -> DateTime<Utc> {
-    s.parse().unwrap()
-}
-
 /// A hand-published v1 body for `noop`.
 fn hand_published(
     job_name: &str,
@@ -77,7 +73,7 @@ fn hand_published(
 
 /// A run claimed in the ledger (not published), and its message.
 async fn claimed(env: &belfry_testkit::TestEnv, job_name: &str) -> belfry_protocol::JobMessage {
-    let scheduled_at = at("2026-07-26T03:00:00Z");
+    let scheduled_at = t0();
     let run_key = belfry_protocol::run_key(job_name, scheduled_at).unwrap();
     let run = belfry_ledger::NewRun {
         id: uuid::Uuid::now_v7(),
@@ -128,15 +124,13 @@ belfry_testkit::both_backends! {
         for (i, (_, bytes)) in poison.iter().enumerate() {
             env.publish_raw("noop", bytes).await;
             let ok = env
-                .enqueue(&format!("good{i}"), "noop", json!({}), at("2026-07-26T03:00:00Z"))
+                .enqueue(&format!("good{i}"), "noop", json!({}), t0())
                 .await;
             good.push(ok);
         }
         let started = std::time::Instant::now();
         for ok in &good {
-            let run = env
-                .wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(15))
-                .await;
+            let run = env.wait_terminal_of(ok, Duration::from_secs(15)).await;
             assert_eq!(run.status_text, "succeeded", "{run:?}");
         }
         let mut dead = Vec::new();
@@ -167,8 +161,7 @@ belfry_testkit::both_backends! {
         // Nothing of the poison reached the ledger; every stored row is good.
         let runs = env.all_runs().await;
         assert_eq!(runs.len(), good.len(), "{runs:?}");
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
@@ -181,15 +174,13 @@ belfry_testkit::both_backends! {
         for i in 0..60 {
             let nul = i % 20 == 7;
             messages.push(
-                env.enqueue(&format!("b{i}"), "binary", json!({ "nul": nul }), at("2026-07-26T03:00:00Z"))
+                env.enqueue(&format!("b{i}"), "binary", json!({ "nul": nul }), t0())
                     .await,
             );
         }
         let started = std::time::Instant::now();
         for (i, m) in messages.iter().enumerate() {
-            let run = env
-                .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(20))
-                .await;
+            let run = env.wait_terminal_of(m, Duration::from_secs(20)).await;
             if i % 20 == 7 {
                 assert_eq!(run.status_text, "failed", "{run:?}");
                 let error = run.last_error.clone().unwrap_or_default();
@@ -212,8 +203,7 @@ belfry_testkit::both_backends! {
         assert_eq!(runs.len(), messages.len());
         assert!(runs.values().all(|n| *n == 1), "re-executions: {runs:?}");
         assert_eq!(job.calls.load(Ordering::SeqCst), messages.len() as u32);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
@@ -261,31 +251,11 @@ async fn a_superseded_attempt_sharing_a_batch_with_its_successor_is_told_so() {
     let env = belfry_testkit::service_env!();
     let m = claimed(&env, "sup").await;
     // Attempt 1 under a lease that is over at once; attempt 2 takes it.
-    let first = env
-        .ledger
-        .begin_attempt(&m, "w1", Duration::ZERO)
-        .await
-        .unwrap();
-    assert!(
-        matches!(
-            first,
-            belfry_ledger::AttemptStart::Started { attempt: 1, .. }
-        ),
-        "{first:?}"
-    );
+    let (_, first) = env.start_attempt(&m, "w1", Duration::ZERO).await;
+    assert_eq!(first, 1);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = env
-        .ledger
-        .begin_attempt(&m, "w2", Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert!(
-        matches!(
-            second,
-            belfry_ledger::AttemptStart::Started { attempt: 2, .. }
-        ),
-        "{second:?}"
-    );
+    let (_, second) = env.start_attempt(&m, "w2", Duration::from_secs(60)).await;
+    assert_eq!(second, 2);
     let batcher = belfry_ledger::AttemptBatcher::new(env.ledger.clone());
     let end =
         |attempt: i32, worker: &str, status: belfry_ledger::RunStatus| belfry_ledger::EndRequest {

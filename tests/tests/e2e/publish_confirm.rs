@@ -29,8 +29,7 @@ fn message(job_type: &str) -> JobMessage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirm_timeout_closes_the_channel_before_the_next_publish() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     // The publisher reaches RabbitMQ through a link that can be held: held,
     // no confirm comes back in time; released, the late answers arrive.
     let link = HeldLink::start("127.0.0.1:5672".parse().unwrap()).await;
@@ -38,12 +37,14 @@ async fn a_confirm_timeout_closes_the_channel_before_the_next_publish() {
     let broker = belfry_broker::Broker::connect(&url, env.topology.clone(), "held")
         .await
         .unwrap();
-    let publisher = broker
-        .publisher()
-        .await
-        .unwrap()
-        .with_confirm_timeout(Duration::from_millis(300));
-    link.hold(true);
+    // A fresh publisher that waits 300 ms for a confirm, on a held link.
+    let held_publisher = || async {
+        let publisher = broker.publisher().await.unwrap();
+        let publisher = publisher.with_confirm_timeout(Duration::from_millis(300));
+        link.hold(true);
+        publisher
+    };
+    let publisher = held_publisher().await;
     // Unroutable, so the broker's late answer carries a basic.return.
     let abandoned = publisher.publish(&message("nobody-serves-this")).await;
     assert!(
@@ -59,12 +60,7 @@ async fn a_confirm_timeout_closes_the_channel_before_the_next_publish() {
     let after = publisher.publish(&message("noop")).await;
     assert!(after.is_err(), "{after:?}");
     // Batched publishes take the same path.
-    let publisher = broker
-        .publisher()
-        .await
-        .unwrap()
-        .with_confirm_timeout(Duration::from_millis(300));
-    link.hold(true);
+    let publisher = held_publisher().await;
     let answers = publisher
         .publish_many(&[message("noop"), message("nobody-serves-this")])
         .await;

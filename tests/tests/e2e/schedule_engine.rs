@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use belfry_protocol::ScheduleSpec;
 use belfry_runtime::{SharedClock, SkewedClock, SystemClock};
-use belfry_scheduler::{FireCounters, FireOutcome, Schedule};
+use belfry_scheduler::{FireCounters, FireOutcome, Replica, Schedule};
 use belfry_testkit::{redis_url, TestEnv};
-use belfry_tests::replica;
+use belfry_tests::{every_with, replica, t0};
 use chrono::{DateTime, SubsecRound, Utc};
 
 fn schedule(
@@ -17,15 +17,10 @@ fn schedule(
     misfire: Option<&str>,
     extra: impl FnOnce(&mut ScheduleSpec),
 ) -> Arc<Schedule> {
-    let mut spec = ScheduleSpec {
-        name: name.into(),
-        every: Some(every.into()),
-        job_type: "noop".into(),
-        misfire: misfire.map(Into::into),
-        ..Default::default()
-    };
-    extra(&mut spec);
-    Arc::new(Schedule::from_spec(&spec).unwrap())
+    every_with(name, every, "noop", |spec| {
+        spec.misfire = misfire.map(Into::into);
+        extra(spec);
+    })
 }
 
 /// Records a finished run of `schedule` at `at`, as an earlier replica would
@@ -44,6 +39,32 @@ async fn past_run(env: &TestEnv, schedule: &Schedule, at: DateTime<Utc>) {
     .unwrap();
 }
 
+/// Takes the Redis lock of `s`'s fire at `at` as a replica that then died
+/// before recording the fire; the fire's run key.
+async fn lock_taken_by_a_dead_replica(env: &TestEnv, s: &Schedule, at: DateTime<Utc>) -> String {
+    let dead = belfry_scheduler::ClaimLock::new(
+        &redis_url(),
+        env.topology.clone(),
+        "dead-replica",
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
+    let key = belfry_protocol::run_key(&s.name, at).unwrap();
+    assert_eq!(
+        dead.try_acquire(&s.name, &key).await.unwrap(),
+        belfry_scheduler::lock::LockOutcome::Acquired
+    );
+    key
+}
+
+/// How many fires `r` lost at the lock are found unrecorded by its check
+/// (which recovers them through the ledger).
+async fn unrecorded_lock_losses(r: &Replica) -> usize {
+    r.verify_lock_losses_once(std::time::Duration::ZERO)
+        .await
+        .unwrap()
+}
+
 fn fired(outcomes: &[FireOutcome]) -> usize {
     outcomes
         .iter()
@@ -53,8 +74,7 @@ fn fired(outcomes: &[FireOutcome]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misfire_policies_after_every_replica_was_down() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     // Half-way through a minute, so no 1-minute instant is within the 10 s
     // on-time threshold and every missed one is up to the policy.
     let real = Utc::now().trunc_subsecs(0);
@@ -270,8 +290,7 @@ async fn keys(env: &TestEnv, name: &str) -> Vec<DateTime<Utc>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_changes_reach_every_replica_without_double_or_lost_fires() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     let stop = tokio_util::sync::CancellationToken::new();
     let mut tasks = following_replica(&env, "live-a", &stop).await;
     tasks.extend(following_replica(&env, "live-b", &stop).await);
@@ -408,8 +427,7 @@ belfry_testkit::both_backends! {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     // Two 1-second schedules, stored as the file sync would store them.
     let mut specs = Vec::new();
     for (name, misfire) in [("out-once", None), ("out-catch", Some("catch_up"))] {
@@ -499,23 +517,11 @@ async fn fires_claimed_while_the_broker_was_down_follow_the_misfire_policy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     let s = schedule("orphaned-lock", "1s", None, |_| {});
     let at = Utc::now().trunc_subsecs(0);
     // A replica took the lock of this fire and died before its insert.
-    let dead = belfry_scheduler::ClaimLock::new(
-        &redis_url(),
-        env.topology.clone(),
-        "dead-replica",
-        std::time::Duration::from_secs(60),
-    )
-    .unwrap();
-    let key = belfry_protocol::run_key(&s.name, at).unwrap();
-    assert_eq!(
-        dead.try_acquire(&s.name, &key).await.unwrap(),
-        belfry_scheduler::lock::LockOutcome::Acquired
-    );
+    let key = lock_taken_by_a_dead_replica(&env, &s, at).await;
     let r = replica(&env, "survivor", Some(&redis_url())).await;
     assert_eq!(
         r.fire(&s, at).await,
@@ -525,12 +531,7 @@ async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
     assert!(env.all_runs().await.is_empty());
     // The check finds no row for the lost fire and recovers it through the
     // ledger alone (the lock is still held).
-    assert_eq!(
-        r.verify_lock_losses_once(std::time::Duration::ZERO)
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(unrecorded_lock_losses(&r).await, 1);
     let recovered = r.recover_missed_once(Utc::now()).await;
     assert_eq!(fired(&recovered), 1, "{recovered:?}");
     let runs = env.all_runs().await;
@@ -544,12 +545,7 @@ async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
         FireOutcome::Dispatched { .. }
     ));
     assert_eq!(r.fire(&s, at2).await, FireOutcome::Lost);
-    assert_eq!(
-        r.verify_lock_losses_once(std::time::Duration::ZERO)
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(unrecorded_lock_losses(&r).await, 0);
     assert_eq!(env.all_runs().await.len(), 2);
     env.teardown(&["default"]).await;
 }
@@ -560,8 +556,7 @@ async fn a_fire_whose_lock_holder_died_before_recording_it_is_recovered() {
 /// after its wake-up was skipped as late.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jittered_fire_recovered_after_its_lock_holder_died_is_on_time() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     let s = schedule("jittered-orphan", "1h", Some("skip"), |spec| {
         spec.jitter = Some("50m".into());
     });
@@ -570,27 +565,11 @@ async fn a_jittered_fire_recovered_after_its_lock_holder_died_is_on_time() {
         "the test needs a jitter well past the 10 s threshold: {:?}",
         s.jitter_offset
     );
-    let at: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
-    let dead = belfry_scheduler::ClaimLock::new(
-        &redis_url(),
-        env.topology.clone(),
-        "dead-replica",
-        std::time::Duration::from_secs(60),
-    )
-    .unwrap();
-    let key = belfry_protocol::run_key(&s.name, at).unwrap();
-    assert_eq!(
-        dead.try_acquire(&s.name, &key).await.unwrap(),
-        belfry_scheduler::lock::LockOutcome::Acquired
-    );
+    let at = t0();
+    lock_taken_by_a_dead_replica(&env, &s, at).await;
     let r = replica(&env, "survivor", Some(&redis_url())).await;
     assert_eq!(r.fire(&s, at).await, FireOutcome::Lost);
-    assert_eq!(
-        r.verify_lock_losses_once(std::time::Duration::ZERO)
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(unrecorded_lock_losses(&r).await, 1);
     // Recovered 5 s after the fire's wake-up (instant + jitter): on time
     // for `skip`, whose threshold is 10 s.
     let now = at + s.jitter_offset + chrono::Duration::seconds(5);
@@ -602,11 +581,10 @@ async fn a_jittered_fire_recovered_after_its_lock_holder_died_is_on_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_that_stopped_moving_are_reported_once() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
+    let env = belfry_testkit::service_env!("noop");
     let r = replica(&env, "watcher", Some(&redis_url())).await;
     let s = schedule("stale", "1s", None, |_| {});
-    let t: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
+    let t = t0();
     // Three runs: published but never consumed, running under an expired
     // lease, and one that is fine (recent).
     for (i, _) in ["dispatched", "running", "fresh"].iter().enumerate() {

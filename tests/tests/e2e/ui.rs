@@ -2,14 +2,11 @@
 //! user-supplied text is escaped, tokens work as cookies, read-only tokens
 //! get no buttons and cannot act, actions do what the API does.
 
-use std::sync::Arc;
-
 use belfry_server::api::Tokens;
-use belfry_testkit::redis_url;
-use belfry_tests::{every, replica, TestApi};
+use belfry_tests::{every, TestApi};
 use chrono::{SubsecRound, Utc};
 use reqwest::redirect::Policy;
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 
 const ADMIN: &str = "ops:admin-secret-0123456789";
 // Characters a cookie must carry percent-encoded.
@@ -23,7 +20,13 @@ fn client() -> reqwest::Client {
 }
 
 async fn get(url: &str, cookie: Option<&str>) -> (StatusCode, String) {
-    let mut req = client().get(url);
+    send(Method::GET, url, cookie).await
+}
+
+/// `method` on `url` from a browser signed in with the token `cookie`
+/// (when given): the answer's status and body.
+async fn send(method: Method, url: &str, cookie: Option<&str>) -> (StatusCode, String) {
+    let mut req = client().request(method, url);
     if let Some(c) = cookie {
         req = req.header("cookie", format!("belfry_token={c}"));
     }
@@ -31,12 +34,40 @@ async fn get(url: &str, cookie: Option<&str>) -> (StatusCode, String) {
     (resp.status(), resp.text().await.unwrap())
 }
 
+/// The page at `url` (signed in with the token `cookie`), which must be
+/// served (200).
+async fn open_page(url: &str, cookie: Option<&str>) -> String {
+    let (status, html) = get(url, cookie).await;
+    assert_eq!(status, StatusCode::OK, "{url}: {html}");
+    html
+}
+
+/// Posts the web view's form `action` (a path) with no fields, from a page
+/// of `origin`.
+async fn act_from(api: &TestApi, origin: &str, action: &str) -> reqwest::Response {
+    client()
+        .post(api.url(action))
+        .header("origin", origin)
+        .body("")
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Posts `token` to the sign-in form.
+async fn sign_in(api: &TestApi, token: &str) -> reqwest::Response {
+    client()
+        .post(api.url("/ui/login"))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_render_escape_and_act() {
-    let env = belfry_testkit::service_env!();
-    env.declare_default_group(&["noop"]).await;
-    let r = Arc::new(replica(&env, "ui-replica", Some(&redis_url())).await);
-    let api = TestApi::serve(r.clone(), Tokens::default()).await;
+    let env = belfry_testkit::service_env!("noop");
+    let (r, api) = TestApi::of_replica(&env, "ui-replica", Tokens::default()).await;
     // A schedule created through the API, fired twice.
     let created = client()
         .post(api.url("/v1/schedules"))
@@ -58,8 +89,7 @@ async fn pages_render_escape_and_act() {
     .await
     .unwrap();
 
-    let (status, overview) = get(&api.url("/ui"), None).await;
-    assert_eq!(status, StatusCode::OK);
+    let overview = open_page(&api.url("/ui"), None).await;
     assert!(
         overview.contains("runs in flight") && overview.contains("<svg class=\"chart\""),
         "{overview}"
@@ -69,8 +99,7 @@ async fn pages_render_escape_and_act() {
         "replicas seen lately: {overview}"
     );
 
-    let (status, list) = get(&api.url("/ui/schedules"), None).await;
-    assert_eq!(status, StatusCode::OK);
+    let list = open_page(&api.url("/ui/schedules"), None).await;
     assert!(
         list.contains("every day at 03:00 (Asia/Shanghai)"),
         "{list}"
@@ -88,8 +117,7 @@ async fn pages_render_escape_and_act() {
         "markup from a row rendered as markup"
     );
 
-    let (status, page) = get(&api.url("/ui/schedules/nightly"), None).await;
-    assert_eq!(status, StatusCode::OK);
+    let page = open_page(&api.url("/ui/schedules/nightly"), None).await;
     assert!(
         page.contains("action=\"/ui/schedules/nightly/pause\""),
         "admin buttons: {page}"
@@ -99,13 +127,7 @@ async fn pages_render_escape_and_act() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // Pause from the page: 303 back to it, paused in the ledger.
-    let paused = client()
-        .post(api.url("/ui/schedules/nightly/pause"))
-        .header("origin", api.base.clone())
-        .body("")
-        .send()
-        .await
-        .unwrap();
+    let paused = act_from(&api, &api.base, "/ui/schedules/nightly/pause").await;
     assert_eq!(paused.status(), StatusCode::SEE_OTHER);
     assert!(env.paused("nightly").await);
     // Trigger and a bad backfill range: the message comes back escaped.
@@ -119,12 +141,7 @@ async fn pages_render_escape_and_act() {
     let to = trig.headers()["location"].to_str().unwrap().to_owned();
     assert!(to.contains("msg=triggered"), "{to}");
     // A page elsewhere posting the same form is refused.
-    let forged = client()
-        .post(api.url("/ui/schedules/nightly/resume"))
-        .header("origin", "http://evil.example")
-        .send()
-        .await
-        .unwrap();
+    let forged = act_from(&api, "http://evil.example", "/ui/schedules/nightly/resume").await;
     assert_eq!(forged.status(), StatusCode::FORBIDDEN);
     assert!(env.paused("nightly").await);
     // Following a link from another site is a navigation: allowed.
@@ -167,12 +184,10 @@ async fn pages_render_escape_and_act() {
         "{shown}"
     );
 
-    let (status, runs) = get(&api.url("/ui/runs?schedule=nightly"), None).await;
-    assert_eq!(status, StatusCode::OK);
+    let runs = open_page(&api.url("/ui/runs?schedule=nightly"), None).await;
     let run = env.ledger.runs_of("nightly", 1).await.unwrap().remove(0);
     assert!(runs.contains(&format!("/ui/runs/{}", run.id)), "{runs}");
-    let (status, detail) = get(&api.url(&format!("/ui/runs/{}", run.id)), None).await;
-    assert_eq!(status, StatusCode::OK);
+    let detail = open_page(&api.url(&format!("/ui/runs/{}", run.id)), None).await;
     let trace = run.trace_id.as_deref().unwrap();
     assert!(detail.contains(trace), "trace id shown: {detail}");
     // With a trace UI configured, the id links to it.
@@ -195,8 +210,8 @@ async fn pages_render_escape_and_act() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_sign_in_as_cookies_and_readers_get_no_buttons() {
     let env = belfry_testkit::service_env!();
-    let r = Arc::new(replica(&env, "ui-auth", Some(&redis_url())).await);
-    let api = TestApi::serve(r, Tokens::parse(Some(ADMIN), Some(READ)).unwrap()).await;
+    let tokens = Tokens::parse(Some(ADMIN), Some(READ)).unwrap();
+    let (_, api) = TestApi::of_replica(&env, "ui-auth", tokens).await;
     sqlx::query(
         "INSERT INTO schedules (name, every_ms, job_type, spec) VALUES ('s', 1000, 'noop', NULL)",
     )
@@ -209,23 +224,12 @@ async fn tokens_sign_in_as_cookies_and_readers_get_no_buttons() {
         StatusCode::SEE_OTHER,
         "no token: to the sign-in page"
     );
-    let (status, form) = get(&api.url("/ui/login"), None).await;
-    assert_eq!(status, StatusCode::OK);
+    let form = open_page(&api.url("/ui/login"), None).await;
     assert!(form.contains("name=\"token\""));
-    let bad = client()
-        .post(api.url("/ui/login"))
-        .form(&[("token", "nope")])
-        .send()
-        .await
-        .unwrap();
+    let bad = sign_in(&api, "nope").await;
     assert_eq!(bad.status(), StatusCode::UNAUTHORIZED);
     let read_secret = READ.split_once(':').unwrap().1;
-    let good = client()
-        .post(api.url("/ui/login"))
-        .form(&[("token", read_secret)])
-        .send()
-        .await
-        .unwrap();
+    let good = sign_in(&api, read_secret).await;
     assert_eq!(good.status(), StatusCode::SEE_OTHER);
     let cookie = good.headers()["set-cookie"].to_str().unwrap().to_owned();
     assert!(
@@ -242,29 +246,22 @@ async fn tokens_sign_in_as_cookies_and_readers_get_no_buttons() {
         .trim_start_matches("belfry_token=")
         .to_owned();
     assert!(!value.contains(';') && !value.contains('='), "{value}");
-    let (status, page) = get(&api.url("/ui/schedules/s"), Some(&value)).await;
-    assert_eq!(status, StatusCode::OK);
+    let page = open_page(&api.url("/ui/schedules/s"), Some(&value)).await;
     assert!(page.contains("signed in as viewer"));
     assert!(!page.contains("<button>pause"), "a reader sees no buttons");
     // The cookie is for the web view only: the API takes bearer headers.
-    let api_call = client()
-        .get(api.url("/v1/schedules"))
-        .header("cookie", format!("belfry_token={value}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(api_call.status(), StatusCode::UNAUTHORIZED);
-    let refused = client()
-        .post(api.url("/ui/schedules/s/pause"))
-        .header("cookie", format!("belfry_token={value}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let (status, _) = get(&api.url("/v1/schedules"), Some(&value)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = send(
+        Method::POST,
+        &api.url("/ui/schedules/s/pause"),
+        Some(&value),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(!env.paused("s").await);
     let admin_secret = ADMIN.split_once(':').unwrap().1;
-    let (status, page) = get(&api.url("/ui/schedules/s"), Some(admin_secret)).await;
-    assert_eq!(status, StatusCode::OK);
+    let page = open_page(&api.url("/ui/schedules/s"), Some(admin_secret)).await;
     assert!(page.contains("<button>pause"), "an admin gets buttons");
     drop(api);
     env.teardown(&[]).await;

@@ -7,47 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_dispatch::{AdHocJob, Client, DispatchError, Enqueued};
-use belfry_ledger::{AttemptStart, NewRun, RunStatus};
+use belfry_ledger::{NewRun, RunStatus};
 use belfry_protocol::{JobOptions, RetryOverride, TraceContext};
-use belfry_testkit::{eventually, redis_url};
-use belfry_tests::{replica, serve, worker, RunningWorker};
+use belfry_testkit::{eventually, redis_url, run_outcome};
+use belfry_tests::{builtins, one_job, replica, serve, t0, worker, Flaky, RunningWorker};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde::Deserialize;
 use serde_json::json;
-
-fn at(s: &str) -> DateTime<Utc> {
-    s.parse().unwrap()
-}
-
-/// Always fails with a retryable error; counts calls.
-#[derive(Clone, Default)]
-struct AlwaysFails(Arc<AtomicU32>);
-
-impl Job for AlwaysFails {
-    const TYPE: &'static str = "always-fails";
-    type Payload = serde_json::Value;
-    async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Err(JobError::retryable("still broken"))
-    }
-}
-
-/// Fails its first call, then succeeds.
-#[derive(Clone, Default)]
-struct FailsOnce(Arc<AtomicU32>);
-
-impl Job for FailsOnce {
-    const TYPE: &'static str = "fails-once";
-    type Payload = serde_json::Value;
-    async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
-        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
-            Err(JobError::retryable("first call fails"))
-        } else {
-            Ok(())
-        }
-    }
-}
 
 /// A report with a typed payload, served by the `reports` group.
 #[derive(Clone, Default)]
@@ -98,32 +65,16 @@ fn retry(max_attempts: u32) -> JobOptions {
 
 belfry_testkit::both_backends! {
     async fn retry_policy_precedence_worker_then_type_then_run(env: TestEnv) {
-        let fails = AlwaysFails::default();
+        let fails = Flaky::failing_first(u32::MAX);
         // Worker default: 5 attempts. The type says 2. One run says 1.
         let registry = Registry::builder()
             .job_with(fails.clone(), retry(2))
             .build()
             .unwrap();
-        let running = serve(
-            &env,
-            registry,
-            &[
-                ("BELFRY_MAX_ATTEMPTS", "5"),
-                ("BELFRY_RETRY_INITIAL", "10ms"),
-            ],
-        )
-        .await;
-        let by_type = env
-            .enqueue(
-                "by-type",
-                "always-fails",
-                json!(null),
-                at("2026-07-26T03:00:00Z"),
-            )
-            .await;
-        let run = env
-            .wait_terminal(&by_type.job_name, &by_type.run_key, Duration::from_secs(10))
-            .await;
+        let extra = [("BELFRY_MAX_ATTEMPTS", "5"), ("BELFRY_RETRY_INITIAL", "10ms")];
+        let running = serve(&env, registry, &extra).await;
+        let by_type = env.enqueue("by-type", "flaky", json!(null), t0()).await;
+        let run = env.wait_terminal_of(&by_type, Duration::from_secs(10)).await;
         assert_eq!(
             (run.status_text.as_str(), run.attempts),
             ("dead", 2),
@@ -133,7 +84,7 @@ belfry_testkit::both_backends! {
         let client = Client::new(env.ledger.clone(), env.broker.clone(), "test");
         let per_run = client
             .enqueue(
-                AdHocJob::new("always-fails", json!(null))
+                AdHocJob::new("flaky", json!(null))
                     .named("by-run")
                     .options(retry(1)),
             )
@@ -147,9 +98,8 @@ belfry_testkit::both_backends! {
             ("dead", 1),
             "the run's override beats the type"
         );
-        assert_eq!(fails.0.load(Ordering::SeqCst), 3);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        assert_eq!(fails.calls(), 3);
+        running.stop_and_teardown(env).await;
     }
 }
 
@@ -167,45 +117,21 @@ belfry_testkit::both_backends! {
             .build()
             .unwrap();
         let running = serve(&env, registry, &[("BELFRY_JOB_TIMEOUT", "1h")]).await;
-        let m = env
-            .enqueue(
-                "slow",
-                "sleep",
-                json!({"duration_ms": 30_000}),
-                at("2026-07-26T03:00:00Z"),
-            )
-            .await;
-        let run = env
-            .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
-            .await;
+        let m = env.enqueue("slow", "sleep", json!({"duration_ms": 30_000}), t0()).await;
+        let run = env.wait_terminal_of(&m, Duration::from_secs(10)).await;
         assert_eq!(run.status_text, "dead");
         assert!(run.last_error.unwrap().contains("timed out after 100ms"));
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn a_long_back_off_is_handed_to_the_ledger_and_the_reconciler_resumes_it(env: TestEnv) {
-        let job = FailsOnce::default();
-        let running = serve(
-            &env,
-            Registry::builder().job(job.clone()).build().unwrap(),
-            &[
-                ("BELFRY_RETRY_INITIAL", "300ms"),
-                ("BELFRY_RETRY_REQUEUE_AFTER", "200ms"),
-            ],
-        )
-        .await;
+        let job = Flaky::failing_first(1);
+        let extra = [("BELFRY_RETRY_INITIAL", "300ms"), ("BELFRY_RETRY_REQUEUE_AFTER", "200ms")];
+        let running = serve(&env, one_job(job.clone()), &extra).await;
         let counters = running.counters.clone();
-        let m = env
-            .enqueue(
-                "deferred",
-                "fails-once",
-                json!(null),
-                at("2026-07-26T03:00:00Z"),
-            )
-            .await;
+        let m = env.enqueue("deferred", "flaky", json!(null), t0()).await;
         // The failed attempt is recorded, the delivery acked, the retry time kept
         // in the ledger: no prefetch slot is held during the back-off.
         let waiting = eventually("the deferred retry", Duration::from_secs(10), || async {
@@ -236,27 +162,17 @@ belfry_testkit::both_backends! {
         .await;
         assert_eq!(report.republished, 1);
         assert!(Utc::now() >= due);
-        let run = env
-            .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
-            .await;
+        let run = env.wait_terminal_of(&m, Duration::from_secs(10)).await;
         assert_eq!((run.status_text.as_str(), run.attempts), ("succeeded", 2));
-        assert_eq!(job.0.load(Ordering::SeqCst), 2);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        assert_eq!(job.calls(), 2);
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn worker_groups_receive_only_the_types_they_serve(env: TestEnv) {
         let report = Report::default();
-        let default_group = worker(
-            &env,
-            "w-default",
-            "default",
-            Registry::builder().builtins().build().unwrap(),
-            &[],
-        )
-        .await;
+        let default_group = worker(&env, "w-default", "default", builtins(), &[]).await;
         // This binary could run `noop` too, but its group is configured to
         // serve `report` only.
         let reports_registry = Registry::builder()
@@ -274,17 +190,10 @@ belfry_testkit::both_backends! {
         .await;
         let d = RunningWorker::spawn(default_group);
         let r = RunningWorker::spawn(reports_group);
-        let t = at("2026-07-26T03:00:00Z");
-        let rep = env
-            .enqueue("monthly", "report", json!({"pages": 7}), t)
-            .await;
-        let noop = env.enqueue("tick", "noop", json!({}), t).await;
-        let rep_run = env
-            .wait_terminal(&rep.job_name, &rep.run_key, Duration::from_secs(10))
-            .await;
-        let noop_run = env
-            .wait_terminal(&noop.job_name, &noop.run_key, Duration::from_secs(10))
-            .await;
+        let rep = env.enqueue("monthly", "report", json!({"pages": 7}), t0()).await;
+        let noop = env.enqueue("tick", "noop", json!({}), t0()).await;
+        let rep_run = env.wait_terminal_of(&rep, Duration::from_secs(10)).await;
+        let noop_run = env.wait_terminal_of(&noop, Duration::from_secs(10)).await;
         assert_eq!(
             (rep_run.status_text.as_str(), rep_run.worker.as_deref()),
             ("succeeded", Some("w-reports"))
@@ -311,7 +220,7 @@ belfry_testkit::both_backends! {
         let config =
             belfry_worker::WorkerConfig::from_settings(&belfry_runtime::Settings::from_pairs(pairs))
                 .unwrap();
-        let e = belfry_worker::Worker::start(&config, Registry::builder().builtins().build().unwrap())
+        let e = belfry_worker::Worker::start(&config, builtins())
             .await
             .unwrap_err()
             .to_string();
@@ -326,54 +235,31 @@ belfry_testkit::both_backends! {
 belfry_testkit::both_backends! {
     async fn the_concurrency_limit_holds(env: TestEnv) {
         let gauge = Gauge::default();
-        let running = serve(
-            &env,
-            Registry::builder().job(gauge.clone()).build().unwrap(),
-            &[("BELFRY_CONCURRENCY", "2"), ("BELFRY_PREFETCH", "10")],
-        )
-        .await;
+        let extra = [("BELFRY_CONCURRENCY", "2"), ("BELFRY_PREFETCH", "10")];
+        let running = serve(&env, one_job(gauge.clone()), &extra).await;
         let mut messages = Vec::new();
         for i in 0..6 {
-            messages.push(
-                env.enqueue(
-                    &format!("g{i}"),
-                    "gauge",
-                    json!(null),
-                    at("2026-07-26T03:00:00Z"),
-                )
-                .await,
-            );
+            messages.push(env.enqueue(&format!("g{i}"), "gauge", json!(null), t0()).await);
         }
         for m in &messages {
-            env.wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
-                .await;
+            env.wait_terminal_of(m, Duration::from_secs(10)).await;
         }
         assert_eq!(gauge.peak.load(Ordering::SeqCst), 2);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn ad_hoc_jobs_now_later_and_idempotent(env: TestEnv) {
         let report = Report::default();
-        let running = serve(
-            &env,
-            Registry::builder().job(report.clone()).build().unwrap(),
-            &[],
-        )
-        .await;
+        let running = serve(&env, one_job(report.clone()), &[]).await;
         let client = Client::new(env.ledger.clone(), env.broker.clone(), "app-1");
 
         // Now, with an idempotency key: a repeat returns the same run.
-        let first = client
-            .enqueue(
-                AdHocJob::new("report", json!({"pages": 3}))
-                    .named("invoice")
-                    .idempotency_key("2026-07"),
-            )
-            .await
-            .unwrap();
+        let invoice = AdHocJob::new("report", json!({"pages": 3}))
+            .named("invoice")
+            .idempotency_key("2026-07");
+        let first = client.enqueue(invoice.clone()).await.unwrap();
         assert!(
             matches!(
                 first,
@@ -385,14 +271,7 @@ belfry_testkit::both_backends! {
             "{first:?}"
         );
         assert_eq!(first.run_key(), "invoice@2026-07");
-        let again = client
-            .enqueue(
-                AdHocJob::new("report", json!({"pages": 3}))
-                    .named("invoice")
-                    .idempotency_key("2026-07"),
-            )
-            .await
-            .unwrap();
+        let again = client.enqueue(invoice).await.unwrap();
         assert!(matches!(again, Enqueued::Existing { .. }), "{again:?}");
         assert_eq!(again.id(), first.id());
         let run = env
@@ -452,20 +331,14 @@ belfry_testkit::both_backends! {
             .unwrap_err();
         assert!(bad_type.to_string().contains("job type"), "{bad_type}");
         assert_eq!(env.all_runs().await.len(), 2);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn a_hand_written_message_runs_and_is_recorded(env: TestEnv) {
         let report = Report::default();
-        let running = serve(
-            &env,
-            Registry::builder().job(report.clone()).build().unwrap(),
-            &[],
-        )
-        .await;
+        let running = serve(&env, one_job(report.clone()), &[]).await;
         // Exactly what a producer in another language would send (see
         // docs/wire-format.md); not built with belfry's Rust types.
         let body = r#"{"version":1,"message_id":"0190f3a4-5b6c-7d8e-9f00-112233445566","job_name":"py-export",
@@ -473,13 +346,8 @@ belfry_testkit::both_backends! {
             "published_at":"2026-07-26T03:00:00.120Z","payload":{"pages":4},
             "trace":{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}"#;
         env.publish_raw("report", body.as_bytes()).await;
-        let run = env
-            .wait_terminal(
-                "py-export",
-                "py-export@2026-07-26T03:00:00Z",
-                Duration::from_secs(10),
-            )
-            .await;
+        // Its run key is the one a fire of `py-export` at t0 has.
+        let run = env.wait_fire("py-export", t0(), Duration::from_secs(10)).await;
         assert_eq!(run.status_text, "succeeded");
         assert_eq!(run.id.to_string(), "0190f3a4-5b6c-7d8e-9f00-112233445566");
         assert_eq!(
@@ -487,20 +355,14 @@ belfry_testkit::both_backends! {
             Some("0af7651916cd43dd8448eb211c80319c")
         );
         assert_eq!(report.0.load(Ordering::SeqCst), 4);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn the_reconciler_publishes_a_fire_whose_claimer_died_before_publishing(env: TestEnv) {
         let report = Report::default();
-        let running = serve(
-            &env,
-            Registry::builder().job(report.clone()).build().unwrap(),
-            &[],
-        )
-        .await;
+        let running = serve(&env, one_job(report.clone()), &[]).await;
         // A replica inserted the row and died before publishing: the row is
         // claimed and its confirm deadline has passed.
         let trace = TraceContext::new_root();
@@ -510,7 +372,7 @@ belfry_testkit::both_backends! {
             run_key: "orphan@2026-07-26T03:00:00Z".into(),
             job_type: "report".into(),
             payload: json!({"pages": 1}),
-            scheduled_at: at("2026-07-26T03:00:00Z"),
+            scheduled_at: t0(),
             claimed_by: "dead-replica".into(),
             trace_id: trace.trace_id().map(str::to_owned),
             traceparent: Some(trace.traceparent.clone()),
@@ -528,50 +390,24 @@ belfry_testkit::both_backends! {
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
         assert_eq!(ra.taken + rb.taken, 1, "{ra:?} {rb:?}");
         assert_eq!(ra.republished + rb.republished, 1);
-        let run = env
-            .wait_terminal(
-                "orphan",
-                "orphan@2026-07-26T03:00:00Z",
-                Duration::from_secs(10),
-            )
-            .await;
+        let run = env.wait_fire("orphan", t0(), Duration::from_secs(10)).await;
         assert_eq!(run.status_text, "succeeded");
         assert_eq!(run.id, orphan.id, "same message id");
         assert_eq!(run.trace_id, orphan.trace_id, "same trace");
         assert_eq!(report.0.load(Ordering::SeqCst), 1);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn a_duplicate_delivery_of_a_running_run_does_not_run_it_concurrently(env: TestEnv) {
         let report = Report::default();
-        let w = worker(
-            &env,
-            "w1",
-            "default",
-            Registry::builder().job(report.clone()).build().unwrap(),
-            &[],
-        )
-        .await;
-        let m = env
-            .enqueue(
-                "held",
-                "report",
-                json!({"pages": 1}),
-                at("2026-07-26T03:00:00Z"),
-            )
-            .await;
+        let w = worker(&env, "w1", "default", one_job(report.clone()), &[]).await;
+        let m = env.enqueue("held", "report", json!({"pages": 1}), t0()).await;
         // Another worker (simulated) holds the run under a 2-second lease.
-        let held = env
-            .ledger
-            .begin_attempt(&m, "other-worker", Duration::from_secs(60))
-            .await
-            .unwrap();
-        let AttemptStart::Started { id, attempt } = held else {
-            panic!("{held:?}")
-        };
+        let (id, attempt) = env
+            .start_attempt(&m, "other-worker", Duration::from_secs(60))
+            .await;
         let running = RunningWorker::spawn(w);
         let counters = running.counters.clone();
         eventually(
@@ -598,46 +434,25 @@ belfry_testkit::both_backends! {
         .await;
         assert_eq!(report.0.load(Ordering::SeqCst), 0);
         let run = env.run_of(&m).await;
-        assert_eq!(
-            (
-                run.status_text.as_str(),
-                run.attempts,
-                run.worker.as_deref()
-            ),
-            ("succeeded", 1, Some("other-worker"))
-        );
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        assert_eq!(run_outcome(&run), ("succeeded", 1, Some("other-worker")));
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn an_attempt_whose_lease_was_taken_over_does_not_overwrite_the_new_one(env: TestEnv) {
         env.declare_default_group(&["report"]).await;
-        let m = env
-            .enqueue(
-                "stale",
-                "report",
-                json!({"pages": 1}),
-                at("2026-07-26T03:00:00Z"),
-            )
+        let m = env.enqueue("stale", "report", json!({"pages": 1}), t0()).await;
+        let (id, first) = env
+            .start_attempt(&m, "slow-worker", Duration::from_millis(1))
             .await;
-        let first = env
-            .ledger
-            .begin_attempt(&m, "slow-worker", Duration::from_millis(1))
-            .await
-            .unwrap();
-        let AttemptStart::Started { id, attempt: 1 } = first else {
-            panic!("{first:?}")
-        };
+        assert_eq!(first, 1);
         tokio::time::sleep(Duration::from_millis(20)).await;
         // The lease expired: another worker takes the run over.
         let second = env
-            .ledger
-            .begin_attempt(&m, "fast-worker", Duration::from_secs(60))
-            .await
-            .unwrap();
-        assert_eq!(second, AttemptStart::Started { id, attempt: 2 });
+            .start_attempt(&m, "fast-worker", Duration::from_secs(60))
+            .await;
+        assert_eq!(second, (id, 2));
         // The first attempt's late outcome is refused.
         let late = belfry_ledger::AttemptEntry {
             attempt: 1,

@@ -2,38 +2,14 @@
 //! delays, exhausted retries, permanent failures, bad payloads, panics,
 //! unknown types, undecodable bodies, duplicates, and unroutable fires.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_ledger::AttemptEntry;
 use belfry_scheduler::FireOutcome;
 use belfry_testkit::redis_url;
-use belfry_tests::{every, replica, serve};
+use belfry_tests::{at, every, replica, serve, t0, Flaky};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
-use chrono::{DateTime, Utc};
 use serde_json::json;
-
-/// Fails with a retryable error until its `fail_first` count is used up.
-#[derive(Clone)]
-struct Flaky {
-    calls: Arc<AtomicU32>,
-    fail_first: u32,
-}
-
-impl Job for Flaky {
-    const TYPE: &'static str = "flaky";
-    type Payload = serde_json::Value;
-
-    async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
-        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if n <= self.fail_first {
-            Err(JobError::retryable(format!("transient failure {n}")))
-        } else {
-            Ok(())
-        }
-    }
-}
 
 struct Refuses;
 impl Job for Refuses {
@@ -66,24 +42,13 @@ fn registry(flaky: &Flaky) -> Registry {
         .unwrap()
 }
 
-fn flaky(fail_first: u32) -> Flaky {
-    Flaky {
-        calls: Arc::new(AtomicU32::new(0)),
-        fail_first,
-    }
-}
-
-fn at(s: &str) -> DateTime<Utc> {
-    s.parse().unwrap()
-}
-
 fn entries(run: &belfry_ledger::RunRecord) -> Vec<AttemptEntry> {
     run.attempt_entries().unwrap()
 }
 
 belfry_testkit::both_backends! {
     async fn fails_twice_then_succeeds_with_growing_delays(env: TestEnv) {
-        let job = flaky(2);
+        let job = Flaky::failing_first(2);
         let running = serve(
             &env,
             registry(&job),
@@ -94,20 +59,11 @@ belfry_testkit::both_backends! {
             ],
         )
         .await;
-        let m = env
-            .enqueue(
-                "flaky-job",
-                "flaky",
-                json!(null),
-                at("2026-07-26T03:00:00Z"),
-            )
-            .await;
-        let run = env
-            .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(20))
-            .await;
+        let m = env.enqueue("flaky-job", "flaky", json!(null), t0()).await;
+        let run = env.wait_terminal_of(&m, Duration::from_secs(20)).await;
         assert_eq!(run.status_text, "succeeded");
         assert_eq!(run.attempts, 3);
-        assert_eq!(job.calls.load(Ordering::SeqCst), 3);
+        assert_eq!(job.calls(), 3);
         let log = entries(&run);
         let outcomes: Vec<_> = log.iter().map(|e| e.outcome.as_str()).collect();
         assert_eq!(outcomes, ["retry", "retry", "succeeded"]);
@@ -122,38 +78,21 @@ belfry_testkit::both_backends! {
         assert!(run.last_error.is_none());
         assert_eq!(run.worker.as_deref(), Some("w1"));
         assert!(run.started_at.is_some() && run.finished_at.is_some());
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn always_failing_is_dead_after_max_attempts_and_the_worker_goes_on(env: TestEnv) {
-        let job = flaky(u32::MAX);
-        let running = serve(
-            &env,
-            registry(&job),
-            &[
-                ("BELFRY_MAX_ATTEMPTS", "3"),
-                ("BELFRY_RETRY_INITIAL", "20ms"),
-            ],
-        )
-        .await;
+        let job = Flaky::failing_first(u32::MAX);
+        let extra = [("BELFRY_MAX_ATTEMPTS", "3"), ("BELFRY_RETRY_INITIAL", "20ms")];
+        let running = serve(&env, registry(&job), &extra).await;
         let counters = running.counters.clone();
-        let bad = env
-            .enqueue(
-                "always-fails",
-                "flaky",
-                json!(null),
-                at("2026-07-26T03:00:00Z"),
-            )
-            .await;
-        let run = env
-            .wait_terminal(&bad.job_name, &bad.run_key, Duration::from_secs(20))
-            .await;
+        let bad = env.enqueue("always-fails", "flaky", json!(null), t0()).await;
+        let run = env.wait_terminal_of(&bad, Duration::from_secs(20)).await;
         assert_eq!(run.status_text, "dead");
         assert_eq!(run.attempts, 3);
-        assert_eq!(job.calls.load(Ordering::SeqCst), 3);
+        assert_eq!(job.calls(), 3);
         let err = run.last_error.clone().unwrap();
         assert!(
             err.contains("retries exhausted after 3 attempts") && err.contains("transient failure 3"),
@@ -163,9 +102,7 @@ belfry_testkit::both_backends! {
         let ok = env
             .enqueue("after", "noop", json!({}), at("2026-07-26T03:00:01Z"))
             .await;
-        let run = env
-            .wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(10))
-            .await;
+        let run = env.wait_terminal_of(&ok, Duration::from_secs(10)).await;
         assert_eq!(run.status_text, "succeeded");
         let dead = env.drain_dead_letters().await;
         assert_eq!(dead.len(), 1, "{dead:?}");
@@ -173,14 +110,13 @@ belfry_testkit::both_backends! {
         assert_eq!(body["run_key"], bad.run_key.as_str());
         assert!(dead[0].1.contains("retries exhausted"), "{}", dead[0].1);
         assert_eq!(WorkerCounters::get(&counters.dead_lettered), 1);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn malformed_json_is_dead_lettered_and_consuming_goes_on(env: TestEnv) {
-        let running = serve(&env, registry(&flaky(0)), &[]).await;
+        let running = serve(&env, registry(&Flaky::failing_first(0)), &[]).await;
         let counters = running.counters.clone();
         env.publish_raw("noop", b"{this is not json").await;
         // A well-formed message of an unknown type, routed to this group by hand.
@@ -194,19 +130,9 @@ belfry_testkit::both_backends! {
         let ok = env
             .enqueue("after", "noop", json!({}), at("2026-07-26T03:00:01Z"))
             .await;
-        assert_eq!(
-            env.wait_terminal(&ok.job_name, &ok.run_key, Duration::from_secs(10))
-                .await
-                .status_text,
-            "succeeded"
-        );
-        let ghost = env
-            .wait_terminal(
-                "ghost",
-                "ghost@2026-07-26T03:00:00Z",
-                Duration::from_secs(10),
-            )
-            .await;
+        let run = env.wait_terminal_of(&ok, Duration::from_secs(10)).await;
+        assert_eq!(run.status_text, "succeeded");
+        let ghost = env.wait_fire("ghost", t0(), Duration::from_secs(10)).await;
         assert_eq!(ghost.status_text, "dead");
         assert!(
             ghost
@@ -228,42 +154,26 @@ belfry_testkit::both_backends! {
             garbage.1
         );
         assert_eq!(WorkerCounters::get(&counters.dead_lettered), 2);
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn permanent_errors_bad_payloads_and_panics(env: TestEnv) {
-        let running = serve(
-            &env,
-            registry(&flaky(0)),
-            &[
-                ("BELFRY_MAX_ATTEMPTS", "3"),
-                ("BELFRY_RETRY_INITIAL", "10ms"),
-            ],
-        )
-        .await;
-        let t = at("2026-07-26T03:00:00Z");
+        let extra = [("BELFRY_MAX_ATTEMPTS", "3"), ("BELFRY_RETRY_INITIAL", "10ms")];
+        let running = serve(&env, registry(&Flaky::failing_first(0)), &extra).await;
+        let t = t0();
         let refused = env.enqueue("refused", "refuses", json!(null), t).await;
         let bad_payload = env
             .enqueue("bad-payload", "sleep", json!({"duration": "soon"}), t)
             .await;
         let panicky = env.enqueue("panicky", "panics", json!(null), t).await;
 
-        let run = env
-            .wait_terminal(&refused.job_name, &refused.run_key, Duration::from_secs(10))
-            .await;
+        let run = env.wait_terminal_of(&refused, Duration::from_secs(10)).await;
         assert_eq!((run.status_text.as_str(), run.attempts), ("failed", 1));
         assert_eq!(run.last_error.as_deref(), Some("customer account closed"));
 
-        let run = env
-            .wait_terminal(
-                &bad_payload.job_name,
-                &bad_payload.run_key,
-                Duration::from_secs(10),
-            )
-            .await;
+        let run = env.wait_terminal_of(&bad_payload, Duration::from_secs(10)).await;
         assert_eq!(
             (run.status_text.as_str(), run.attempts),
             ("dead", 1),
@@ -275,9 +185,7 @@ belfry_testkit::both_backends! {
             "{err}"
         );
 
-        let run = env
-            .wait_terminal(&panicky.job_name, &panicky.run_key, Duration::from_secs(10))
-            .await;
+        let run = env.wait_terminal_of(&panicky, Duration::from_secs(10)).await;
         assert_eq!(
             (run.status_text.as_str(), run.attempts),
             ("succeeded", 2),
@@ -297,21 +205,17 @@ belfry_testkit::both_backends! {
             1,
             "only the bad payload is dead-lettered: {dead:?}"
         );
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
 belfry_testkit::both_backends! {
     async fn a_redelivered_message_of_a_finished_run_is_dropped(env: TestEnv) {
-        let job = flaky(0);
+        let job = Flaky::failing_first(0);
         let running = serve(&env, registry(&job), &[]).await;
         let counters = running.counters.clone();
-        let m = env
-            .enqueue("once", "flaky", json!(null), at("2026-07-26T03:00:00Z"))
-            .await;
-        env.wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(10))
-            .await;
+        let m = env.enqueue("once", "flaky", json!(null), t0()).await;
+        env.wait_terminal_of(&m, Duration::from_secs(10)).await;
         // The same message again, as a broker redelivery or a republish would.
         let outcome = env.publisher().await.publish(&m).await.unwrap();
         assert_eq!(outcome, belfry_broker::PublishOutcome::Confirmed);
@@ -321,15 +225,10 @@ belfry_testkit::both_backends! {
             || async { (WorkerCounters::get(&counters.duplicates) > 0).then_some(()) },
         )
         .await;
-        assert_eq!(
-            job.calls.load(Ordering::SeqCst),
-            1,
-            "finished work ran again"
-        );
+        assert_eq!(job.calls(), 1, "finished work ran again");
         let run = env.run_of(&m).await;
         assert_eq!((run.status_text.as_str(), run.attempts), ("succeeded", 1));
-        running.stop().await;
-        env.teardown(&["default"]).await;
+        running.stop_and_teardown(env).await;
     }
 }
 
@@ -338,7 +237,7 @@ belfry_testkit::both_backends! {
         env.declare_default_group(&["noop"]).await;
         let r = replica(&env, "sched-a", Some(&redis_url())).await;
         let s = every("orphan", "1s", "nobody-serves-this");
-        let outcome = r.fire(&s, at("2026-07-26T03:00:00Z")).await;
+        let outcome = r.fire(&s, t0()).await;
         assert!(
             matches!(outcome, FireOutcome::Unroutable { .. }),
             "{outcome:?}"

@@ -1,0 +1,256 @@
+//! TLS material for belfry's client connections to Redis and RabbitMQ,
+//! and the start-up check of the certificate files a Postgres URL names.
+//!
+//! Managed Redis and RabbitMQ services require TLS (`rediss://`,
+//! `amqps://`), often with a private CA and sometimes with client
+//! certificates. The server certificate is always verified: against the
+//! system's trust store, plus the CA given here. There is no setting that
+//! turns verification off and never a fallback to plaintext.
+//!
+//! Why the files are read here, once, at start: a path that is wrong must
+//! stop the process with one line naming the variable and the file, not
+//! surface later as a failed reconnect in the middle of the night. The PEM
+//! bytes are kept in memory for every (re)connection; key material never
+//! appears in `Debug` output or logs.
+
+use std::path::{Path, PathBuf};
+
+use crate::{SettingError, Settings};
+
+/// TLS settings of one client connection: a CA to trust beside the system
+/// trust store, and an optional client certificate.
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    /// The CA certificate(s) to trust, PEM, and the file they came from.
+    pub ca: Option<PemFile>,
+    /// The client certificate chain and its private key, PEM.
+    pub identity: Option<ClientIdentity>,
+}
+
+/// The bytes of a PEM file and its path (for messages).
+#[derive(Clone)]
+pub struct PemFile {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// Its content.
+    pub pem: Vec<u8>,
+}
+
+/// A client certificate chain and its private key (PKCS#8 PEM, `BEGIN
+/// PRIVATE KEY`), for servers that authenticate clients by certificate.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    /// The certificate chain, leaf first.
+    pub cert: PemFile,
+    /// The private key; never printed.
+    pub key: PemFile,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field(
+                "ca",
+                &self.ca.as_ref().map(|c| c.path.display().to_string()),
+            )
+            .field(
+                "client_cert",
+                &self
+                    .identity
+                    .as_ref()
+                    .map(|i| i.cert.path.display().to_string()),
+            )
+            .finish()
+    }
+}
+
+impl ClientTls {
+    /// Reads `{prefix}_CA`, `{prefix}_CERT` and `{prefix}_KEY` (e.g.
+    /// `BELFRY_REDIS_TLS_CA`): each names a PEM file; all unset is plain
+    /// system trust and no client certificate.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingError::Invalid`] naming the variable and the file when a
+    /// file cannot be read or holds no PEM block, or when only one of the
+    /// certificate and the key is set.
+    pub fn from_settings(settings: &Settings, prefix: &str) -> Result<Self, SettingError> {
+        let file = |suffix: &str| -> Result<Option<PemFile>, SettingError> {
+            let var = format!("{prefix}_{suffix}");
+            match settings.get(&var).map(str::trim).filter(|v| !v.is_empty()) {
+                Some(path) => read_pem(&var, Path::new(path)).map(Some),
+                None => Ok(None),
+            }
+        };
+        let (ca, cert, key) = (file("CA")?, file("CERT")?, file("KEY")?);
+        let identity = match (cert, key) {
+            (Some(cert), Some(key)) => Some(ClientIdentity { cert, key }),
+            (None, None) => None,
+            (Some(_), None) | (None, Some(_)) => {
+                let (set, unset) = if settings.get(&format!("{prefix}_CERT")).is_some() {
+                    ("CERT", "KEY")
+                } else {
+                    ("KEY", "CERT")
+                };
+                return Err(SettingError::Invalid {
+                    var: format!("{prefix}_{set}"),
+                    value: settings
+                        .get(&format!("{prefix}_{set}"))
+                        .unwrap_or_default()
+                        .to_owned(),
+                    reason: format!(
+                        "a client certificate needs both files: set {prefix}_{unset} too"
+                    ),
+                });
+            }
+        };
+        Ok(Self { ca, identity })
+    }
+
+    /// Whether anything beyond the system trust store is configured.
+    pub fn is_configured(&self) -> bool {
+        self.ca.is_some() || self.identity.is_some()
+    }
+}
+
+/// Reads the PEM file `path` named by `var`.
+fn read_pem(var: &str, path: &Path) -> Result<PemFile, SettingError> {
+    let invalid = |reason: String| SettingError::Invalid {
+        var: var.to_owned(),
+        value: path.display().to_string(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| invalid(format!("cannot read the file: {e}")))?;
+    if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(invalid(
+            "the file holds no PEM block (-----BEGIN ...)".into(),
+        ));
+    }
+    Ok(PemFile {
+        path: path.to_owned(),
+        pem,
+    })
+}
+
+/// Checks, at start, the files a Postgres URL names in its `sslrootcert`,
+/// `sslcert` and `sslkey` parameters (libpq's names, which sqlx reads at
+/// every connect): each must be a readable file.
+///
+/// # Errors
+///
+/// [`SettingError::Invalid`] naming `var`, the parameter and the file.
+pub fn check_postgres_tls_files(var: &str, url: &str) -> Result<(), SettingError> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(());
+    };
+    for pair in query.split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if !matches!(name, "sslrootcert" | "sslcert" | "sslkey") || value.is_empty() {
+            continue;
+        }
+        let path = percent_decode(value);
+        if let Err(e) = std::fs::File::open(&path) {
+            return Err(SettingError::Invalid {
+                var: var.to_owned(),
+                value: format!("…{name}={path}…"),
+                reason: format!("cannot read the file {path}: {e}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `%XX` escapes of a URL query value decoded (paths in URLs are often
+/// written with `%2F`); anything malformed is kept as written.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> Settings {
+        Settings::from_pairs(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        )
+    }
+
+    #[test]
+    fn unset_is_system_trust_only() {
+        let tls = ClientTls::from_settings(&settings(&[]), "BELFRY_REDIS_TLS").unwrap();
+        assert!(!tls.is_configured());
+    }
+
+    #[test]
+    fn a_missing_file_names_the_variable_and_the_file() {
+        let e = ClientTls::from_settings(
+            &settings(&[("BELFRY_AMQP_TLS_CA", "/nonexistent/ca.crt")]),
+            "BELFRY_AMQP_TLS",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("BELFRY_AMQP_TLS_CA")
+                && e.contains("/nonexistent/ca.crt")
+                && e.contains("cannot read"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_file_without_pem_and_a_lone_key_are_refused() {
+        let dir = std::env::temp_dir().join(format!("belfry-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let junk = junk.display().to_string();
+        let e = ClientTls::from_settings(&settings(&[("X_CA", &junk)]), "X").unwrap_err();
+        assert!(e.to_string().contains("no PEM block"), "{e}");
+        let key = dir.join("key.pem");
+        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").unwrap();
+        let key = key.display().to_string();
+        let e = ClientTls::from_settings(&settings(&[("X_KEY", &key)]), "X").unwrap_err();
+        assert!(e.to_string().contains("set X_CERT too"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn postgres_url_files_are_checked_at_start() {
+        assert!(check_postgres_tls_files("DATABASE_URL", "postgres://h/db").is_ok());
+        assert!(
+            check_postgres_tls_files("DATABASE_URL", "postgres://h/db?sslmode=require").is_ok()
+        );
+        let e = check_postgres_tls_files(
+            "DATABASE_URL",
+            "postgres://h/db?sslmode=verify-full&sslrootcert=%2Fnonexistent%2Fca.crt",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("DATABASE_URL") && e.contains("/nonexistent/ca.crt"),
+            "{e}"
+        );
+    }
+}
