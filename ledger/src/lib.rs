@@ -30,6 +30,7 @@ mod outbox;
 mod postgres;
 mod retention;
 mod run_query;
+mod run_rows;
 mod runs;
 mod schedule_listener;
 mod schedules;

@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use super::PgStore;
 use crate::attempt_batch::{BeginRequest, EndRequest};
-use crate::runs::{options_json, FromMessage, NewRun, RunLookup, RunRecord, RunState};
+use crate::run_rows::{options_json, FromMessage, RunLookup};
+use crate::runs::{NewRun, RunRecord, RunState};
 use crate::status::{waiting_statuses, WAITING};
 use crate::store::RunStore;
 use crate::LedgerError;

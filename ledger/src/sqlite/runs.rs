@@ -16,7 +16,8 @@ use async_trait::async_trait;
 
 use super::{now, now_plus, ts, SqliteLedger};
 use crate::attempt_batch::{BeginRequest, EndRequest};
-use crate::runs::{options_json, FromMessage, NewRun, RunLookup, RunRecord, RunState};
+use crate::run_rows::{options_json, FromMessage, RunLookup};
+use crate::runs::{NewRun, RunRecord, RunState};
 use crate::status::waiting_statuses;
 use crate::store::RunStore;
 use crate::LedgerError;
