@@ -20,9 +20,9 @@ const BUNDLE_PASSWORD: &str = "belfry";
 #[derive(Debug, thiserror::Error)]
 #[error("{what} ({path}): {reason}")]
 pub struct TlsMaterialError {
-    /// Which part: `BELFRY_AMQP_TLS_CA`, `_CERT` or `_KEY`.
+    /// Which setting: `BELFRY_AMQP_TLS_CA`, `_CERT`, `_KEY`, or `AMQP_URL`.
     pub what: &'static str,
-    /// The file it came from.
+    /// The file it came from (for `AMQP_URL`: the URL, password masked).
     pub path: String,
     /// What is wrong and how to fix it.
     pub reason: String,

@@ -109,6 +109,13 @@ impl Broker {
         topology: Topology,
         connection_name: &str,
     ) -> Result<Self, BrokerError> {
+        if tls.is_configured() && !url.starts_with("amqps://") {
+            return Err(BrokerError::Tls(crate::amqp_tls::TlsMaterialError {
+                what: "AMQP_URL",
+                path: belfry_runtime::masked(url),
+                reason: "TLS settings are given, so it must be an amqps:// URL".into(),
+            }));
+        }
         let tls = crate::amqp_tls::lapin_tls(tls)?;
         let connection = open(url, connection_name, &tls).await?;
         Ok(Self {

@@ -4,8 +4,10 @@
 //! Managed Redis and RabbitMQ services require TLS (`rediss://`,
 //! `amqps://`), often with a private CA and sometimes with client
 //! certificates. The server certificate is always verified: against the
-//! system's trust store, plus the CA given here. There is no setting that
-//! turns verification off and never a fallback to plaintext.
+//! system's trust store, or the CA given here (RabbitMQ trusts it beside
+//! the system store, Redis instead of it). There is no setting that turns
+//! verification off, and a `rediss://` or `amqps://` connection never falls
+//! back to plaintext.
 //!
 //! Why the files are read here, once, at start: a path that is wrong must
 //! stop the process with one line naming the variable and the file, not
@@ -34,6 +36,18 @@ pub struct PemFile {
     pub path: PathBuf,
     /// Its content.
     pub pem: Vec<u8>,
+    /// What it holds.
+    pub kind: PemKind,
+}
+
+/// What a PEM file must hold: checked when it is read, so a wrong file is
+/// a start-up error naming it, not a failed handshake later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PemKind {
+    /// One or more `CERTIFICATE` blocks (a CA, or a chain leaf first).
+    Certificates,
+    /// One private key (PKCS#8, PKCS#1 or SEC1).
+    PrivateKey,
 }
 
 /// A client certificate chain and its private key (PKCS#8 PEM, `BEGIN
@@ -75,29 +89,28 @@ impl ClientTls {
     /// file cannot be read or holds no PEM block, or when only one of the
     /// certificate and the key is set.
     pub fn from_settings(settings: &Settings, prefix: &str) -> Result<Self, SettingError> {
-        let file = |suffix: &str| -> Result<Option<PemFile>, SettingError> {
+        let file = |suffix: &str, kind| -> Result<Option<PemFile>, SettingError> {
             let var = format!("{prefix}_{suffix}");
             match settings.get(&var).map(str::trim).filter(|v| !v.is_empty()) {
-                Some(path) => read_pem(&var, Path::new(path)).map(Some),
+                Some(path) => read_pem(&var, Path::new(path), kind).map(Some),
                 None => Ok(None),
             }
         };
-        let (ca, cert, key) = (file("CA")?, file("CERT")?, file("KEY")?);
+        let ca = file("CA", PemKind::Certificates)?;
+        let cert = file("CERT", PemKind::Certificates)?;
+        let key = file("KEY", PemKind::PrivateKey)?;
         let identity = match (cert, key) {
             (Some(cert), Some(key)) => Some(ClientIdentity { cert, key }),
             (None, None) => None,
-            (Some(_), None) | (None, Some(_)) => {
-                let (set, unset) = if settings.get(&format!("{prefix}_CERT")).is_some() {
+            (Some(lone), None) | (None, Some(lone)) => {
+                let (set, unset) = if lone.kind == PemKind::Certificates {
                     ("CERT", "KEY")
                 } else {
                     ("KEY", "CERT")
                 };
                 return Err(SettingError::Invalid {
                     var: format!("{prefix}_{set}"),
-                    value: settings
-                        .get(&format!("{prefix}_{set}"))
-                        .unwrap_or_default()
-                        .to_owned(),
+                    value: lone.path.display().to_string(),
                     reason: format!(
                         "a client certificate needs both files: set {prefix}_{unset} too"
                     ),
@@ -107,55 +120,141 @@ impl ClientTls {
         Ok(Self { ca, identity })
     }
 
+    /// Refuses TLS settings (read with `prefix`) beside a URL that does not
+    /// use TLS: the credentials would go out in plaintext while the
+    /// operator believes otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingError::Invalid`] naming `url_var` and the scheme it needs.
+    pub fn check_scheme(
+        &self,
+        prefix: &str,
+        url_var: &str,
+        url: &str,
+        tls_scheme: &str,
+    ) -> Result<(), SettingError> {
+        if !self.is_configured() || url.starts_with(&format!("{tls_scheme}://")) {
+            return Ok(());
+        }
+        Err(SettingError::Invalid {
+            var: url_var.to_owned(),
+            value: crate::masked(url),
+            reason: format!("{prefix}_* are set, so it must be a {tls_scheme}:// URL"),
+        })
+    }
+
     /// Whether anything beyond the system trust store is configured.
     pub fn is_configured(&self) -> bool {
         self.ca.is_some() || self.identity.is_some()
     }
 }
 
-/// Reads the PEM file `path` named by `var`.
-fn read_pem(var: &str, path: &Path) -> Result<PemFile, SettingError> {
+/// Reads the PEM file `path` named by `var`, which must hold `kind`.
+fn read_pem(var: &str, path: &Path, kind: PemKind) -> Result<PemFile, SettingError> {
     let invalid = |reason: String| SettingError::Invalid {
         var: var.to_owned(),
         value: path.display().to_string(),
         reason,
     };
     let pem = std::fs::read(path).map_err(|e| invalid(format!("cannot read the file: {e}")))?;
-    if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
-        return Err(invalid(
-            "the file holds no PEM block (-----BEGIN ...)".into(),
-        ));
+    match kind {
+        PemKind::Certificates => {
+            let certs = rustls_pemfile::certs(&mut pem.as_slice())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(format!("unreadable PEM: {e}")))?;
+            if certs.is_empty() {
+                return Err(invalid(
+                    "the file holds no certificate (-----BEGIN CERTIFICATE-----)".into(),
+                ));
+            }
+        }
+        PemKind::PrivateKey => match rustls_pemfile::private_key(&mut pem.as_slice()) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(invalid(
+                    "the file holds no private key (-----BEGIN PRIVATE KEY-----)".into(),
+                ))
+            }
+            // The parser's error names a position, never the key's bytes.
+            Err(e) => return Err(invalid(format!("unreadable PEM: {e}"))),
+        },
     }
     Ok(PemFile {
         path: path.to_owned(),
         pem,
+        kind,
     })
 }
 
-/// Checks, at start, the files a Postgres URL names in its `sslrootcert`,
-/// `sslcert` and `sslkey` parameters (libpq's names, which sqlx reads at
-/// every connect): each must be a readable file.
+/// Checks, at start, the TLS parameters of a Postgres URL (libpq's names,
+/// which sqlx reads at every connect):
+///
+/// - `sslrootcert`, `sslcert` and `sslkey` must name readable files (a value
+///   that is PEM text itself, which sqlx also accepts, is left alone);
+/// - `sslrootcert` needs `sslmode=verify-ca` or `verify-full`: libpq then
+///   verifies under `require` too, sqlx does not, so a URL written for
+///   libpq would silently skip the verification it asks for;
+/// - `sslpassword` is refused: sqlx cannot use encrypted keys, and it would
+///   log the unknown parameter with its value.
+///
+/// Errors name the variable and the parameter, and the file, never a
+/// value that could be key material.
 ///
 /// # Errors
 ///
-/// [`SettingError::Invalid`] naming `var`, the parameter and the file.
+/// [`SettingError::Invalid`] as above.
 pub fn check_postgres_tls_files(var: &str, url: &str) -> Result<(), SettingError> {
     let Some((_, query)) = url.split_once('?') else {
         return Ok(());
     };
+    let invalid = |value: String, reason: String| SettingError::Invalid {
+        var: var.to_owned(),
+        value,
+        reason,
+    };
+    let mut mode = None;
+    let mut root_cert = false;
     for pair in query.split('&') {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if !matches!(name, "sslrootcert" | "sslcert" | "sslkey") || value.is_empty() {
-            continue;
+        let value = percent_decode(value);
+        match name {
+            "sslmode" => mode = Some(value),
+            "sslpassword" => {
+                return Err(invalid(
+                    "…sslpassword=…".into(),
+                    "encrypted client keys are not supported; decrypt the key \
+                     (openssl pkcs8 -topk8 -nocrypt) and drop sslpassword"
+                        .into(),
+                ))
+            }
+            "sslrootcert" | "sslcert" | "sslkey" if !value.is_empty() => {
+                root_cert |= name == "sslrootcert";
+                if value.trim_start().starts_with("-----BEGIN") {
+                    continue;
+                }
+                if !Path::new(&value).is_file() {
+                    let why = std::fs::File::open(&value)
+                        .err()
+                        .map_or_else(|| "not a file".to_owned(), |e| e.to_string());
+                    return Err(invalid(
+                        format!("…{name}={value}…"),
+                        format!("cannot read the file {value}: {why}"),
+                    ));
+                }
+            }
+            _ => {}
         }
-        let path = percent_decode(value);
-        if let Err(e) = std::fs::File::open(&path) {
-            return Err(SettingError::Invalid {
-                var: var.to_owned(),
-                value: format!("…{name}={path}…"),
-                reason: format!("cannot read the file {path}: {e}"),
-            });
-        }
+    }
+    let verifies = matches!(mode.as_deref(), Some("verify-ca" | "verify-full"));
+    if root_cert && !verifies {
+        let mode = mode.unwrap_or_else(|| "prefer (the default)".into());
+        return Err(invalid(
+            format!("…sslmode={mode}…"),
+            "sslrootcert is given but the server would not be verified under this sslmode; \
+             use sslmode=verify-full (or verify-ca)"
+                .into(),
+        ));
     }
     Ok(())
 }
@@ -227,9 +326,20 @@ mod tests {
         std::fs::write(&junk, "not a certificate").unwrap();
         let junk = junk.display().to_string();
         let e = ClientTls::from_settings(&settings(&[("X_CA", &junk)]), "X").unwrap_err();
-        assert!(e.to_string().contains("no PEM block"), "{e}");
+        assert!(e.to_string().contains("no certificate"), "{e}");
+        let e = ClientTls::from_settings(&settings(&[("X_KEY", &junk)]), "X").unwrap_err();
+        assert!(e.to_string().contains("no private key"), "{e}");
+        // A throwaway P-256 key made for this test: a real key, alone.
         let key = dir.join("key.pem");
-        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").unwrap();
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\n\
+             MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgt0EQebtxbcV4dxHJ\n\
+             X+97t+MjwMr16kRRPcoHM1fGs2KhRANCAARS64kXMYbnrIfobcoAdiClo1nuNlXP\n\
+             b7VLJh/p6CqW9j1SWUQEAblel1ENKE9hHULYtqNsfnMfpyBT36XJdvQX\n\
+             -----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
         let key = key.display().to_string();
         let e = ClientTls::from_settings(&settings(&[("X_KEY", &key)]), "X").unwrap_err();
         assert!(e.to_string().contains("set X_CERT too"), "{e}");

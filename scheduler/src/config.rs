@@ -132,12 +132,19 @@ impl SchedulerConfig {
         let redis_url = settings.string("REDIS_URL", DEFAULT_REDIS_URL);
         let database_url = settings.string("DATABASE_URL", DEFAULT_DATABASE_URL);
         check_postgres_tls_files("DATABASE_URL", &database_url)?;
+        let amqp_url = settings.string("AMQP_URL", DEFAULT_AMQP_URL);
+        let redis_tls = ClientTls::from_settings(settings, "BELFRY_REDIS_TLS")?;
+        let amqp_tls = ClientTls::from_settings(settings, "BELFRY_AMQP_TLS")?;
+        if redis_url != "-" {
+            redis_tls.check_scheme("BELFRY_REDIS_TLS", "REDIS_URL", &redis_url, "rediss")?;
+        }
+        amqp_tls.check_scheme("BELFRY_AMQP_TLS", "AMQP_URL", &amqp_url, "amqps")?;
         Ok(Self {
             database_url,
             redis_url: (redis_url != "-").then_some(redis_url),
-            amqp_url: settings.string("AMQP_URL", DEFAULT_AMQP_URL),
-            redis_tls: ClientTls::from_settings(settings, "BELFRY_REDIS_TLS")?,
-            amqp_tls: ClientTls::from_settings(settings, "BELFRY_AMQP_TLS")?,
+            amqp_url,
+            redis_tls,
+            amqp_tls,
             instance: settings.string("BELFRY_INSTANCE", &default_instance()),
             namespace: settings.string(
                 "BELFRY_NAMESPACE",

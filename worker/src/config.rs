@@ -128,10 +128,13 @@ impl WorkerConfig {
             "postgres://postgres@127.0.0.1:5432/postgres",
         );
         check_postgres_tls_files("DATABASE_URL", &database_url)?;
+        let amqp_url = s.string("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+        let amqp_tls = ClientTls::from_settings(s, "BELFRY_AMQP_TLS")?;
+        amqp_tls.check_scheme("BELFRY_AMQP_TLS", "AMQP_URL", &amqp_url, "amqps")?;
         Ok(Self {
             database_url,
-            amqp_url: s.string("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
-            amqp_tls: ClientTls::from_settings(s, "BELFRY_AMQP_TLS")?,
+            amqp_url,
+            amqp_tls,
             instance: s.string("BELFRY_INSTANCE", &default_instance()),
             namespace: s.string(
                 "BELFRY_NAMESPACE",
