@@ -133,10 +133,15 @@ belfry_testkit::both_backends! {
         let counters = running.counters.clone();
         let m = env.enqueue("deferred", "flaky", json!(null), t0()).await;
         // The failed attempt is recorded, the delivery acked, the retry time kept
-        // in the ledger: no prefetch slot is held during the back-off.
+        // in the ledger: no prefetch slot is held during the back-off. The
+        // worker counts the deferral after the ledger has it, so both are
+        // waited for (reading the counter at the first sight of the row
+        // raced with the worker, and failed once in CI).
         let waiting = eventually("the deferred retry", Duration::from_secs(10), || async {
             let run = env.run_of(&m).await;
-            (run.status_text == "retrying" && run.next_dispatch_at.is_some()).then_some(run)
+            let counted = WorkerCounters::get(&counters.deferred) == 1;
+            (run.status_text == "retrying" && run.next_dispatch_at.is_some() && counted)
+                .then_some(run)
         })
         .await;
         assert_eq!(WorkerCounters::get(&counters.deferred), 1);
