@@ -205,7 +205,8 @@ fn read_pem(var: &str, path: &Path, kind: PemKind) -> Result<PemFile, SettingErr
 ///
 /// [`SettingError::Invalid`] as above.
 pub fn check_postgres_tls_files(var: &str, url: &str) -> Result<(), SettingError> {
-    let Some((_, query)) = url.split_once('?') else {
+    // A URL that does not parse is left to sqlx, whose error names it.
+    let Ok(parsed) = url::Url::parse(url) else {
         return Ok(());
     };
     let invalid = |value: String, reason: String| SettingError::Invalid {
@@ -215,10 +216,9 @@ pub fn check_postgres_tls_files(var: &str, url: &str) -> Result<(), SettingError
     };
     let mut mode = None;
     let mut root_cert = false;
-    for pair in query.split('&') {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_decode(value);
-        match name {
+    for (name, value) in parsed.query_pairs() {
+        let value = value.into_owned();
+        match name.as_ref() {
             "sslmode" => mode = Some(value),
             "sslpassword" => {
                 return Err(invalid(
@@ -257,31 +257,6 @@ pub fn check_postgres_tls_files(var: &str, url: &str) -> Result<(), SettingError
         ));
     }
     Ok(())
-}
-
-/// `%XX` escapes of a URL query value decoded (paths in URLs are often
-/// written with `%2F`); anything malformed is kept as written.
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
