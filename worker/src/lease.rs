@@ -23,9 +23,24 @@
 //! interrupted the same way at once. What cannot be stopped is code that
 //! never yields (a blocking call inside an async handler): it runs until it
 //! returns, and its outcome is then refused by the attempt guard.
+//!
+//! The heartbeat's check is a task like any other, so it cannot by itself
+//! stop a handler that a stalled process (SIGSTOP, a VM paused, a long GC
+//! pause of the host) resumes first: after the stall, the handler's task
+//! and the check become ready together, and the handler could take its
+//! next step (send the request it was about to send) after its lease had
+//! expired and another worker had taken the run over. So the handler's
+//! future is also [`Fenced`]: before every poll it reads the monotonic
+//! clock and the attempt's last renewal, and once the lease may have ended
+//! it is never polled again. Whatever the handler does after a stall, it
+//! does only while its lease surely holds.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -33,21 +48,69 @@ use uuid::Uuid;
 
 use belfry_ledger::Ledger;
 
+use crate::job::JobError;
+
 /// Default lease of a running attempt.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
+
+/// When the statement that last extended an attempt's lease was sent, as
+/// nanoseconds from a base instant (negative: before it): written by the
+/// heartbeat, read before every poll of the handler, so an atomic rather
+/// than a lock.
+#[derive(Debug)]
+struct RenewedAt {
+    base: Instant,
+    nanos: AtomicI64,
+}
+
+impl RenewedAt {
+    fn new(base: Instant, at: Instant) -> Self {
+        let this = Self {
+            base,
+            nanos: AtomicI64::new(0),
+        };
+        this.set(at);
+        this
+    }
+
+    fn set(&self, at: Instant) {
+        let nanos = match at.checked_duration_since(self.base) {
+            Some(after) => i64::try_from(after.as_nanos()).unwrap_or(i64::MAX),
+            None => -i64::try_from((self.base - at).as_nanos()).unwrap_or(i64::MAX),
+        };
+        // Relaxed: the value is a single word read on its own; no other
+        // memory is published through it.
+        self.nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Instant {
+        let nanos = self.nanos.load(Ordering::Relaxed);
+        let offset = Duration::from_nanos(nanos.unsigned_abs());
+        if nanos >= 0 {
+            self.base + offset
+        } else {
+            // An instant before `base` that `set` was given, so it exists.
+            self.base.checked_sub(offset).unwrap_or(self.base)
+        }
+    }
+}
 
 /// One running attempt of this worker.
 #[derive(Debug)]
 struct Held {
     interrupt: CancellationToken,
-    /// When the statement that last extended the lease was sent.
-    renewed: Instant,
+    renewed: Arc<RenewedAt>,
+    /// Set once the handler has returned: the attempt is recording its
+    /// outcome, and a renewal that misses the row saw that record.
+    ending: Arc<AtomicBool>,
 }
 
 /// The leases of this worker's running attempts. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Leases {
     lease: Duration,
+    /// The instant renewal times are counted from.
+    base: Instant,
     held: Arc<Mutex<HashMap<(Uuid, i32), Held>>>,
 }
 
@@ -57,6 +120,11 @@ pub struct LeaseGuard {
     key: (Uuid, i32),
     held: Arc<Mutex<HashMap<(Uuid, i32), Held>>>,
     interrupt: CancellationToken,
+    renewed: Arc<RenewedAt>,
+    ending: Arc<AtomicBool>,
+    /// How long after its last renewal's statement the handler may still
+    /// be polled (see [`Leases::fence_after`]).
+    fence_after: Duration,
 }
 
 impl LeaseGuard {
@@ -64,6 +132,76 @@ impl LeaseGuard {
     /// lease could not be renewed in time or was taken over.
     pub fn interrupt(&self) -> &CancellationToken {
         &self.interrupt
+    }
+
+    /// Marks the handler as returned: the lease is still renewed while the
+    /// outcome is recorded, but a renewal that no longer finds the attempt
+    /// running has seen that outcome (this worker's own end), not a
+    /// takeover, and interrupts nothing.
+    pub fn ending(&self) {
+        self.ending.store(true, Ordering::Relaxed);
+    }
+
+    /// Wraps the attempt's handler future so that it is polled only while
+    /// the lease surely holds (see [`Fenced`]).
+    pub fn fence<F>(&self, handler: F) -> Fenced<F> {
+        Fenced {
+            handler,
+            key: self.key,
+            interrupt: self.interrupt.clone(),
+            renewed: self.renewed.clone(),
+            fence_after: self.fence_after,
+        }
+    }
+
+    /// Makes the last renewal look `by` older, as a stalled process sees it
+    /// when it resumes.
+    #[cfg(test)]
+    pub(crate) fn backdate(&self, by: Duration) {
+        let at = self.renewed.get();
+        if let Some(earlier) = at.checked_sub(by) {
+            self.renewed.set(earlier);
+        }
+    }
+}
+
+/// A handler future polled only while its attempt's lease surely holds.
+///
+/// Before each poll it compares the monotonic clock with the attempt's last
+/// renewal; once the lease is about to end ([`Leases::fence_after`]) it
+/// interrupts the attempt and resolves to an error without polling the
+/// handler again. The bound is later than the heartbeat's check plus the
+/// handler's grace, so a process that was not stalled interrupts its
+/// handlers first and lets them see their token; the fence only acts
+/// after a stall. The check costs a clock read per poll.
+#[derive(Debug)]
+pub struct Fenced<F> {
+    handler: F,
+    key: (Uuid, i32),
+    interrupt: CancellationToken,
+    renewed: Arc<RenewedAt>,
+    fence_after: Duration,
+}
+
+impl<F> Future for Fenced<F>
+where
+    F: Future<Output = Result<(), JobError>> + Unpin,
+{
+    type Output = Result<(), JobError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let since = Instant::now().saturating_duration_since(self.renewed.get());
+        if since >= self.fence_after {
+            if !self.interrupt.is_cancelled() {
+                tracing::error!(id = %self.key.0, attempt = self.key.1, since_renewal = ?since,
+                    "lease may have expired (this process was stalled); the handler is not run further");
+                self.interrupt.cancel();
+            }
+            return Poll::Ready(Err(JobError::retryable(
+                "the attempt's lease may have expired; handing the run back",
+            )));
+        }
+        Pin::new(&mut self.handler).poll(cx)
     }
 }
 
@@ -81,6 +219,7 @@ impl Leases {
     pub fn new(lease: Duration) -> Self {
         Self {
             lease: lease.max(Duration::from_secs(1)),
+            base: Instant::now(),
             held: Arc::default(),
         }
     }
@@ -96,6 +235,29 @@ impl Leases {
         self.lease / 4
     }
 
+    /// How long after the statement of its last renewal an attempt's lease
+    /// surely holds: the lease less one interval, so the check (four times
+    /// an interval) stops a handler before the lease can end.
+    fn deadline(&self) -> Duration {
+        self.lease.saturating_sub(self.interval())
+    }
+
+    /// How often the heartbeat checks for leases past [`Self::deadline`].
+    fn check_period(&self) -> Duration {
+        (self.interval() / 4).max(Duration::from_millis(50))
+    }
+
+    /// How long after the statement of its last renewal a handler may
+    /// still be polled: the lease less one check period. An on-time check
+    /// interrupts at [`Self::deadline`] (at most one check period late) and
+    /// the handler's grace is 200 ms, which ends before this with the
+    /// default lease (20 s: interrupted by 16.25 s, aborted by 16.45 s,
+    /// fenced from 18.75 s); with leases under about 2 s the fence may
+    /// cut the grace short, in favour of never running past the lease.
+    pub fn fence_after(&self) -> Duration {
+        self.lease.saturating_sub(self.check_period())
+    }
+
     /// Starts keeping attempt `attempt` of run `id`, whose lease was set by
     /// a statement sent at `sent`; its interrupt token is a child of
     /// `hard_stop`.
@@ -107,17 +269,23 @@ impl Leases {
         hard_stop: &CancellationToken,
     ) -> LeaseGuard {
         let interrupt = hard_stop.child_token();
+        let renewed = Arc::new(RenewedAt::new(self.base, sent));
+        let ending = Arc::new(AtomicBool::new(false));
         self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(
             (id, attempt),
             Held {
                 interrupt: interrupt.clone(),
-                renewed: sent,
+                renewed: renewed.clone(),
+                ending: ending.clone(),
             },
         );
         LeaseGuard {
             key: (id, attempt),
             held: self.held.clone(),
             interrupt,
+            renewed,
+            ending,
+            fence_after: self.fence_after(),
         }
     }
 
@@ -153,8 +321,8 @@ impl Leases {
                         // A key gone from `held` finished meanwhile.
                         let Some(h) = held.get_mut(key) else { continue };
                         if renewed.contains(key) {
-                            h.renewed = sent;
-                        } else if !h.interrupt.is_cancelled() {
+                            h.renewed.set(sent);
+                        } else if !h.interrupt.is_cancelled() && !h.ending.load(Ordering::Relaxed) {
                             tracing::warn!(id = %key.0, attempt = key.1,
                                 "attempt no longer holds its run (its lease was taken over); interrupting it");
                             h.interrupt.cancel();
@@ -172,11 +340,13 @@ impl Leases {
     /// Interrupts every attempt whose lease may end within one interval of
     /// `now` (no renewal succeeded for `lease - interval`).
     fn interrupt_expiring(&self, now: Instant) -> usize {
-        let deadline = self.lease.saturating_sub(self.interval());
+        let deadline = self.deadline();
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
         for (key, h) in held.iter() {
-            if now.saturating_duration_since(h.renewed) >= deadline && !h.interrupt.is_cancelled() {
+            if now.saturating_duration_since(h.renewed.get()) >= deadline
+                && !h.interrupt.is_cancelled()
+            {
                 tracing::error!(id = %key.0, attempt = key.1, lease = ?self.lease,
                     "lease not renewed in time; interrupting the attempt so it never runs on two workers");
                 h.interrupt.cancel();
@@ -192,7 +362,7 @@ impl Leases {
     /// connection) must not hold up the check that stops handlers in time.
     pub async fn run(&self, ledger: Ledger, stop: CancellationToken) {
         let mut renew = tokio::time::interval(self.interval());
-        let mut check = tokio::time::interval((self.interval() / 4).max(Duration::from_millis(50)));
+        let mut check = tokio::time::interval(self.check_period());
         // A late tick (this process was stalled) runs at once, then keeps
         // the rhythm; a burst of ticks would only repeat the work.
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -251,6 +421,17 @@ mod tests {
         assert!(!stop.is_cancelled(), "only the attempt stops");
         drop(guard);
         assert!(leases.is_empty());
+    }
+
+    /// With the default lease, an on-time heartbeat interrupts a handler
+    /// and its grace ends before the fence would refuse to poll it: the
+    /// fence acts only after a stall.
+    #[test]
+    fn the_fence_leaves_room_for_the_check_and_the_grace() {
+        let leases = Leases::new(DEFAULT_LEASE);
+        let latest_abort = leases.deadline() + leases.check_period() + crate::attempt::CANCEL_GRACE;
+        assert!(latest_abort < leases.fence_after(), "{latest_abort:?}");
+        assert!(leases.fence_after() < leases.lease());
     }
 
     #[test]

@@ -386,9 +386,10 @@ impl Worker {
                 ctx,
                 message.payload.clone(),
                 timeout,
-                lease.interrupt(),
+                &lease,
             )
             .await;
+            lease.ending();
             entry.finished_at = Utc::now();
             let took = (entry.finished_at - started_at)
                 .num_microseconds()

@@ -251,6 +251,32 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// Every log line of every member that names one of `needles` (run
+    /// ids), under the member's name; empty when `needles` is.
+    pub fn log_lines_naming(&self, needles: &[String]) -> String {
+        let mut out = String::new();
+        if needles.is_empty() {
+            return out;
+        }
+        for m in &self.members {
+            let text = std::fs::read_to_string(&m.log).unwrap_or_default();
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| needles.iter().any(|n| l.contains(n.as_str())))
+                .collect();
+            if !lines.is_empty() {
+                out.push_str(&format!("--- {} on the runs named above\n", m.name));
+                for l in lines {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+}
+
 impl Drop for Fleet {
     fn drop(&mut self) {
         // A failed test must not leave processes behind.

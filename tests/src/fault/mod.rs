@@ -358,6 +358,14 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     report.settled = drained && all_done;
     if !report.passed() {
         report.log_tails = fleet.log_tails(15);
+        // What the fleet said about the runs that overlapped: which
+        // workers held them, and when their leases were lost or taken.
+        let runs: Vec<String> = report
+            .overlapping_executions
+            .iter()
+            .map(|(run, _)| run.to_string())
+            .collect();
+        report.log_tails.push_str(&fleet.log_lines_naming(&runs));
     }
     drop(fleet);
     env.teardown(&["default"]).await;

@@ -27,22 +27,33 @@ type Row = (
 );
 
 /// Pairs of executions of one run where the later started before the
-/// earlier was answered.
-fn overlapping(executions: &[Execution]) -> usize {
+/// earlier was answered, each as one line naming the run, the attempts and
+/// the instants.
+fn overlapping(executions: &[Execution]) -> Vec<(Uuid, String)> {
     let mut by_run: HashMap<Uuid, Vec<&Execution>> = HashMap::new();
     for e in executions {
         by_run.entry(e.run_id).or_default().push(e);
     }
-    let mut n = 0;
-    for list in by_run.values_mut() {
+    let mut pairs = Vec::new();
+    for (run, list) in &mut by_run {
         list.sort_by_key(|e| e.arrived);
         for pair in list.windows(2) {
-            if pair[0].answered.is_some_and(|done| pair[1].arrived < done) {
-                n += 1;
+            if let Some(done) = pair[0].answered.filter(|done| pair[1].arrived < *done) {
+                pairs.push((
+                    *run,
+                    format!(
+                        "run {run}: attempt {} arrived {} and was answered {}; attempt {} arrived {}",
+                        pair[0].attempt,
+                        pair[0].arrived.format("%T%.3f"),
+                        done.format("%T%.3f"),
+                        pair[1].attempt,
+                        pair[1].arrived.format("%T%.3f"),
+                    ),
+                ));
             }
         }
     }
-    n
+    pairs
 }
 
 /// The `q` quantile of sorted `values` (nearest rank).
@@ -103,8 +114,9 @@ pub struct Report {
     /// Handler executions of rows their policy skipped: must be 0.
     pub executions_of_skipped: usize,
     /// Executions of one run that overlapped in time (one started before
-    /// the previous one was answered): must be 0.
-    pub overlapping_executions: usize,
+    /// the previous one was answered): must be 0. Each pair as the run and
+    /// a line that describes it.
+    pub overlapping_executions: Vec<(Uuid, String)>,
     /// Poison messages published by the storms.
     pub poison_sent: usize,
     /// Poison messages never dead-lettered (with a reason): must be 0.
@@ -487,7 +499,7 @@ impl Report {
             && self.succeeded_without_execution == 0
             && self.claims_while_skewed == 0
             && self.executions_of_skipped == 0
-            && self.overlapping_executions == 0
+            && self.overlapping_executions.is_empty()
             && self.poison_not_dead_lettered == 0
             && self.poison_dead_lettered_more == 0
             && self.storm_good_not_succeeded == 0
@@ -591,7 +603,7 @@ impl fmt::Display for Report {
             ),
             (
                 "overlapping executions of one run",
-                self.overlapping_executions.to_string(),
+                self.overlapping_executions.len().to_string(),
                 "0".into(),
             ),
             (
@@ -666,6 +678,9 @@ impl fmt::Display for Report {
         }
         for e in self.other_dead_letters.iter().filter(|e| !e.is_empty()) {
             writeln!(f, "- other dead letter: {e}")?;
+        }
+        for (_, pair) in &self.overlapping_executions {
+            writeln!(f, "- overlapping executions: {pair}")?;
         }
         for e in self.unexpected_exits.iter().chain(&self.unclean_stops) {
             writeln!(f, "- {e}")?;
