@@ -59,7 +59,7 @@ pub async fn run(raw_fires: usize, steady_seconds: u64) -> anyhow::Result<()> {
     let mut p99_1k = Vec::new();
     for replicas in [1usize, 3] {
         for burst in [1_000usize, 10_000] {
-            let r = belfry_burst(replicas, burst).await?;
+            let r = belfry_burst(replicas, burst, LedgerRoute::Direct).await?;
             r.print(&format!("burst {burst}"), replicas, burst);
             burst_rates.push(r.rate);
             if burst == 1_000 {
@@ -189,13 +189,39 @@ type LatencyRow = (
     i64,
 );
 
-struct Measured {
-    rate: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
-    duplicates: i64,
-    lost: i64,
+pub(crate) struct Measured {
+    pub(crate) rate: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) max_ms: f64,
+    pub(crate) duplicates: i64,
+    pub(crate) lost: i64,
+}
+
+/// How the replicas' ledger reaches Postgres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LedgerRoute {
+    /// Straight to Postgres (cached prepared statements).
+    Direct,
+    /// Through the PgBouncer of `scripts/pgbouncer` (transaction pooling,
+    /// 127.0.0.1:56432), with the direct URL for `LISTEN` and migrations.
+    Pooler,
+}
+
+impl LedgerRoute {
+    async fn connect(self, database_url: &str) -> anyhow::Result<Ledger> {
+        Ok(match self {
+            Self::Direct => Ledger::connect(database_url, 8).await?,
+            Self::Pooler => {
+                let pooled = database_url.replacen("127.0.0.1:5432", "127.0.0.1:56432", 1);
+                anyhow::ensure!(
+                    pooled != database_url,
+                    "the bench database is not on 127.0.0.1:5432"
+                );
+                Ledger::connect_routed(&pooled, Some(database_url), 8).await?
+            }
+        })
+    }
 }
 
 async fn start_replicas(
@@ -203,6 +229,7 @@ async fn start_replicas(
     count: usize,
     schedules: &[Arc<Schedule>],
     cancel: &CancellationToken,
+    route: LedgerRoute,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut tasks = Vec::new();
     for k in 0..count {
@@ -213,7 +240,7 @@ async fn start_replicas(
             &instance,
             Duration::from_secs(60),
         )?;
-        let ledger = Ledger::connect(&env.database_url, 8).await?;
+        let ledger = route.connect(&env.database_url).await?;
         let broker = Broker::connect(&amqp_url(), env.topology.clone(), &instance).await?;
         let replica = Arc::new(Replica::new(
             &instance,
@@ -311,8 +338,13 @@ fn many(n: usize, spec: impl Fn(usize) -> ScheduleSpec) -> anyhow::Result<Vec<Ar
         .collect()
 }
 
-/// `burst` one-shot fires due at the same second, `replicas` replicas.
-async fn belfry_burst(replicas: usize, burst: usize) -> anyhow::Result<Measured> {
+/// `burst` one-shot fires due at the same second, `replicas` replicas
+/// whose ledger takes `route`.
+pub(crate) async fn belfry_burst(
+    replicas: usize,
+    burst: usize,
+    route: LedgerRoute,
+) -> anyhow::Result<Measured> {
     let env = TestEnv::new().await;
     env.broker.declare_group("bench", &["noop"]).await?;
     // Far enough ahead for every replica to be up and its timer armed.
@@ -324,7 +356,7 @@ async fn belfry_burst(replicas: usize, burst: usize) -> anyhow::Result<Measured>
         ..Default::default()
     })?;
     let cancel = CancellationToken::new();
-    let tasks = start_replicas(&env, replicas, &schedules, &cancel).await?;
+    let tasks = start_replicas(&env, replicas, &schedules, &cancel, route).await?;
     anyhow::ensure!(Utc::now() < at, "set-up took longer than the lead time");
     wait_dispatched(&env, burst as i64, Duration::from_secs(120)).await?;
     let measured = measure(&env, at, at, burst as i64).await?;
@@ -351,7 +383,7 @@ async fn belfry_steady(
         ..Default::default()
     })?;
     let cancel = CancellationToken::new();
-    let tasks = start_replicas(&env, replicas, &schedules, &cancel).await?;
+    let tasks = start_replicas(&env, replicas, &schedules, &cancel, LedgerRoute::Direct).await?;
     // Measure whole seconds well after start-up.
     let from = Utc::now().trunc_subsecs(0) + chrono::Duration::seconds(2);
     let to = from + chrono::Duration::seconds(i64::try_from(seconds)? - 1);

@@ -73,6 +73,14 @@ pub struct EmbeddedFile {
     pub queue_ready: Arc<tokio::sync::Notify>,
 }
 
+/// Parses a Postgres URL, naming it (password masked) when it is invalid.
+fn pg_options(url: &str) -> Result<PgConnectOptions, LedgerError> {
+    url.parse().map_err(|source| LedgerError::Connect {
+        url: belfry_runtime::masked(url),
+        source,
+    })
+}
+
 /// A handle on the ledger database (cheap to clone: a pool).
 #[derive(Debug, Clone)]
 pub struct Ledger {
@@ -95,30 +103,92 @@ impl Ledger {
     /// URL is invalid or the server does not answer;
     /// [`LedgerError::InUse`] when another process owns the SQLite file.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, LedgerError> {
+        Self::connect_routed(url, None, max_connections).await
+    }
+
+    /// [`Ledger::connect`], where `url` may lead through a transaction
+    /// pooler: with `direct_url` (`BELFRY_DATABASE_DIRECT_URL`), `url` is
+    /// taken to be a transaction-pooling proxy (PgBouncer's
+    /// `pool_mode = transaction`), so every statement over it is an unnamed
+    /// one in a transaction of its own, and no startup parameter a pooler
+    /// may refuse is sent; `LISTEN` and the migrations, which need a
+    /// session, use `direct_url` (at most 2 connections, opened when first
+    /// needed). See `postgres::pooler` for why.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::connect`], for either URL; [`LedgerError::Connect`]
+    /// when `direct_url` is given with a `sqlite:` `url` or is not a
+    /// Postgres URL.
+    pub async fn connect_routed(
+        url: &str,
+        direct_url: Option<&str>,
+        max_connections: u32,
+    ) -> Result<Self, LedgerError> {
         if url.starts_with("sqlite:") {
+            if direct_url.is_some() {
+                return Err(LedgerError::Connect {
+                    url: belfry_runtime::masked(url),
+                    source: sqlx::Error::Configuration(
+                        "BELFRY_DATABASE_DIRECT_URL is for a Postgres ledger behind a pooler; \
+                         unset it with a sqlite: DATABASE_URL"
+                            .into(),
+                    ),
+                });
+            }
             let store = sqlite::SqliteLedger::open(url, max_connections).await?;
             return Ok(Self {
                 store: Arc::new(store),
             });
         }
-        let connect_err = |source| LedgerError::Connect {
-            url: belfry_runtime::masked(url),
-            source,
+        let options = pg_options(url)?;
+        let direct = match direct_url {
+            None => None,
+            Some(direct_url) => {
+                let direct_options = pg_options(direct_url)?;
+                // Lazy: LISTEN and the migrations open it when they run;
+                // a wrong URL shows there, with the URL named.
+                Some(
+                    PgPoolOptions::new()
+                        .max_connections(2)
+                        .acquire_timeout(Duration::from_secs(5))
+                        .connect_lazy_with(direct_options),
+                )
+            }
         };
-        let options: PgConnectOptions = url.parse().map_err(connect_err)?;
+        let options = if direct.is_some() {
+            // Behind a pooler: no statement cache (nothing is named), and
+            // no `extra_float_digits` startup parameter, which PgBouncer
+            // refuses unless told to ignore it.
+            options.statement_cache_capacity(0).extra_float_digits(None)
+        } else {
+            options
+        };
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
-            .map_err(connect_err)?;
-        Ok(Self::from_pool(pool))
+            .map_err(|source| LedgerError::Connect {
+                url: belfry_runtime::masked(url),
+                source,
+            })?;
+        let route = match direct {
+            None => postgres::pooler::PgRoute::direct(pool),
+            Some(_) => postgres::pooler::PgRoute::through_pooler(pool),
+        };
+        Ok(Self {
+            store: Arc::new(postgres::PgStore { route, direct }),
+        })
     }
 
     /// Wraps an existing Postgres pool (tests, embedding applications).
     pub fn from_pool(pool: PgPool) -> Self {
         Self {
-            store: Arc::new(postgres::PgStore { pool }),
+            store: Arc::new(postgres::PgStore {
+                route: postgres::pooler::PgRoute::direct(pool),
+                direct: None,
+            }),
         }
     }
 

@@ -187,6 +187,44 @@ fn read_pem(var: &str, path: &Path, kind: PemKind) -> Result<PemFile, SettingErr
     })
 }
 
+/// `BELFRY_DATABASE_DIRECT_URL`: the Postgres URL that bypasses a
+/// transaction pooler, for `LISTEN` and the migrations; set only when
+/// `database_url` (`DATABASE_URL`) leads through one (see the README's
+/// "Production deployment"). Its TLS files are checked as
+/// `DATABASE_URL`'s are.
+///
+/// # Errors
+///
+/// [`SettingError::Invalid`] when it is set beside a `sqlite:`
+/// `DATABASE_URL`, is not a `postgres://`/`postgresql://` URL, or names a
+/// TLS file that cannot be read.
+pub fn database_direct_url(
+    settings: &crate::setting::Settings,
+    database_url: &str,
+) -> Result<Option<String>, SettingError> {
+    const VAR: &str = "BELFRY_DATABASE_DIRECT_URL";
+    let Some(direct) = settings.get(VAR) else {
+        return Ok(None);
+    };
+    let invalid = |reason: &str| SettingError::Invalid {
+        var: VAR.to_owned(),
+        value: crate::masked(direct),
+        reason: reason.to_owned(),
+    };
+    if database_url.starts_with("sqlite:") {
+        return Err(invalid(
+            "it is for a Postgres ledger behind a transaction pooler; unset it with a sqlite: DATABASE_URL",
+        ));
+    }
+    if !(direct.starts_with("postgres://") || direct.starts_with("postgresql://")) {
+        return Err(invalid(
+            "expected a postgres:// URL that reaches Postgres itself, not the pooler",
+        ));
+    }
+    check_postgres_tls_files(VAR, direct)?;
+    Ok(Some(direct.to_owned()))
+}
+
 /// Checks, at start, the TLS parameters of a Postgres URL (libpq's names,
 /// which sqlx reads at every connect):
 ///
@@ -324,6 +362,30 @@ mod tests {
     #[test]
     fn postgres_url_files_are_checked_at_start() {
         assert!(check_postgres_tls_files("DATABASE_URL", "postgres://h/db").is_ok());
+        let direct = |pairs: &[(&str, &str)], url: &str| {
+            database_direct_url(&crate::setting::Settings::from_pairs(pairs.to_vec()), url)
+        };
+        assert_eq!(direct(&[], "postgres://pooler/db").unwrap(), None);
+        let set = [("BELFRY_DATABASE_DIRECT_URL", "postgres://u:secret@db/x")];
+        assert_eq!(
+            direct(&set, "postgres://pooler/x").unwrap().as_deref(),
+            Some("postgres://u:secret@db/x")
+        );
+        for (pairs, url, says) in [
+            (&set[..], "sqlite:belfry.db", "sqlite"),
+            (
+                &[("BELFRY_DATABASE_DIRECT_URL", "db:5432")][..],
+                "postgres://p/x",
+                "postgres://",
+            ),
+        ] {
+            let e = direct(pairs, url).unwrap_err().to_string();
+            assert!(
+                e.contains("BELFRY_DATABASE_DIRECT_URL") && e.contains(says),
+                "{e}"
+            );
+            assert!(!e.contains("secret"), "{e}");
+        }
         assert!(
             check_postgres_tls_files("DATABASE_URL", "postgres://h/db?sslmode=require").is_ok()
         );

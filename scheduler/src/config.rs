@@ -5,6 +5,7 @@
 //! | variable | default | meaning |
 //! | --- | --- | --- |
 //! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start) |
+//! | `BELFRY_DATABASE_DIRECT_URL` | unset | set when `DATABASE_URL` leads through a transaction pooler (PgBouncer `pool_mode = transaction`): the Postgres URL that bypasses it, used only for `LISTEN` and migrations; statements over `DATABASE_URL` then run unnamed, each in its own transaction |
 //! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; empty string `-` disables it; `rediss://` for TLS |
 //! | `BELFRY_REDIS_TLS_CA` | unset (system trust store) | PEM file of the CA that signed Redis' certificate (then the only one trusted) |
 //! | `BELFRY_REDIS_TLS_CERT`, `BELFRY_REDIS_TLS_KEY` | unset | client certificate and its key (PEM) for Redis |
@@ -36,7 +37,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use belfry_runtime::client_tls::check_postgres_tls_files;
+use belfry_runtime::client_tls::{check_postgres_tls_files, database_direct_url};
 use belfry_runtime::{default_instance, ClientTls, LogFormat, SettingError, Settings};
 
 use crate::replica::ReplicaTiming;
@@ -53,6 +54,9 @@ pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub struct SchedulerConfig {
     /// Postgres URL (may hold a password: never log it unmasked).
     pub database_url: String,
+    /// Postgres URL bypassing a transaction pooler that `database_url`
+    /// leads through (`BELFRY_DATABASE_DIRECT_URL`); `None`: no pooler.
+    pub database_direct_url: Option<String>,
     /// Redis URL; `None` disables the lock (database-only claiming).
     pub redis_url: Option<String>,
     /// RabbitMQ URL (may hold a password).
@@ -97,6 +101,13 @@ impl std::fmt::Debug for SchedulerConfig {
         f.debug_struct("SchedulerConfig")
             .field("database_url", &belfry_runtime::masked(&self.database_url))
             .field(
+                "database_direct_url",
+                &self
+                    .database_direct_url
+                    .as_deref()
+                    .map(belfry_runtime::masked),
+            )
+            .field(
                 "redis_url",
                 &self.redis_url.as_deref().map(belfry_runtime::masked),
             )
@@ -132,6 +143,7 @@ impl SchedulerConfig {
         let redis_url = settings.string("REDIS_URL", DEFAULT_REDIS_URL);
         let database_url = settings.string("DATABASE_URL", DEFAULT_DATABASE_URL);
         check_postgres_tls_files("DATABASE_URL", &database_url)?;
+        let database_direct_url = database_direct_url(settings, &database_url)?;
         let amqp_url = settings.string("AMQP_URL", DEFAULT_AMQP_URL);
         let redis_tls = ClientTls::from_settings(settings, "BELFRY_REDIS_TLS")?;
         let amqp_tls = ClientTls::from_settings(settings, "BELFRY_AMQP_TLS")?;
@@ -141,6 +153,7 @@ impl SchedulerConfig {
         amqp_tls.check_scheme("BELFRY_AMQP_TLS", "AMQP_URL", &amqp_url, "amqps")?;
         Ok(Self {
             database_url,
+            database_direct_url,
             redis_url: (redis_url != "-").then_some(redis_url),
             amqp_url,
             redis_tls,

@@ -3,6 +3,7 @@
 //! | variable | default | meaning |
 //! | --- | --- | --- |
 //! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start) |
+//! | `BELFRY_DATABASE_DIRECT_URL` | unset | set when `DATABASE_URL` leads through a transaction pooler (PgBouncer `pool_mode = transaction`): the Postgres URL that bypasses it, used only for `LISTEN` and migrations; statements over `DATABASE_URL` then run unnamed, each in its own transaction |
 //! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ; `amqps://` for TLS |
 //! | `BELFRY_AMQP_TLS_CA` | unset (system trust store) | PEM file of a CA to trust for RabbitMQ besides the system's |
 //! | `BELFRY_AMQP_TLS_CERT`, `BELFRY_AMQP_TLS_KEY` | unset | client certificate and its key (PEM; the key PKCS#8, `BEGIN PRIVATE KEY`) for RabbitMQ |
@@ -28,7 +29,7 @@
 
 use std::time::Duration;
 
-use belfry_runtime::client_tls::check_postgres_tls_files;
+use belfry_runtime::client_tls::{check_postgres_tls_files, database_direct_url};
 use belfry_runtime::{default_instance, ClientTls, LogFormat, SettingError, Settings};
 
 use crate::RetryPolicy;
@@ -38,6 +39,9 @@ use crate::RetryPolicy;
 pub struct WorkerConfig {
     /// Postgres URL (may hold a password).
     pub database_url: String,
+    /// Postgres URL bypassing a transaction pooler that `database_url`
+    /// leads through (`BELFRY_DATABASE_DIRECT_URL`); `None`: no pooler.
+    pub database_direct_url: Option<String>,
     /// RabbitMQ URL (may hold a password).
     pub amqp_url: String,
     /// TLS material for an `amqps://` RabbitMQ (`BELFRY_AMQP_TLS_*`).
@@ -81,6 +85,13 @@ impl std::fmt::Debug for WorkerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerConfig")
             .field("database_url", &belfry_runtime::masked(&self.database_url))
+            .field(
+                "database_direct_url",
+                &self
+                    .database_direct_url
+                    .as_deref()
+                    .map(belfry_runtime::masked),
+            )
             .field("amqp_url", &belfry_runtime::masked(&self.amqp_url))
             .field("amqp_tls", &self.amqp_tls)
             .field("instance", &self.instance)
@@ -128,11 +139,13 @@ impl WorkerConfig {
             "postgres://postgres@127.0.0.1:5432/postgres",
         );
         check_postgres_tls_files("DATABASE_URL", &database_url)?;
+        let database_direct_url = database_direct_url(s, &database_url)?;
         let amqp_url = s.string("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
         let amqp_tls = ClientTls::from_settings(s, "BELFRY_AMQP_TLS")?;
         amqp_tls.check_scheme("BELFRY_AMQP_TLS", "AMQP_URL", &amqp_url, "amqps")?;
         Ok(Self {
             database_url,
+            database_direct_url,
             amqp_url,
             amqp_tls,
             instance: s.string("BELFRY_INSTANCE", &default_instance()),

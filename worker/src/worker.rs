@@ -67,7 +67,12 @@ impl Worker {
             None => registry,
         };
         let topology = Topology::new(&config.namespace)?;
-        let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
+        let ledger = Ledger::connect_routed(
+            &config.database_url,
+            config.database_direct_url.as_deref(),
+            config.db_pool,
+        )
+        .await?;
         ledger.migrate().await?;
         // An embedded ledger's file holds the job queue too.
         let queue = ledger

@@ -20,7 +20,7 @@ impl FireHistoryStore for PgStore {
         &self,
         job_names: &[String],
     ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         // One index probe per name (job_runs_job_name_scheduled_idx).
         let rows = sqlx::query(&format!(
             "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r \
@@ -45,12 +45,12 @@ impl FireHistoryStore for PgStore {
         run: &NewRun,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let mut tx = pool.begin().await?;
         // Serialises decisions for this schedule only; released at commit.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
             .bind(&run.job_name)
-            .execute(&mut *tx)
+            .execute(self.route.on(&mut tx))
             .await?;
         let taken: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM job_runs WHERE job_name = $1 AND run_key = $2) \
@@ -58,7 +58,7 @@ impl FireHistoryStore for PgStore {
         )
         .bind(&run.job_name)
         .bind(&run.run_key)
-        .fetch_one(&mut *tx)
+        .fetch_one(self.route.on(&mut tx))
         .await?;
         if taken {
             tx.commit().await?;
@@ -72,7 +72,7 @@ impl FireHistoryStore for PgStore {
         )
         .bind(&run.job_name)
         .bind(run.scheduled_at)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(self.route.on(&mut tx))
         .await?;
         if let Some(previous) = running {
             if record_skip {
@@ -85,13 +85,13 @@ impl FireHistoryStore for PgStore {
                 .bind(run.scheduled_at)
                 .bind(format!("overlap: previous run {previous} is not finished"))
                 .bind(&run.claimed_by)
-                .execute(&mut *tx)
+                .execute(self.route.on(&mut tx))
                 .await?;
             }
             tx.commit().await?;
             return Ok(ExclusiveClaim::Overlapped);
         }
-        let won = !super::runs::claim_rows(&mut *tx, std::slice::from_ref(run))
+        let won = !super::runs::claim_rows(self.route.on(&mut tx), std::slice::from_ref(run))
             .await?
             .is_empty();
         tx.commit().await?;
@@ -109,7 +109,7 @@ impl FireHistoryStore for PgStore {
         limit: i64,
         after: Option<(&str, DateTime<Utc>)>,
     ) -> Result<Vec<LateClaim>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let late = "r.claimed_at < now() - make_interval(secs => $2) \
                     AND r.scheduled_at < now() - make_interval(secs => $1)";
         Ok(sqlx::query_as(&late_claims_sql(late))
@@ -129,7 +129,7 @@ impl FireHistoryStore for PgStore {
         by: &str,
         grace: std::time::Duration,
     ) -> Result<u64, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let mut tx = pool.begin().await?;
         let skipped = sqlx::query(
             "UPDATE job_runs SET status = 'dead', last_error = $2, finished_at = now(), \
@@ -141,7 +141,7 @@ impl FireHistoryStore for PgStore {
         .bind(ids)
         .bind(reason)
         .bind(grace.as_secs_f64())
-        .fetch_all(&mut *tx)
+        .fetch_all(self.route.on(&mut tx))
         .await?;
         for r in &skipped {
             sqlx::query(
@@ -153,7 +153,7 @@ impl FireHistoryStore for PgStore {
             .bind(r.try_get::<DateTime<Utc>, _>("scheduled_at")?)
             .bind(reason)
             .bind(by)
-            .execute(&mut *tx)
+            .execute(self.route.on(&mut tx))
             .await?;
         }
         tx.commit().await?;
@@ -164,7 +164,7 @@ impl FireHistoryStore for PgStore {
         &self,
         keys: &[(String, String)],
     ) -> Result<std::collections::HashSet<String>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let names: Vec<&str> = keys.iter().map(|(n, _)| n.as_str()).collect();
         let run_keys: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
         let found: Vec<String> = sqlx::query_scalar(
@@ -184,7 +184,7 @@ impl FireHistoryStore for PgStore {
         after: std::time::Duration,
         limit: i64,
     ) -> Result<Vec<(String, String, String)>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         Ok(sqlx::query_as(
             "WITH stuck AS ( \
                  SELECT id FROM job_runs \
@@ -213,7 +213,7 @@ impl FireHistoryStore for PgStore {
         job_name: &str,
         limit: i64,
     ) -> Result<Vec<(String, String)>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         Ok(sqlx::query_as(
             "SELECT run_key, reason FROM skipped_fires WHERE job_name = $1 ORDER BY scheduled_at DESC LIMIT $2",
         )

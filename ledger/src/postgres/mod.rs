@@ -13,6 +13,7 @@
 
 mod fire_history;
 mod outbox;
+pub(crate) mod pooler;
 pub(crate) mod runs;
 mod schedules;
 mod views;
@@ -22,6 +23,8 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::PgPool;
 
+use pooler::PgRoute;
+
 use crate::schedule_listener::ScheduleListener;
 use crate::sqlite::SqliteLedger;
 use crate::store::{ClockReading, Lifecycle, LocalClock};
@@ -30,10 +33,15 @@ use crate::LedgerError;
 /// The embedded migrations of `migrations/`.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// The Postgres ledger: a connection pool.
+/// The Postgres ledger: a connection pool and the route its statements
+/// take ([`pooler`]), and the direct connection for what needs a session.
 #[derive(Debug, Clone)]
 pub(crate) struct PgStore {
-    pub(crate) pool: PgPool,
+    pub(crate) route: PgRoute,
+    /// Straight to Postgres, bypassing a transaction pooler: `LISTEN` and
+    /// the migrations' session advisory lock. `None`: the route is direct
+    /// and serves these too.
+    pub(crate) direct: Option<PgPool>,
 }
 
 /// A statement of the Postgres ledger, its values bound.
@@ -47,7 +55,12 @@ impl PgStore {
     ///
     /// [`LedgerError::Query`] when the statement fails.
     pub(crate) async fn moved(&self, statement: PgQuery<'_>) -> Result<bool, LedgerError> {
-        Ok(statement.execute(&self.pool).await?.rows_affected() == 1)
+        Ok(statement.execute(&self.route).await?.rows_affected() == 1)
+    }
+
+    /// The pool for what needs a session of its own.
+    fn session_pool(&self) -> &PgPool {
+        self.direct.as_ref().unwrap_or(self.route.pool())
     }
 }
 
@@ -55,38 +68,49 @@ impl PgStore {
 impl Lifecycle for PgStore {
     /// Safe when several replicas start at once: sqlx takes a Postgres
     /// advisory lock for the duration of the migration run, so one replica
-    /// migrates while the others wait and then find nothing to do.
+    /// migrates while the others wait and then find nothing to do. The
+    /// lock is a session's, so the migrations run over the direct
+    /// connection when there is one (behind a transaction pooler the
+    /// unlock could reach another server connection than the lock).
     async fn migrate(&self) -> Result<(), LedgerError> {
-        MIGRATOR.run(&self.pool).await?;
+        MIGRATOR.run(self.session_pool()).await?;
         Ok(())
     }
 
     async fn ping(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+        // A simple query: no prepared statement, fine behind a pooler.
+        sqlx::Executor::execute(self.route.pool(), "SELECT 1")
+            .await
+            .is_ok()
     }
 
     async fn clock_probe(&self, local: &LocalClock<'_>) -> Result<ClockReading, LedgerError> {
         // Hold a connection first, so waiting for the pool is not timed:
-        // only the query's round trip is.
-        let mut conn = self.pool.acquire().await?;
+        // only the query's round trip is. A simple query is one round trip
+        // on either route (no prepared statement).
+        let mut conn = self.route.pool().acquire().await?;
         let before = local();
-        let db: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *conn)
-            .await?;
+        let row = sqlx::Executor::fetch_one(&mut *conn, "SELECT now()").await?;
         let after = local();
+        let db: DateTime<Utc> = sqlx::Row::try_get(&row, 0)?;
         Ok((before, db, after))
     }
 
     async fn listen_schedules(&self, channel: &str) -> Result<ScheduleListener, LedgerError> {
-        ScheduleListener::postgres(&self.pool, channel).await
+        // LISTEN belongs to a session: over the direct connection when
+        // the route is a pooler's.
+        ScheduleListener::postgres(self.session_pool(), channel).await
     }
 
     async fn close(&self) {
-        self.pool.close().await;
+        self.route.pool().close().await;
+        if let Some(direct) = &self.direct {
+            direct.close().await;
+        }
     }
 
     fn pg_pool(&self) -> Option<&PgPool> {
-        Some(&self.pool)
+        Some(self.route.pool())
     }
 
     fn embedded(&self) -> Option<&SqliteLedger> {

@@ -16,7 +16,7 @@ use crate::LedgerError;
 #[async_trait]
 impl OutboxStore for PgStore {
     async fn take_due(&self, limit: i64, lease: Duration) -> Result<Vec<RunRecord>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         // One statement: the CTE locks due rows (skipping rows another
         // replica holds), the UPDATE leases them; the lock is held until the

@@ -34,7 +34,7 @@ impl RunStore for PgStore {
                 "UPDATE job_runs SET dispatched_at = now() WHERE id = $1 AND dispatched_at IS NULL",
             )
             .bind(id)
-            .execute(&self.pool)
+            .execute(&self.route)
             .await?;
         }
         Ok(moved)
@@ -61,15 +61,15 @@ impl RunStore for PgStore {
 
     async fn runs(&self, lookup: RunLookup<'_>) -> Result<Vec<RunRecord>, LedgerError> {
         let sql = lookup.sql();
-        Ok(lookup.query(&sql).fetch_all(&self.pool).await?)
+        Ok(lookup.query(&sql).fetch_all(&self.route).await?)
     }
 
     async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
-        claim_rows(&self.pool, runs).await
+        claim_rows(&self.route, runs).await
     }
 
     async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         if ids.is_empty() {
             return Ok(0);
         }
@@ -101,7 +101,7 @@ impl RunStore for PgStore {
         &self,
         batch: &[BeginRequest],
     ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let names: Vec<&str> = batch.iter().map(|r| r.job_name.as_str()).collect();
         let keys: Vec<&str> = batch.iter().map(|r| r.run_key.as_str()).collect();
         let workers: Vec<&str> = batch.iter().map(|r| r.worker.as_str()).collect();
@@ -146,7 +146,7 @@ impl RunStore for PgStore {
     }
 
     async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let ids: Vec<Uuid> = batch.iter().map(|r| r.id).collect();
         let statuses: Vec<&str> = batch.iter().map(|r| r.status.as_str()).collect();
         let errors: Vec<Option<&str>> = batch.iter().map(|r| r.last_error.as_deref()).collect();
@@ -198,7 +198,7 @@ impl RunStore for PgStore {
         held: &[(Uuid, i32)],
         lease: Duration,
     ) -> Result<HashSet<(Uuid, i32)>, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
         let attempts: Vec<i32> = held.iter().map(|(_, a)| *a).collect();
         // Rows are locked in id order first, as the other batched
@@ -229,7 +229,7 @@ impl RunStore for PgStore {
         )
         .bind(&message.job_name)
         .bind(&message.run_key)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.route)
         .await?;
         row.map(|(id, status, lease_until, now)| RunState::parse((id, status, lease_until), now))
             .transpose()
@@ -252,7 +252,7 @@ impl RunStore for PgStore {
         // `$1` to `$13` in the order of the columns above.
         let done = run
             .bind(sqlx::query(&insert), |at| at)?
-            .execute(&self.pool)
+            .execute(&self.route)
             .await?;
         Ok(done.rows_affected())
     }

@@ -40,7 +40,7 @@ impl ScheduleStore for PgStore {
         let done = row
             .bind_definition(sqlx::query(&insert))
             .bind(row.paused)
-            .execute(&self.pool)
+            .execute(&self.route)
             .await?;
         Ok(done.rows_affected())
     }
@@ -65,12 +65,12 @@ impl ScheduleStore for PgStore {
 
     async fn schedules(&self, lookup: ScheduleLookup<'_>) -> Result<Vec<ScheduleRow>, LedgerError> {
         let sql = lookup.sql();
-        Ok(lookup.query(&sql).fetch_all(&self.pool).await?)
+        Ok(lookup.query(&sql).fetch_all(&self.route).await?)
     }
 
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
         Ok(sqlx::query_as("SELECT name, updated_at FROM schedules")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.route)
             .await?)
     }
 
@@ -83,7 +83,7 @@ impl ScheduleStore for PgStore {
         Ok(
             sqlx::query_scalar("DELETE FROM schedules WHERE NOT (name = ANY($1)) RETURNING name")
                 .bind(keep)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.route)
                 .await?,
         )
     }

@@ -25,12 +25,12 @@ impl ViewStore for PgStore {
              GROUP BY 1, 2 ORDER BY 1",
         )
         .bind(since)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.route)
         .await?)
     }
 
     async fn overview(&self, seen_since: DateTime<Utc>) -> Result<Overview, LedgerError> {
-        let pool = &self.pool;
+        let pool = &self.route;
         let counts: OverviewCounts = sqlx::query_as(&format!(
             "SELECT {UNFINISHED_COUNTS}, \
                (SELECT count(*) FILTER (WHERE status = 'dead') FROM job_runs \
@@ -64,7 +64,7 @@ impl ViewStore for PgStore {
         )
         .bind(names)
         .bind(per)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.route)
         .await?)
     }
 
@@ -73,7 +73,7 @@ impl ViewStore for PgStore {
             "SELECT {RUN_COLUMNS} FROM job_runs WHERE TRUE"
         ));
         push_run_filter(&mut q, page, |at| at);
-        Ok(q.build_query_as().fetch_all(&self.pool).await?)
+        Ok(q.build_query_as().fetch_all(&self.route).await?)
     }
 
     async fn prune(&self, batch: PruneBatch) -> Result<u64, LedgerError> {
@@ -100,7 +100,7 @@ impl ViewStore for PgStore {
         let done = sqlx::query(&delete)
             .bind(batch.cutoff)
             .bind(batch.batch)
-            .execute(&self.pool)
+            .execute(&self.route)
             .await?;
         Ok(done.rows_affected())
     }
@@ -130,7 +130,7 @@ impl ViewStore for PgStore {
         .bind(&counts)
         .bind(&reasons)
         .bind(&by)
-        .execute(&self.pool)
+        .execute(&self.route)
         .await?;
         Ok(())
     }
@@ -138,7 +138,7 @@ impl ViewStore for PgStore {
     async fn count_by_status(&self) -> Result<Vec<(String, i64)>, LedgerError> {
         Ok(
             sqlx::query_as("SELECT status, count(*) FROM job_runs GROUP BY status")
-                .fetch_all(&self.pool)
+                .fetch_all(&self.route)
                 .await?,
         )
     }

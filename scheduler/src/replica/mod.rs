@@ -215,7 +215,12 @@ impl Replica {
         config: &SchedulerConfig,
     ) -> Result<(Self, ScheduleSync, Vec<Arc<Schedule>>), SchedulerError> {
         let topology = Topology::new(&config.namespace)?;
-        let ledger = Ledger::connect(&config.database_url, config.db_pool).await?;
+        let ledger = Ledger::connect_routed(
+            &config.database_url,
+            config.database_direct_url.as_deref(),
+            config.db_pool,
+        )
+        .await?;
         // An embedded ledger's file holds the job queue too.
         let queue = ledger
             .embedded_file()

@@ -16,6 +16,7 @@ mod exactly_once;
 mod lease;
 mod metrics;
 mod poison_values;
+mod pooler;
 mod process_api;
 mod process_telemetry;
 mod publish_confirm;
