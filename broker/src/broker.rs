@@ -2,6 +2,7 @@
 //! distributed mode, or the embedded database's job queue
 //! ([`Broker::embedded`]) in embedded mode. Callers see one type either way.
 
+use crate::cluster_nodes::ClusterNodes;
 use lapin::options::{
     BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -33,7 +34,8 @@ struct ConnectionState {
 }
 
 struct Inner {
-    url: String,
+    /// The node URLs (one, or a cluster's), and which one is in use.
+    nodes: ClusterNodes,
     connection_name: String,
     /// TLS for an `amqps://` URL, kept for every reconnect.
     tls: OwnedTLSConfig,
@@ -66,7 +68,11 @@ impl std::fmt::Debug for Broker {
         match &self.link {
             Link::Amqp(inner) => f
                 .debug_struct("Broker")
-                .field("url", &belfry_runtime::masked(&inner.url))
+                .field(
+                    "nodes",
+                    &belfry_runtime::masked(&inner.nodes.urls().join(",")),
+                )
+                .field("node", &inner.nodes.current())
                 .field("namespace", &inner.topology.namespace())
                 .finish(),
             Link::Embedded(e) => f
@@ -79,8 +85,10 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
-    /// Connects to `url` (an `amqp://` URL) and names the connection
-    /// `connection_name` in the management UI.
+    /// Connects to `url` (an `amqp://` URL, or the comma-separated node
+    /// URLs of a cluster: the first that answers; a lost connection moves
+    /// to the next node) and names the connection `connection_name`
+    /// in the management UI.
     ///
     /// # Errors
     ///
@@ -109,18 +117,30 @@ impl Broker {
         topology: Topology,
         connection_name: &str,
     ) -> Result<Self, BrokerError> {
-        if tls.is_configured() && !url.starts_with("amqps://") {
+        let nodes = ClusterNodes::parse(url).ok_or_else(|| BrokerError::Connect {
+            url: belfry_runtime::masked(url),
+            source: lapin::Error::IOError(Arc::new(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no RabbitMQ URL given",
+            ))),
+        })?;
+        if tls.is_configured() && nodes.urls().iter().any(|u| !u.starts_with("amqps://")) {
             return Err(BrokerError::Tls(crate::amqp_tls::TlsMaterialError {
                 what: "AMQP_URL",
                 path: belfry_runtime::masked(url),
-                reason: "TLS settings are given, so it must be an amqps:// URL".into(),
+                reason: "TLS settings are given, so it must be an amqps:// URL (every node's)"
+                    .into(),
             }));
         }
         let tls = crate::amqp_tls::lapin_tls(tls)?;
-        let connection = open(url, connection_name, &tls).await?;
+        let (node, connection) = open_any(&nodes.for_start(), connection_name, &tls).await?;
+        nodes.connected_to(node);
+        if nodes.urls().len() > 1 {
+            tracing::info!(node = %nodes.current(), nodes = nodes.urls().len(), "connected to RabbitMQ");
+        }
         Ok(Self {
             link: Link::Amqp(Arc::new(Inner {
-                url: url.to_owned(),
+                nodes,
                 connection_name: connection_name.to_owned(),
                 tls,
                 topology,
@@ -183,6 +203,12 @@ impl Broker {
         }
     }
 
+    /// The RabbitMQ node the connection goes to (or last went to), its URL
+    /// with the password masked; `None` for the embedded queue.
+    pub fn node(&self) -> Option<String> {
+        self.amqp().ok().map(|inner| inner.nodes.current())
+    }
+
     /// Whether the current connection is open (embedded: whether the
     /// database answers).
     pub async fn is_connected(&self) -> bool {
@@ -208,16 +234,26 @@ impl Inner {
         if link.connection.status().connected() {
             return Ok(link.connection.clone());
         }
-        let url = belfry_runtime::masked(&self.url);
         if link
             .failed_at
             .is_some_and(|t| t.elapsed() < RECONNECT_PAUSE)
         {
-            return Err(BrokerError::Disconnected { url });
+            return Err(BrokerError::Disconnected {
+                url: self.nodes.current(),
+            });
         }
-        match open(&self.url, &self.connection_name, &self.tls).await {
-            Ok(connection) => {
-                tracing::info!(%url, "reconnected to RabbitMQ");
+        // The lock is held while the nodes are tried: every caller waits for
+        // the one reconnect instead of opening connections of its own.
+        match open_any(
+            &self.nodes.for_reconnect(),
+            &self.connection_name,
+            &self.tls,
+        )
+        .await
+        {
+            Ok((node, connection)) => {
+                self.nodes.connected_to(node);
+                tracing::info!(node = %self.nodes.current(), "reconnected to RabbitMQ");
                 link.connection = Arc::new(connection);
                 link.failed_at = None;
                 Ok(link.connection.clone())
@@ -442,6 +478,30 @@ impl Broker {
             let _ = connection.close(200, "shutdown").await;
         }
     }
+}
+
+/// Connects to the first of `nodes` that answers; its index and the
+/// connection, or the last node's error (each failure is logged).
+async fn open_any(
+    nodes: &[(usize, &str)],
+    connection_name: &str,
+    tls: &OwnedTLSConfig,
+) -> Result<(usize, Connection), BrokerError> {
+    let mut last = None;
+    for &(i, url) in nodes {
+        match open(url, connection_name, tls).await {
+            Ok(connection) => return Ok((i, connection)),
+            Err(e) => {
+                if nodes.len() > 1 {
+                    tracing::warn!(error = %e, "RabbitMQ node not answering; trying the next");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| BrokerError::Disconnected {
+        url: "no RabbitMQ node".into(),
+    }))
 }
 
 async fn open(

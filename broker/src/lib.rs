@@ -12,6 +12,7 @@
 
 pub mod amqp_tls;
 mod broker;
+mod cluster_nodes;
 mod consumption;
 mod embedded_queue;
 mod error;

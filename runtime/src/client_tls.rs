@@ -134,7 +134,13 @@ impl ClientTls {
         url: &str,
         tls_scheme: &str,
     ) -> Result<(), SettingError> {
-        if !self.is_configured() || url.starts_with(&format!("{tls_scheme}://")) {
+        let scheme = format!("{tls_scheme}://");
+        // A list of node URLs: every one of them.
+        if !self.is_configured()
+            || crate::endpoint::url_list(url)
+                .iter()
+                .all(|u| u.starts_with(&scheme))
+        {
             return Ok(());
         }
         Err(SettingError::Invalid {

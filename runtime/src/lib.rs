@@ -23,7 +23,7 @@ pub mod trace_propagation;
 
 pub use client_tls::ClientTls;
 pub use clock::{process_clock, Clock, SharedClock, SkewedClock, SystemClock};
-pub use endpoint::masked;
+pub use endpoint::{masked, url_list};
 pub use exit::exit_on_error;
 pub use setting::{SettingError, Settings};
 pub use shutdown::shutdown_token;

@@ -9,7 +9,7 @@
 //! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; empty string `-` disables it; `rediss://` for TLS |
 //! | `BELFRY_REDIS_TLS_CA` | unset (system trust store) | PEM file of the CA that signed Redis' certificate (then the only one trusted) |
 //! | `BELFRY_REDIS_TLS_CERT`, `BELFRY_REDIS_TLS_KEY` | unset | client certificate and its key (PEM) for Redis |
-//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ; `amqps://` for TLS |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ; `amqps://` for TLS; several comma-separated node URLs of one cluster: the first that answers, the next one when the connection drops |
 //! | `BELFRY_AMQP_TLS_CA` | unset (system trust store) | PEM file of a CA to trust for RabbitMQ besides the system's |
 //! | `BELFRY_AMQP_TLS_CERT`, `BELFRY_AMQP_TLS_KEY` | unset | client certificate and its key (PEM; the key PKCS#8, `BEGIN PRIVATE KEY`) for RabbitMQ |
 //! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.claimed_by` |

@@ -736,6 +736,21 @@ pub fn noop_every_second(name: &str) -> String {
     format!("[[schedule]]\nname = \"{name}\"\nevery = \"1s\"\njob_type = \"noop\"\n")
 }
 
+/// Kills the processes it still holds when dropped: a failed assertion
+/// leaves no binary running after the test. Take a process out of `.0`
+/// to stop it gracefully ([`terminate`]).
+#[derive(Debug, Default)]
+pub struct Reaper(pub Vec<std::process::Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// A command for the service binary `bin` (`belfry-scheduler`,
 /// `belfry-worker` or a worker built on belfry) pointed at `env` (see
 /// [`TestEnv::process_env`]) as instance `instance`, its stdout discarded.

@@ -3,6 +3,7 @@
 //! connections, as separate processes would have.
 
 pub mod fault;
+pub mod fire_window;
 pub mod held_link;
 pub mod http_request;
 pub mod loopback;

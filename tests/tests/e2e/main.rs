@@ -20,6 +20,7 @@ mod pooler;
 mod process_api;
 mod process_telemetry;
 mod publish_confirm;
+mod rabbitmq_cluster;
 mod retention;
 mod schedule_engine;
 mod tls;

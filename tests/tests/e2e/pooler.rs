@@ -9,13 +9,13 @@
 //! hour away, so only `LISTEN` can bring it), and overlap = forbid keeps
 //! runs of one schedule apart.
 
-use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use belfry_protocol::ScheduleSpec;
 use belfry_scheduler::Schedule;
 use belfry_testkit::{eventually, service_command, temp_schedule_file, terminate, TestEnv};
 use belfry_tests::fault::fleet::bin_dir;
+use belfry_tests::fire_window;
 use chrono::{DateTime, Utc};
 
 /// Where `scripts/pgbouncer` listens.
@@ -126,12 +126,12 @@ async fn replicas_and_a_worker_behind_pgbouncer_fire_once_follow_changes_and_for
             .spawn()
             .unwrap_or_else(|e| panic!("{bin}: {e}"))
     };
-    let mut processes = vec![
+    let mut processes = belfry_testkit::Reaper(vec![
         spawn("belfry-scheduler", "pooled-s1"),
         spawn("belfry-scheduler", "pooled-s2"),
         spawn("belfry-scheduler", "pooled-s3"),
         spawn("belfry-worker", "pooled-w1"),
-    ];
+    ]);
     // Every process is connected and firing.
     eventually(
         "the first fires through the pooler",
@@ -173,21 +173,14 @@ async fn replicas_and_a_worker_behind_pgbouncer_fire_once_follow_changes_and_for
     tokio::time::sleep(Duration::from_secs(4)).await;
     let window_end = Utc::now() - chrono::Duration::seconds(1);
     let servers = pooler_connections("SERVERS", &env.database);
-    for p in processes.drain(..3) {
+    for p in processes.0.drain(..3) {
         assert!(
             terminate(p).await.success(),
             "a replica did not stop cleanly"
         );
     }
-    eventually("every run to end", Duration::from_secs(30), || async {
-        rows(&env)
-            .await
-            .iter()
-            .all(|r| matches!(r.2.as_str(), "succeeded" | "failed" | "dead"))
-            .then_some(())
-    })
-    .await;
-    for p in processes.drain(..) {
+    fire_window::wait_every_run_ended(&env, Duration::from_secs(30)).await;
+    for p in processes.0.drain(..) {
         assert!(
             terminate(p).await.success(),
             "the worker did not stop cleanly"
@@ -199,20 +192,8 @@ async fn replicas_and_a_worker_behind_pgbouncer_fire_once_follow_changes_and_for
         clients > 4 && servers <= 4,
         "{clients} clients, {servers} servers"
     );
-    // Each second of the window has its fire of every schedule, once (the
-    // unique index makes twice impossible; lost is what could happen).
-    let mut by_schedule: HashMap<&str, BTreeSet<i64>> = HashMap::new();
-    for r in &rows {
-        by_schedule.entry(&r.0).or_default().insert(r.1.timestamp());
-    }
-    for i in 0..schedules {
-        let name = format!("pooled-{i:02}");
-        let seen = by_schedule.get(name.as_str()).cloned().unwrap_or_default();
-        let lost: Vec<i64> = (window_start.timestamp()..=window_end.timestamp())
-            .filter(|t| !seen.contains(t))
-            .collect();
-        assert!(lost.is_empty(), "{name}: no row for {lost:?}");
-    }
+    let names: Vec<String> = (0..schedules).map(|i| format!("pooled-{i:02}")).collect();
+    fire_window::assert_no_fire_lost(&env, &names, window_start, window_end).await;
     let failed: Vec<&Row> = rows.iter().filter(|r| r.2 != "succeeded").collect();
     assert!(failed.is_empty(), "runs not succeeded: {failed:?}");
     // Followed at once: the first fire of the added schedule came within

@@ -17,7 +17,7 @@ use belfry_protocol::Topology;
 use belfry_runtime::{ClientTls, Settings};
 use belfry_scheduler::lock::LockOutcome;
 use belfry_scheduler::ClaimLock;
-use belfry_testkit::{eventually, noop_every_second, temp_schedule_file, terminate};
+use belfry_testkit::{eventually, noop_every_second, temp_schedule_file, terminate, Reaper};
 use belfry_tests::fault::fleet::bin_dir;
 use sqlx::Connection as _;
 
@@ -87,19 +87,6 @@ impl TlsServers {
     fn client_tls(&self, service: &str, ca: &str, identity: bool) -> ClientTls {
         let settings = Settings::from_pairs(self.settings(service, ca, identity));
         ClientTls::from_settings(&settings, &format!("BELFRY_{service}_TLS")).unwrap()
-    }
-}
-
-/// Kills the processes it still holds when dropped: a failed assertion
-/// leaves no binary running after the test.
-struct Reaper(Vec<std::process::Child>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
