@@ -109,4 +109,10 @@ pub struct Readiness {
     pub queue: Option<ServiceState>,
     /// The lock service (optional).
     pub redis: RedisState,
+    /// Distributed mode: the node of each service this replica is
+    /// connected to (`postgres`: `host:port/database`; `rabbitmq`: the
+    /// cluster node's URL, which changes at a failover; `redis`: its URL),
+    /// passwords masked.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub nodes: std::collections::BTreeMap<String, String>,
 }

@@ -198,6 +198,21 @@ impl Ledger {
         self.store.pg_pool()
     }
 
+    /// The Postgres node statements go to (`host:port/database` of
+    /// `DATABASE_URL`: a pooler's address when there is one); `None` for
+    /// the embedded ledger.
+    pub fn node(&self) -> Option<String> {
+        self.store.pg_pool().map(|pool| {
+            let options = pool.connect_options();
+            format!(
+                "{}:{}/{}",
+                options.get_host(),
+                options.get_port(),
+                options.get_database().unwrap_or("")
+            )
+        })
+    }
+
     /// Whether this is the embedded (SQLite) ledger.
     pub fn is_embedded(&self) -> bool {
         self.store.embedded().is_some()

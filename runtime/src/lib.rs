@@ -15,6 +15,7 @@ pub mod failpoint;
 pub mod metrics;
 #[cfg(feature = "metrics-server")]
 pub mod metrics_server;
+pub mod service_nodes;
 pub mod setting;
 pub mod shutdown;
 pub mod start_retry;

@@ -79,6 +79,11 @@ impl std::fmt::Debug for ClaimLock {
 }
 
 impl ClaimLock {
+    /// The Redis this lock uses, its URL with the password masked.
+    pub fn node(&self) -> &str {
+        &self.url_masked
+    }
+
     /// A lock on the Redis at `url`, holding keys for `ttl`.
     ///
     /// Does not connect: the first fire does, so a replica starts (and

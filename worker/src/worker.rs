@@ -159,6 +159,12 @@ impl Worker {
     pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register_collector(Box::new(self.counters.clone()));
+        let (ledger, broker) = (self.ledger.clone(), self.broker.clone());
+        registry.register_collector(Box::new(
+            belfry_runtime::service_nodes::ServiceNodes::default()
+                .with("postgres", move || ledger.node())
+                .with("rabbitmq", move || broker.node()),
+        ));
         registry
     }
 

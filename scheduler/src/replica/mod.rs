@@ -418,6 +418,19 @@ impl Replica {
         tokio::join!(self.ledger.ping(), self.broker.is_connected(), redis)
     }
 
+    /// The node of each service this replica uses (see
+    /// [`belfry_runtime::service_nodes`]): the ledger's, the broker's
+    /// (which follows a cluster failover) and the lock's.
+    pub fn service_nodes(&self) -> belfry_runtime::service_nodes::ServiceNodes {
+        let ledger = self.ledger.clone();
+        let broker = self.broker.clone();
+        let redis = self.claimer.lock().map(|l| l.node().to_owned());
+        belfry_runtime::service_nodes::ServiceNodes::default()
+            .with("postgres", move || ledger.node())
+            .with("rabbitmq", move || broker.node())
+            .with("redis", move || redis.clone())
+    }
+
     /// This replica's counters.
     pub fn counters(&self) -> &Arc<FireCounters> {
         &self.counters
@@ -428,6 +441,7 @@ impl Replica {
     pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register_collector(Box::new(self.counters.clone()));
+        registry.register_collector(Box::new(self.service_nodes()));
         registry
     }
 }

@@ -71,6 +71,13 @@ pub async fn readyz(State(state): State<ApiState>) -> (StatusCode, Json<Readines
         database: None,
         queue: None,
         redis: RedisState::of(redis),
+        nodes: state
+            .replica()
+            .service_nodes()
+            .current()
+            .into_iter()
+            .map(|(service, node)| (service.to_owned(), node))
+            .collect(),
     };
     // The embedded mode has one database holding ledger and queue; its
     // answer names what it runs on instead of services it does not use.
@@ -81,6 +88,7 @@ pub async fn readyz(State(state): State<ApiState>) -> (StatusCode, Json<Readines
             rabbitmq: None,
             database: ledger,
             queue: broker,
+            nodes: Default::default(),
             ..body
         };
     }

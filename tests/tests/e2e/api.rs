@@ -887,9 +887,15 @@ async fn probes_report_services_and_every_documented_route_exists() {
     );
     let ready = call(Method::GET, &api.url("/readyz"), None, None).await;
     assert_eq!(ready.0, StatusCode::OK, "{:?}", ready.1);
+    // The node of each service too (passwords masked).
+    let nodes = json!({
+        "postgres": env.ledger.node().unwrap(),
+        "rabbitmq": belfry_runtime::masked(&belfry_testkit::amqp_url()),
+        "redis": belfry_runtime::masked(&belfry_testkit::redis_url()),
+    });
     assert_eq!(
         ready.1,
-        json!({"status": "ready", "instance": "api-replica", "mode": "distributed", "postgres": "up", "rabbitmq": "up", "redis": "up"})
+        json!({"status": "ready", "instance": "api-replica", "mode": "distributed", "postgres": "up", "rabbitmq": "up", "redis": "up", "nodes": nodes})
     );
     // Redis down: still ready (claims stay exact through Postgres), degraded.
     let no_redis = Arc::new(replica(&env, "no-redis", Some(DEAD_REDIS_URL)).await);

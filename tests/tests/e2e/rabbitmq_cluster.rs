@@ -84,6 +84,21 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
         ));
     }
     let file = temp_schedule_file(&text);
+    // The scheduler's API on a port of our choosing, for its /readyz.
+    let api_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let readyz_node = || async move {
+        let body: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{api_port}/readyz"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        body["nodes"]["rabbitmq"].as_str().map(str::to_owned)
+    };
     let dir = std::env::temp_dir().join(format!("belfry-mq-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let spawn = |bin: &str, instance: &str| {
@@ -94,6 +109,7 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
             // Claims whose publish was lost with the node are republished
             // this long after their claim.
             .env("BELFRY_RECONCILE_AFTER", "3s")
+            .env("BELFRY_API_ADDR", format!("127.0.0.1:{api_port}"))
             .env("RUST_LOG", "info")
             // Logs go to stdout; errors at start to stderr.
             .stderr(log.try_clone().unwrap())
@@ -115,6 +131,14 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
     })
     .await;
     let window_start = Utc::now() + chrono::Duration::seconds(1);
+    // /readyz names the node the scheduler is connected to: the first.
+    let before = eventually(
+        "/readyz to name a node",
+        Duration::from_secs(10),
+        readyz_node,
+    )
+    .await;
+    assert!(before.contains("55681"), "{before}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Both connected to the first node, which answered first.
     cluster(&["kill", "1"]);
@@ -123,6 +147,12 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
     let _restart = RestartNode1;
     tokio::time::sleep(Duration::from_secs(12)).await;
     let window_end = Utc::now() - chrono::Duration::seconds(1);
+    // ... and after the failover, the node it moved to.
+    let after = readyz_node().await.unwrap_or_default();
+    assert!(
+        after.contains("55682") || after.contains("55683"),
+        "{after:?}"
+    );
     let scheduler = processes.0.remove(0);
     assert!(
         terminate(scheduler).await.success(),
