@@ -6,7 +6,7 @@
 //! | --- | --- | --- |
 //! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start) |
 //! | `BELFRY_DATABASE_DIRECT_URL` | unset | set when `DATABASE_URL` leads through a transaction pooler (PgBouncer `pool_mode = transaction`): the Postgres URL that bypasses it, used only for `LISTEN` and migrations; statements over `DATABASE_URL` then run unnamed, each in its own transaction |
-//! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; empty string `-` disables it; `rediss://` for TLS |
+//! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; `-` disables it; `rediss://` for TLS; `redis+sentinel://s1:26379,s2:26379/MASTER_NAME` (Sentinel), `redis+cluster://n1:6379,n2:6379` (Cluster) |
 //! | `BELFRY_REDIS_TLS_CA` | unset (system trust store) | PEM file of the CA that signed Redis' certificate (then the only one trusted) |
 //! | `BELFRY_REDIS_TLS_CERT`, `BELFRY_REDIS_TLS_KEY` | unset | client certificate and its key (PEM) for Redis |
 //! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ; `amqps://` for TLS; several comma-separated node URLs of one cluster: the first that answers, the next one when the connection drops |
@@ -149,6 +149,15 @@ impl SchedulerConfig {
         let amqp_tls = ClientTls::from_settings(settings, "BELFRY_AMQP_TLS")?;
         if redis_url != "-" {
             redis_tls.check_scheme("BELFRY_REDIS_TLS", "REDIS_URL", &redis_url, "rediss")?;
+            // A malformed URL is a mistake to fix, not an outage to ride
+            // out on the database alone: refuse it at start.
+            crate::redis_topology::RedisTopology::parse(&redis_url, &redis_tls).map_err(|e| {
+                SettingError::Invalid {
+                    var: "REDIS_URL".into(),
+                    value: e.url,
+                    reason: e.message,
+                }
+            })?;
         }
         amqp_tls.check_scheme("BELFRY_AMQP_TLS", "AMQP_URL", &amqp_url, "amqps")?;
         Ok(Self {
@@ -272,6 +281,26 @@ impl SchedulerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_malformed_redis_url_is_refused_at_start_with_what_to_fix() {
+        for (url, says) in [
+            (
+                "redis+sentinel://:secret@s1:26379,s2:26379",
+                "names the master",
+            ),
+            ("redis+cluster://:secret@n1:6379,,n2", "stray comma"),
+            ("redis://:secret@h:notaport/", "REDIS_URL"),
+        ] {
+            let settings = Settings::from_pairs([("REDIS_URL", url)]);
+            let e = match SchedulerConfig::from_settings(&settings) {
+                Ok(_) => panic!("{url} was accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains("REDIS_URL") && e.contains(says), "{url}: {e}");
+            assert!(!e.contains("secret"), "the password is masked: {e}");
+        }
+    }
 
     #[test]
     fn defaults_and_masking() {

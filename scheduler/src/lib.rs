@@ -6,7 +6,8 @@
 //! 1. [`timer`]: a heap of next fire instants, one per schedule; the fire
 //!    instant comes from the [`schedule`], never from when the timer woke.
 //! 2. [`claim`]: Redis `SET NX PX` as a cheap filter ([`lock`]), then
-//!    `INSERT ... ON CONFLICT DO NOTHING` in the ledger as the guarantee.
+//!    `INSERT ... ON CONFLICT DO NOTHING` in the ledger as the guarantee;
+//!    [`redis_topology`] tells one server, a Sentinel group and a Cluster apart.
 //! 3. dispatch (`belfry_dispatch`): publish with confirm and `mandatory`,
 //!    then mark the run `dispatched` (or `dead` when no worker group serves
 //!    its type); the outbox reconciler republishes what was not confirmed.
@@ -25,6 +26,7 @@ pub mod lock;
 pub mod misfire;
 pub mod ops;
 pub mod preview;
+pub mod redis_topology;
 pub mod replica;
 pub mod retention;
 pub mod schedule;

@@ -11,18 +11,26 @@
 //! The lock is never released after a fire: it expires after its TTL. A
 //! release would let a late replica (timer woke late, clock behind) pass
 //! the filter and reach the insert, which is harmless but wasted work.
+//!
+//! Redis may be one server, a Sentinel group or a Cluster
+//! ([`crate::redis_topology`]). Each lock is one key, `{namespace}:lock:{job_name}:{run_key}`,
+//! set and read by single-key commands only, so on a Cluster the keys
+//! spread over every slot and no command ever spans two. A failover of
+//! either may lose a lock written just before it (replication is
+//! asynchronous); then a second replica passes the filter and the ledger's
+//! unique insert turns it away — the filter costs an insert, never a
+//! duplicate.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use thiserror::Error;
 
 use belfry_protocol::Topology;
 use belfry_runtime::ClientTls;
 
-/// How long a Redis call may take before the claim falls back to the ledger.
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+use crate::redis_topology::{RedisConnection, RedisTopology};
+
 /// After a failed connect, how long to claim through the ledger alone before
 /// trying Redis again.
 const RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
@@ -52,15 +60,19 @@ pub enum LockOutcome {
 }
 
 struct ConnState {
-    conn: Option<ConnectionManager>,
+    conn: Option<RedisConnection>,
     retry_at: Option<Instant>,
     warned_at: Option<Instant>,
 }
 
 /// The Redis filter of the claim path.
 pub struct ClaimLock {
-    client: redis::Client,
+    redis: RedisTopology,
     url_masked: String,
+    // What /readyz and the node metric show: the URL, and for a Sentinel
+    // group the master in use. A std mutex held only to copy or replace
+    // the string.
+    node: Arc<Mutex<String>>,
     topology: Topology,
     instance: String,
     ttl: Duration,
@@ -79,9 +91,17 @@ impl std::fmt::Debug for ClaimLock {
 }
 
 impl ClaimLock {
-    /// The Redis this lock uses, its URL with the password masked.
-    pub fn node(&self) -> &str {
-        &self.url_masked
+    /// The Redis this lock uses, its URL with the password masked; for a
+    /// Sentinel group followed by ` master host:port` once connected.
+    pub fn node(&self) -> String {
+        self.node_source()().unwrap_or_default()
+    }
+
+    /// A function telling [`ClaimLock::node`] whenever called, for
+    /// `belfry_runtime::service_nodes::ServiceNodes`.
+    pub fn node_source(&self) -> impl Fn() -> Option<String> + Send + Sync + 'static {
+        let node = self.node.clone();
+        move || Some(node.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     /// A lock on the Redis at `url`, holding keys for `ttl`.
@@ -101,15 +121,17 @@ impl ClaimLock {
         Self::with_tls(url, &ClientTls::default(), topology, instance, ttl)
     }
 
-    /// As [`ClaimLock::new`], with `tls` for a `rediss://` URL: a CA to
+    /// As [`ClaimLock::new`], with `tls` for a `rediss://` URL (`url` may
+    /// also name a Sentinel group or a Cluster, see
+    /// [`crate::redis_topology`]): a CA to
     /// trust (given, it is the only one trusted, as the redis crate does)
     /// and an optional client certificate. The server's certificate is
     /// always verified; without `tls` against the system trust store.
     ///
     /// # Errors
     ///
-    /// [`LockError::Unavailable`] when `url` is not a Redis URL or the TLS
-    /// material is unusable.
+    /// [`LockError::Unavailable`] when `url` is not a Redis URL (the
+    /// message says what is wrong in it) or the TLS material is unusable.
     pub fn with_tls(
         url: &str,
         tls: &ClientTls,
@@ -118,24 +140,13 @@ impl ClaimLock {
         ttl: Duration,
     ) -> Result<Self, LockError> {
         let url_masked = belfry_runtime::masked(url);
-        let client = if tls.is_configured() {
-            let certificates = redis::TlsCertificates {
-                client_tls: tls.identity.as_ref().map(|id| redis::ClientTlsConfig {
-                    client_cert: id.cert.pem.clone(),
-                    client_key: id.key.pem.clone(),
-                }),
-                root_cert: tls.ca.as_ref().map(|ca| ca.pem.clone()),
-            };
-            redis::Client::build_with_tls(url, certificates)
-        } else {
-            redis::Client::open(url)
-        };
-        let client = client.map_err(|e| LockError::Unavailable {
-            url: url_masked.clone(),
-            message: e.to_string(),
+        let redis = RedisTopology::parse(url, tls).map_err(|e| LockError::Unavailable {
+            url: e.url,
+            message: e.message,
         })?;
         Ok(Self {
-            client,
+            redis,
+            node: Arc::new(Mutex::new(url_masked.clone())),
             url_masked,
             topology,
             instance: instance.to_owned(),
@@ -161,12 +172,8 @@ impl ClaimLock {
     ) -> Result<LockOutcome, LockError> {
         let mut conn = self.connection().await?;
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
-        let reply: Result<Option<String>, _> = redis::cmd("SET")
-            .arg(self.topology.lock_key(job_name, run_key))
-            .arg(&self.instance)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
+        let reply: Result<Option<String>, _> = self
+            .set_nx(job_name, run_key, ttl_ms)
             .query_async(&mut conn)
             .await;
         match reply {
@@ -178,9 +185,10 @@ impl ClaimLock {
                 self.recovered();
                 Ok(LockOutcome::HeldElsewhere)
             }
-            // The connection manager reconnects by itself after an error;
+            // The connection manager reconnects by itself after an error
+            // (a Sentinel connection is dropped to find the master again);
             // this fire falls back to the ledger.
-            Err(e) => Err(self.unavailable(e.to_string())),
+            Err(e) => Err(self.failed(e.to_string())),
         }
     }
 
@@ -197,16 +205,26 @@ impl ClaimLock {
     ) -> Result<Vec<LockOutcome>, LockError> {
         let mut conn = self.connection().await?;
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
-        let mut pipe = redis::pipe();
-        for (job_name, run_key) in fires {
-            pipe.cmd("SET")
-                .arg(self.topology.lock_key(job_name, run_key))
-                .arg(&self.instance)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms);
-        }
-        let replies: Result<Vec<Option<String>>, _> = pipe.query_async(&mut conn).await;
+        let replies: Result<Vec<Option<String>>, redis::RedisError> =
+            if self.redis.pipelines_across_keys() {
+                let mut pipe = redis::pipe();
+                for (job_name, run_key) in fires {
+                    pipe.add_command(self.set_nx(job_name, run_key, ttl_ms));
+                }
+                pipe.query_async(&mut conn).await
+            } else {
+                // A Cluster refuses a pipeline across hash slots: send the
+                // commands concurrently instead; the cluster connection
+                // multiplexes those of one node on its connection to it.
+                futures::future::join_all(fires.iter().map(|(job_name, run_key)| {
+                    let mut conn = conn.clone();
+                    let cmd = self.set_nx(job_name, run_key, ttl_ms);
+                    async move { cmd.query_async::<Option<String>>(&mut conn).await }
+                }))
+                .await
+                .into_iter()
+                .collect()
+            };
         match replies {
             Ok(replies) if replies.len() == fires.len() => {
                 self.recovered();
@@ -218,13 +236,24 @@ impl ClaimLock {
                     })
                     .collect())
             }
-            Ok(replies) => Err(self.unavailable(format!(
+            Ok(replies) => Err(self.failed(format!(
                 "pipeline answered {} replies for {} commands",
                 replies.len(),
                 fires.len()
             ))),
-            Err(e) => Err(self.unavailable(e.to_string())),
+            Err(e) => Err(self.failed(e.to_string())),
         }
+    }
+
+    /// `SET key instance NX PX ttl`: one fire's lock.
+    fn set_nx(&self, job_name: &str, run_key: &str, ttl_ms: u64) -> redis::Cmd {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.topology.lock_key(job_name, run_key))
+            .arg(&self.instance)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms);
+        cmd
     }
 
     /// Releases the lock of a fire this replica took but could not claim
@@ -245,6 +274,7 @@ impl ClaimLock {
             .invoke_async(&mut conn)
             .await;
         if let Err(e) = released {
+            self.forget_if_moved();
             tracing::warn!(%run_key, error = %e, "could not release the claim lock; it expires after its TTL");
         }
     }
@@ -254,13 +284,17 @@ impl ClaimLock {
         let Ok(mut conn) = self.connection().await else {
             return false;
         };
-        redis::cmd("PING")
+        let answered = redis::cmd("PING")
             .query_async::<String>(&mut conn)
             .await
-            .is_ok()
+            .is_ok();
+        if !answered {
+            self.forget_if_moved();
+        }
+        answered
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, LockError> {
+    async fn connection(&self) -> Result<RedisConnection, LockError> {
         {
             let state = self.lock_state();
             if let Some(conn) = &state.conn {
@@ -273,23 +307,37 @@ impl ClaimLock {
                 });
             }
         }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(RESPONSE_TIMEOUT)
-            .set_response_timeout(RESPONSE_TIMEOUT)
-            .set_number_of_retries(1)
-            .set_max_delay(1_000);
-        match ConnectionManager::new_with_config(self.client.clone(), config).await {
-            Ok(conn) => {
+        match self.redis.connect().await {
+            Ok((conn, master)) => {
                 let mut state = self.lock_state();
                 // Two fires may connect at once; keep the first connection.
                 let conn = state.conn.get_or_insert(conn).clone();
                 state.retry_at = None;
+                drop(state);
+                if let Some(master) = master {
+                    *self.node.lock().unwrap_or_else(|p| p.into_inner()) =
+                        format!("{} master {master}", self.url_masked);
+                }
                 Ok(conn)
             }
             Err(e) => {
                 self.lock_state().retry_at = Some(Instant::now() + RECONNECT_BACKOFF);
-                Err(self.unavailable(e.to_string()))
+                Err(self.unavailable(e))
             }
+        }
+    }
+
+    /// A command failed: for a Sentinel group, drop the connection so the
+    /// next call asks the sentinels for the master again (it may have
+    /// moved); then report it as [`ClaimLock::unavailable`] does.
+    fn failed(&self, message: String) -> LockError {
+        self.forget_if_moved();
+        self.unavailable(message)
+    }
+
+    fn forget_if_moved(&self) {
+        if self.redis.re_resolves() {
+            self.lock_state().conn = None;
         }
     }
 

@@ -424,11 +424,11 @@ impl Replica {
     pub fn service_nodes(&self) -> belfry_runtime::service_nodes::ServiceNodes {
         let ledger = self.ledger.clone();
         let broker = self.broker.clone();
-        let redis = self.claimer.lock().map(|l| l.node().to_owned());
+        let redis = self.claimer.lock().map(ClaimLock::node_source);
         belfry_runtime::service_nodes::ServiceNodes::default()
             .with("postgres", move || ledger.node())
             .with("rabbitmq", move || broker.node())
-            .with("redis", move || redis.clone())
+            .with("redis", move || redis.as_ref().and_then(|node| node()))
     }
 
     /// This replica's counters.

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belfry_runtime::SystemClock;
-use belfry_scheduler::{FireCounters, FireOutcome, Timer};
+use belfry_scheduler::{FireOutcome, Timer};
 use belfry_testkit::{redis_url, TestEnv, DEAD_REDIS_URL};
-use belfry_tests::{every, replica, worker};
+use belfry_tests::{every, race, replica, worker};
 use belfry_worker::{Job, JobContext, JobError, Registry};
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
@@ -26,16 +26,6 @@ impl Job for Counted {
         *seen.entry(ctx.run_key).or_default() += 1;
         Ok(())
     }
-}
-
-fn total(
-    replicas: &[Arc<belfry_scheduler::Replica>],
-    f: impl Fn(&FireCounters) -> &std::sync::atomic::AtomicU64,
-) -> u64 {
-    replicas
-        .iter()
-        .map(|r| FireCounters::get(f(r.counters())))
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -133,9 +123,10 @@ async fn three_replicas_two_workers_every_fire_runs_exactly_once() {
         .filter(|r| r.scheduled_at > stopped_at)
         .all(|r| r.claimed_by.as_deref() != Some(winner.as_str())));
     // Every replica computed every fire while running; the losers lost.
-    assert_eq!(total(&replicas, |c| &c.claims_won), runs.len() as u64);
+    assert_eq!(race::total(&replicas, |c| &c.claims_won), runs.len() as u64);
     assert!(
-        total(&replicas, |c| &c.claims_lost_lock) + total(&replicas, |c| &c.claims_lost_ledger)
+        race::total(&replicas, |c| &c.claims_lost_lock)
+            + race::total(&replicas, |c| &c.claims_lost_ledger)
             >= runs.len() as u64
     );
     env.teardown(&["default"]).await;
@@ -148,46 +139,13 @@ async fn race(
 ) -> Vec<Arc<belfry_scheduler::Replica>> {
     env.declare_default_group(&["noop"]).await;
     let schedule = every(name, "1s", "noop");
-    let mut replicas = Vec::new();
-    for i in 0..3 {
-        replicas.push(Arc::new(replica(env, &format!("{name}-{i}"), redis).await));
-    }
+    let replicas = race::replicas(env, name, 3, redis).await;
     let base: DateTime<Utc> = "2026-07-26T03:00:00Z".parse().unwrap();
     let instants: Vec<_> = (0..5)
         .map(|i| base + chrono::Duration::seconds(i))
         .collect();
-    let outcomes = futures::future::join_all(
-        instants
-            .iter()
-            .flat_map(|at| replicas.iter().map(move |r| (r.clone(), *at)))
-            .map(|(r, at)| {
-                let s = schedule.clone();
-                async move { r.fire(&s, at).await }
-            }),
-    )
-    .await;
-    let dispatched = outcomes
-        .iter()
-        .filter(|o| matches!(o, FireOutcome::Dispatched { .. }))
-        .count();
-    let lost = outcomes
-        .iter()
-        .filter(|o| matches!(o, FireOutcome::Lost))
-        .count();
-    assert_eq!((dispatched, lost), (5, 10), "{outcomes:?}");
-    let runs: Vec<_> = env
-        .all_runs()
-        .await
-        .into_iter()
-        .filter(|r| r.job_name == name)
-        .collect();
-    assert_eq!(runs.len(), 5, "one row per run key");
-    let keys: std::collections::HashSet<_> = runs.iter().map(|r| r.run_key.clone()).collect();
-    assert_eq!(keys.len(), 5);
-    assert!(
-        runs.iter().all(|r| r.status_text == "dispatched"),
-        "{runs:?}"
-    );
+    let outcomes = race::fire_all(&replicas, &schedule, &instants).await;
+    race::assert_one_run_each(env, name, &instants, &outcomes).await;
     replicas
 }
 
@@ -196,9 +154,9 @@ async fn redis_unreachable_the_database_alone_keeps_one_row_per_run_key() {
     let env = belfry_testkit::service_env!();
     let replicas = race(&env, Some(DEAD_REDIS_URL), "no-redis").await;
     // Every claim fell back to the database and the insert decided alone.
-    assert_eq!(total(&replicas, |c| &c.lock_fallbacks), 15);
-    assert_eq!(total(&replicas, |c| &c.claims_lost_ledger), 10);
-    assert_eq!(total(&replicas, |c| &c.claims_lost_lock), 0);
+    assert_eq!(race::total(&replicas, |c| &c.lock_fallbacks), 15);
+    assert_eq!(race::total(&replicas, |c| &c.claims_lost_ledger), 10);
+    assert_eq!(race::total(&replicas, |c| &c.claims_lost_lock), 0);
     env.teardown(&["default"]).await;
 }
 
@@ -206,9 +164,9 @@ async fn redis_unreachable_the_database_alone_keeps_one_row_per_run_key() {
 async fn with_redis_the_lock_turns_losers_away_before_the_database() {
     let env = belfry_testkit::service_env!();
     let replicas = race(&env, Some(&redis_url()), "with-redis").await;
-    assert_eq!(total(&replicas, |c| &c.lock_fallbacks), 0);
+    assert_eq!(race::total(&replicas, |c| &c.lock_fallbacks), 0);
     assert_eq!(
-        total(&replicas, |c| &c.claims_lost_lock),
+        race::total(&replicas, |c| &c.claims_lost_lock),
         10,
         "the lock filters every loser"
     );

@@ -21,6 +21,7 @@ mod process_api;
 mod process_telemetry;
 mod publish_confirm;
 mod rabbitmq_cluster;
+mod redis_ha;
 mod retention;
 mod schedule_engine;
 mod tls;

@@ -1,0 +1,410 @@
+//! Which kind of Redis deployment `REDIS_URL` names, and connections to it.
+//!
+//! Three shapes, told apart by the URL's scheme:
+//!
+//! - one server: `redis://[user:password@]host[:port][/db]`, or `rediss://`
+//!   for TLS;
+//! - a Sentinel group: `redis+sentinel://[user:password@]host[:port][,host[:port]…]/master_name[/db]`
+//!   (sentinel addresses, default port 26379; the credentials and `db` are
+//!   the master's; the sentinels themselves are asked without a password);
+//! - a Redis Cluster: `redis+cluster://[user:password@]host[:port][,host[:port]…]`
+//!   (seed nodes, default port 6379; the client learns the rest).
+//!
+//! TLS to a Sentinel group or a Cluster (`rediss+sentinel://`,
+//! `rediss+cluster://`) is refused with a clear error: it is not proven on
+//! a real server here yet.
+//!
+//! A Sentinel connection is to the master the sentinels name now. The
+//! connection is not re-resolved by itself (the redis crate's connection
+//! manager reconnects to the same address), so the lock drops it after any
+//! failed command and resolves the master again on its next call: after a
+//! failover the old master answers writes with `READONLY` or not at all,
+//! both failures, and the next fire finds the new master.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisFuture};
+use thiserror::Error;
+
+use belfry_runtime::ClientTls;
+
+/// Default port of a sentinel.
+const SENTINEL_PORT: u16 = 26379;
+/// Default port of a Redis server or cluster node.
+const REDIS_PORT: u16 = 6379;
+
+/// Why `REDIS_URL` names no usable Redis deployment.
+#[derive(Debug, Error)]
+#[error("REDIS_URL {url}: {message}")]
+pub struct TopologyError {
+    /// The URL, password masked.
+    pub url: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// The Redis deployment behind a claim lock.
+pub enum RedisTopology {
+    /// One server; the connection manager reconnects to it.
+    Node(redis::Client),
+    /// A Sentinel group: the master is asked of the sentinels at each
+    /// (re)connection. A tokio mutex: resolving takes round trips and only
+    /// one resolution at a time is wanted.
+    Sentinel {
+        /// The sentinels' client (needs `&mut` to resolve).
+        client: tokio::sync::Mutex<SentinelClient>,
+        /// The master's name in the group.
+        master_name: String,
+    },
+    /// A Redis Cluster; its connection follows slot moves and failovers.
+    Cluster(ClusterClient),
+}
+
+/// A connection to any of the three shapes: commands are sent the same way.
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// To one server (also a Sentinel group's master).
+    Node(ConnectionManager),
+    /// To a Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Node(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Node(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Node(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// A URL whose authority lists several hosts: `scheme://[userinfo@]h1[:p1],h2[:p2]/path`.
+struct HostList<'a> {
+    userinfo: Option<&'a str>,
+    hosts: Vec<(String, u16)>,
+    path: &'a str,
+}
+
+impl<'a> HostList<'a> {
+    fn parse(rest: &'a str, default_port: u16) -> Result<Self, String> {
+        // The authority ends at the first '/' or '?'; userinfo is before its
+        // last '@' (a password may hold '@' only percent-encoded, but be
+        // lenient as libpq is).
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(authority_end);
+        if path.contains('?') {
+            return Err("query parameters are not supported in this form".into());
+        }
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+            None => (None, authority),
+        };
+        let hosts = hosts
+            .split(',')
+            .map(|h| parse_host(h.trim(), default_port))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            userinfo,
+            hosts,
+            path: path.trim_start_matches('/'),
+        })
+    }
+
+    /// `redis://[userinfo@]host:port/db` for one of the hosts, which the
+    /// redis crate parses (percent-decoding the credentials).
+    fn node_url(&self, (host, port): &(String, u16), db: &str) -> String {
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        match self.userinfo {
+            Some(u) => format!("redis://{u}@{host}:{port}/{db}"),
+            None => format!("redis://{host}:{port}/{db}"),
+        }
+    }
+}
+
+fn parse_host(h: &str, default_port: u16) -> Result<(String, u16), String> {
+    if h.is_empty() {
+        return Err("an empty host in the host list (check for a stray comma)".into());
+    }
+    let (host, port) = if let Some(v6) = h.strip_prefix('[') {
+        let Some((host, after)) = v6.split_once(']') else {
+            return Err(format!("host {h:?}: an IPv6 address needs its closing ']'"));
+        };
+        (host, after.strip_prefix(':'))
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (h, None),
+        }
+    };
+    let port = match port {
+        None => default_port,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| format!("host {h:?}: the port {p:?} is not a number from 1 to 65535"))?,
+    };
+    if host.is_empty() {
+        return Err(format!("host {h:?} has no host name"));
+    }
+    Ok((host.to_owned(), port))
+}
+
+impl RedisTopology {
+    /// The deployment `url` names (see the module's documentation for the
+    /// forms), with `tls` for a `rediss://` server.
+    ///
+    /// # Errors
+    ///
+    /// [`TopologyError`] naming what is wrong: an unknown scheme, a
+    /// malformed host list, a Sentinel URL without a master name, TLS
+    /// material the redis crate refuses, or TLS asked of a Sentinel group
+    /// or a Cluster.
+    pub fn parse(url: &str, tls: &ClientTls) -> Result<Self, TopologyError> {
+        let error = |message: String| TopologyError {
+            url: belfry_runtime::masked(url),
+            message,
+        };
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            error(
+                "not a URL (expected redis://, rediss://, redis+sentinel:// or redis+cluster://)"
+                    .into(),
+            )
+        })?;
+        match scheme {
+            "redis" | "rediss" => {
+                let client = if tls.is_configured() {
+                    let certificates = redis::TlsCertificates {
+                        client_tls: tls.identity.as_ref().map(|id| redis::ClientTlsConfig {
+                            client_cert: id.cert.pem.clone(),
+                            client_key: id.key.pem.clone(),
+                        }),
+                        root_cert: tls.ca.as_ref().map(|ca| ca.pem.clone()),
+                    };
+                    redis::Client::build_with_tls(url, certificates)
+                } else {
+                    redis::Client::open(url)
+                };
+                client.map(Self::Node).map_err(|e| error(e.to_string()))
+            }
+            "redis+sentinel" => {
+                let list = HostList::parse(rest, SENTINEL_PORT).map_err(error)?;
+                let mut path = list.path.splitn(2, '/');
+                let master_name = path.next().unwrap_or_default().to_owned();
+                if master_name.is_empty() {
+                    return Err(error(
+                        "a Sentinel URL names the master after the hosts: redis+sentinel://host:26379,host:26379/MASTER_NAME[/db]".into(),
+                    ));
+                }
+                let db = path.next().unwrap_or("0");
+                // The master's credentials and database, parsed (and
+                // percent-decoded) by the redis crate from a one-host URL.
+                let master = list
+                    .node_url(&(String::from("localhost"), REDIS_PORT), db)
+                    .into_connection_info()
+                    .map_err(|e| error(format!("the credentials or database: {e}")))?;
+                let sentinels = list
+                    .hosts
+                    .iter()
+                    .map(|(host, port)| ConnectionAddr::Tcp(host.clone(), *port));
+                let mut builder = SentinelClientBuilder::new(
+                    sentinels,
+                    master_name.clone(),
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| error(e.to_string()))?
+                .set_client_to_redis_db(master.redis.db);
+                if let Some(user) = master.redis.username {
+                    builder = builder.set_client_to_redis_username(user);
+                }
+                if let Some(password) = master.redis.password {
+                    builder = builder.set_client_to_redis_password(password);
+                }
+                let client = builder.build().map_err(|e| error(e.to_string()))?;
+                Ok(Self::Sentinel {
+                    client: tokio::sync::Mutex::new(client),
+                    master_name,
+                })
+            }
+            "redis+cluster" => {
+                let list = HostList::parse(rest, REDIS_PORT).map_err(error)?;
+                if !list.path.is_empty() {
+                    return Err(error(
+                        "a Redis Cluster has only database 0: drop the path after the hosts".into(),
+                    ));
+                }
+                let nodes: Vec<String> = list.hosts.iter().map(|h| list.node_url(h, "0")).collect();
+                ClusterClient::builder(nodes)
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(CONNECT_TIMEOUT)
+                    .retries(1)
+                    .build()
+                    .map(Self::Cluster)
+                    .map_err(|e| error(e.to_string()))
+            }
+            "rediss+sentinel" | "rediss+cluster" => Err(error(
+                "TLS to a Redis Sentinel group or Cluster is not supported yet; use redis+sentinel:// or redis+cluster:// on a private network, or one TLS server (rediss://)".into(),
+            )),
+            other => Err(error(format!(
+                "unknown scheme {other:?} (expected redis://, rediss://, redis+sentinel:// or redis+cluster://)"
+            ))),
+        }
+    }
+
+    /// Whether a failed command should drop the connection so that the
+    /// next call resolves the deployment again (only a Sentinel master can
+    /// move without the connection noticing).
+    pub fn re_resolves(&self) -> bool {
+        matches!(self, Self::Sentinel { .. })
+    }
+
+    /// Whether a pipeline may hold keys of different hash slots (not on a
+    /// Cluster: the redis crate refuses a cross-slot pipeline there).
+    pub fn pipelines_across_keys(&self) -> bool {
+        !matches!(self, Self::Cluster(_))
+    }
+
+    /// A new connection; for a Sentinel group, to the master it names now,
+    /// which is returned too (`host:port`).
+    ///
+    /// # Errors
+    ///
+    /// The redis crate's error when no node (or no sentinel) answers within
+    /// the connect timeout.
+    pub async fn connect(&self) -> Result<(RedisConnection, Option<String>), String> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(CONNECT_TIMEOUT)
+            .set_response_timeout(CONNECT_TIMEOUT)
+            .set_number_of_retries(1)
+            .set_max_delay(1_000);
+        match self {
+            Self::Node(client) => ConnectionManager::new_with_config(client.clone(), config)
+                .await
+                .map(|c| (RedisConnection::Node(c), None))
+                .map_err(|e| e.to_string()),
+            Self::Sentinel {
+                client,
+                master_name,
+            } => {
+                // Held across the resolution's round trips: one resolution
+                // at a time; every other caller is turned to the ledger by
+                // the timeout below rather than queueing behind it.
+                let master = tokio::time::timeout(RESOLVE_TIMEOUT, async {
+                    client.lock().await.async_get_client().await
+                })
+                .await
+                .map_err(|_| {
+                    format!("no sentinel named master {master_name:?} within {RESOLVE_TIMEOUT:?}")
+                })?
+                .map_err(|e| format!("sentinels could not name master {master_name:?}: {e}"))?;
+                let address = match &master.get_connection_info().addr {
+                    ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+                    other => other.to_string(),
+                };
+                ConnectionManager::new_with_config(master, config)
+                    .await
+                    .map(|c| (RedisConnection::Node(c), Some(address)))
+                    .map_err(|e| e.to_string())
+            }
+            Self::Cluster(client) => client
+                .get_async_connection()
+                .await
+                .map(|c| (RedisConnection::Cluster(c), None))
+                .map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// How long a connection attempt or a command may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long asking the sentinels for the master may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<RedisTopology, TopologyError> {
+        RedisTopology::parse(url, &ClientTls::default())
+    }
+
+    #[test]
+    fn host_lists_parse_with_default_ports_and_ipv6() {
+        let l = HostList::parse("u:p%40ss@a,b:7001,[::1]:7002/mymaster/2", 26379)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(l.userinfo, Some("u:p%40ss"));
+        assert_eq!(
+            l.hosts,
+            vec![
+                ("a".to_owned(), 26379),
+                ("b".to_owned(), 7001),
+                ("::1".to_owned(), 7002)
+            ]
+        );
+        assert_eq!(l.path, "mymaster/2");
+    }
+
+    #[test]
+    fn each_shape_is_told_by_its_scheme() {
+        assert!(matches!(
+            parse("redis://127.0.0.1:6379/"),
+            Ok(RedisTopology::Node(_))
+        ));
+        assert!(matches!(
+            parse("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster"),
+            Ok(RedisTopology::Sentinel { master_name, .. }) if master_name == "mymaster"
+        ));
+        assert!(matches!(
+            parse("redis+cluster://127.0.0.1:7000,127.0.0.1:7001"),
+            Ok(RedisTopology::Cluster(_))
+        ));
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong_and_mask_the_password() {
+        let cases = [
+            (
+                "redis+sentinel://:secret@h1,h2",
+                "names the master after the hosts",
+            ),
+            ("redis+sentinel://:secret@h1,,h2/m", "stray comma"),
+            ("redis+cluster://:secret@h1:70000", "not a number"),
+            ("redis+cluster://:secret@h1/3", "only database 0"),
+            ("rediss+cluster://:secret@h1", "not supported yet"),
+            ("memcache://:secret@h1", "unknown scheme"),
+        ];
+        for (url, says) in cases {
+            let message = match parse(url) {
+                Ok(_) => panic!("{url} was accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(message.contains(says), "{url}: {message}");
+            assert!(!message.contains("secret"), "{url}: {message}");
+        }
+    }
+}
