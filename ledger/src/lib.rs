@@ -81,6 +81,27 @@ fn pg_options(url: &str) -> Result<PgConnectOptions, LedgerError> {
     })
 }
 
+/// Pool options of the ledger: `max` connections, a 5 s wait for one, and
+/// with `several_hosts` no connection to a standby.
+fn pool_options(max: u32, several_hosts: bool) -> PgPoolOptions {
+    let options = PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(5));
+    if several_hosts {
+        postgres::primary::refusing_standbys(options)
+    } else {
+        options
+    }
+}
+
+/// Starts keeping `pool` on the primary among `hosts`; it stops when the
+/// returned sender is dropped (with the store).
+fn follow(pool: &PgPool, hosts: Vec<(String, u16)>) -> tokio::sync::oneshot::Sender<()> {
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    postgres::primary::follow(pool.clone(), hosts, stopped);
+    stop
+}
+
 /// A handle on the ledger database (cheap to clone: a pool).
 #[derive(Debug, Clone)]
 pub struct Ledger {
@@ -141,19 +162,36 @@ impl Ledger {
                 store: Arc::new(store),
             });
         }
-        let options = pg_options(url)?;
+        let mut followers = Vec::new();
+        let (options, hosts) = match postgres::primary::hosts_of(url)? {
+            None => (pg_options(url)?, None),
+            Some((options, hosts)) => {
+                // Several hosts: start on the primary among them.
+                let primary = postgres::primary::find(&options, &hosts)
+                    .await
+                    .map_err(|e| LedgerError::Connect {
+                        url: belfry_runtime::masked(url),
+                        source: sqlx::Error::Configuration(e.into()),
+                    })?;
+                (primary, Some(hosts))
+            }
+        };
         let direct = match direct_url {
             None => None,
             Some(direct_url) => {
-                let direct_options = pg_options(direct_url)?;
+                let (direct_options, direct_hosts) = match postgres::primary::hosts_of(direct_url)?
+                {
+                    None => (pg_options(direct_url)?, None),
+                    Some((options, hosts)) => (options, Some(hosts)),
+                };
                 // Lazy: LISTEN and the migrations open it when they run;
                 // a wrong URL shows there, with the URL named.
-                Some(
-                    PgPoolOptions::new()
-                        .max_connections(2)
-                        .acquire_timeout(Duration::from_secs(5))
-                        .connect_lazy_with(direct_options),
-                )
+                let pool =
+                    pool_options(2, direct_hosts.is_some()).connect_lazy_with(direct_options);
+                if let Some(hosts) = direct_hosts {
+                    followers.push(follow(&pool, hosts));
+                }
+                Some(pool)
             }
         };
         let options = if direct.is_some() {
@@ -164,21 +202,26 @@ impl Ledger {
         } else {
             options
         };
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(5))
+        let pool = pool_options(max_connections, hosts.is_some())
             .connect_with(options)
             .await
             .map_err(|source| LedgerError::Connect {
                 url: belfry_runtime::masked(url),
                 source,
             })?;
+        if let Some(hosts) = hosts {
+            followers.push(follow(&pool, hosts));
+        }
         let route = match direct {
             None => postgres::pooler::PgRoute::direct(pool),
             Some(_) => postgres::pooler::PgRoute::through_pooler(pool),
         };
         Ok(Self {
-            store: Arc::new(postgres::PgStore { route, direct }),
+            store: Arc::new(postgres::PgStore {
+                route,
+                direct,
+                followers: Arc::new(followers),
+            }),
         })
     }
 
@@ -188,6 +231,7 @@ impl Ledger {
             store: Arc::new(postgres::PgStore {
                 route: postgres::pooler::PgRoute::direct(pool),
                 direct: None,
+                followers: Arc::default(),
             }),
         }
     }

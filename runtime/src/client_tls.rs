@@ -249,8 +249,11 @@ pub fn database_direct_url(
 ///
 /// [`SettingError::Invalid`] as above.
 pub fn check_postgres_tls_files(var: &str, url: &str) -> Result<(), SettingError> {
-    // A URL that does not parse is left to sqlx, whose error names it.
-    let Ok(parsed) = url::Url::parse(url) else {
+    // A URL that does not parse is left to sqlx, whose error names it; one
+    // naming several hosts is checked through its first (the parameters
+    // are the same for all).
+    let one_host = crate::host_list::first_host_url(url);
+    let Ok(parsed) = url::Url::parse(one_host.as_deref().unwrap_or(url)) else {
         return Ok(());
     };
     let invalid = |value: String, reason: String| SettingError::Invalid {

@@ -12,6 +12,7 @@ pub mod endpoint;
 pub mod exit;
 pub mod exported_events;
 pub mod failpoint;
+pub mod host_list;
 pub mod metrics;
 #[cfg(feature = "metrics-server")]
 pub mod metrics_server;

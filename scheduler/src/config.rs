@@ -4,7 +4,7 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start) |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start). Several hosts (`…@db1:5432,db2:5432/db`): the primary among them, followed through a failover |
 //! | `BELFRY_DATABASE_DIRECT_URL` | unset | set when `DATABASE_URL` leads through a transaction pooler (PgBouncer `pool_mode = transaction`): the Postgres URL that bypasses it, used only for `LISTEN` and migrations; statements over `DATABASE_URL` then run unnamed, each in its own transaction |
 //! | `REDIS_URL` | `redis://127.0.0.1:6379/` | claim lock; `-` disables it; `rediss://` for TLS; `redis+sentinel://s1:26379,s2:26379/MASTER_NAME` (Sentinel), `redis+cluster://n1:6379,n2:6379` (Cluster) |
 //! | `BELFRY_REDIS_TLS_CA` | unset (system trust store) | PEM file of the CA that signed Redis' certificate (then the only one trusted) |

@@ -30,6 +30,7 @@ use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType}
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisFuture};
 use thiserror::Error;
 
+use belfry_runtime::host_list::HostList;
 use belfry_runtime::ClientTls;
 
 /// Default port of a sentinel.
@@ -101,78 +102,13 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
-/// A URL whose authority lists several hosts: `scheme://[userinfo@]h1[:p1],h2[:p2]/path`.
-struct HostList<'a> {
-    userinfo: Option<&'a str>,
-    hosts: Vec<(String, u16)>,
-    path: &'a str,
-}
-
-impl<'a> HostList<'a> {
-    fn parse(rest: &'a str, default_port: u16) -> Result<Self, String> {
-        // The authority ends at the first '/' or '?'; userinfo is before its
-        // last '@' (a password may hold '@' only percent-encoded, but be
-        // lenient as libpq is).
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, path) = rest.split_at(authority_end);
-        if path.contains('?') {
-            return Err("query parameters are not supported in this form".into());
-        }
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-            None => (None, authority),
-        };
-        let hosts = hosts
-            .split(',')
-            .map(|h| parse_host(h.trim(), default_port))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            userinfo,
-            hosts,
-            path: path.trim_start_matches('/'),
-        })
+/// The hosts of a Sentinel or Cluster URL, which takes no query parameters.
+fn host_list(rest: &str, default_port: u16) -> Result<HostList<'_>, String> {
+    let list = HostList::parse(rest, default_port)?;
+    if list.path.contains('?') {
+        return Err("query parameters are not supported in this form".into());
     }
-
-    /// `redis://[userinfo@]host:port/db` for one of the hosts, which the
-    /// redis crate parses (percent-decoding the credentials).
-    fn node_url(&self, (host, port): &(String, u16), db: &str) -> String {
-        let host = if host.contains(':') {
-            format!("[{host}]")
-        } else {
-            host.clone()
-        };
-        match self.userinfo {
-            Some(u) => format!("redis://{u}@{host}:{port}/{db}"),
-            None => format!("redis://{host}:{port}/{db}"),
-        }
-    }
-}
-
-fn parse_host(h: &str, default_port: u16) -> Result<(String, u16), String> {
-    if h.is_empty() {
-        return Err("an empty host in the host list (check for a stray comma)".into());
-    }
-    let (host, port) = if let Some(v6) = h.strip_prefix('[') {
-        let Some((host, after)) = v6.split_once(']') else {
-            return Err(format!("host {h:?}: an IPv6 address needs its closing ']'"));
-        };
-        (host, after.strip_prefix(':'))
-    } else {
-        match h.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (h, None),
-        }
-    };
-    let port = match port {
-        None => default_port,
-        Some(p) => p
-            .parse::<u16>()
-            .map_err(|_| format!("host {h:?}: the port {p:?} is not a number from 1 to 65535"))?,
-    };
-    if host.is_empty() {
-        return Err(format!("host {h:?} has no host name"));
-    }
-    Ok((host.to_owned(), port))
+    Ok(list)
 }
 
 impl RedisTopology {
@@ -213,7 +149,7 @@ impl RedisTopology {
                 client.map(Self::Node).map_err(|e| error(e.to_string()))
             }
             "redis+sentinel" => {
-                let list = HostList::parse(rest, SENTINEL_PORT).map_err(error)?;
+                let list = host_list(rest, SENTINEL_PORT).map_err(error)?;
                 let mut path = list.path.splitn(2, '/');
                 let master_name = path.next().unwrap_or_default().to_owned();
                 if master_name.is_empty() {
@@ -225,7 +161,7 @@ impl RedisTopology {
                 // The master's credentials and database, parsed (and
                 // percent-decoded) by the redis crate from a one-host URL.
                 let master = list
-                    .node_url(&(String::from("localhost"), REDIS_PORT), db)
+                    .url_for("redis", &(String::from("localhost"), REDIS_PORT), db)
                     .into_connection_info()
                     .map_err(|e| error(format!("the credentials or database: {e}")))?;
                 let sentinels = list
@@ -252,13 +188,13 @@ impl RedisTopology {
                 })
             }
             "redis+cluster" => {
-                let list = HostList::parse(rest, REDIS_PORT).map_err(error)?;
+                let list = host_list(rest, REDIS_PORT).map_err(error)?;
                 if !list.path.is_empty() {
                     return Err(error(
                         "a Redis Cluster has only database 0: drop the path after the hosts".into(),
                     ));
                 }
-                let nodes: Vec<String> = list.hosts.iter().map(|h| list.node_url(h, "0")).collect();
+                let nodes: Vec<String> = list.hosts.iter().map(|h| list.url_for("redis", h, "0")).collect();
                 ClusterClient::builder(nodes)
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(CONNECT_TIMEOUT)
@@ -351,22 +287,6 @@ mod tests {
 
     fn parse(url: &str) -> Result<RedisTopology, TopologyError> {
         RedisTopology::parse(url, &ClientTls::default())
-    }
-
-    #[test]
-    fn host_lists_parse_with_default_ports_and_ipv6() {
-        let l = HostList::parse("u:p%40ss@a,b:7001,[::1]:7002/mymaster/2", 26379)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(l.userinfo, Some("u:p%40ss"));
-        assert_eq!(
-            l.hosts,
-            vec![
-                ("a".to_owned(), 26379),
-                ("b".to_owned(), 7001),
-                ("::1".to_owned(), 7002)
-            ]
-        );
-        assert_eq!(l.path, "mymaster/2");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start) |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/postgres` | Postgres ledger; a `sqlite:` URL runs on an embedded database and its job queue instead (`AMQP_URL`, `REDIS_URL` unused). TLS with libpq's parameters: `sslmode=disable\|prefer\|require\|verify-ca\|verify-full`, `sslrootcert`, `sslcert`, `sslkey` (files checked at start). Several hosts (`…@db1:5432,db2:5432/db`): the primary among them, followed through a failover |
 //! | `BELFRY_DATABASE_DIRECT_URL` | unset | set when `DATABASE_URL` leads through a transaction pooler (PgBouncer `pool_mode = transaction`): the Postgres URL that bypasses it, used only for `LISTEN` and migrations; statements over `DATABASE_URL` then run unnamed, each in its own transaction |
 //! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | RabbitMQ; `amqps://` for TLS; several comma-separated node URLs of one cluster: the first that answers, the next one when the connection drops |
 //! | `BELFRY_AMQP_TLS_CA` | unset (system trust store) | PEM file of a CA to trust for RabbitMQ besides the system's |

@@ -9,11 +9,13 @@
 //! schedule (overlap, misfire); `FOR UPDATE SKIP LOCKED` lets replicas
 //! share the outbox and the stuck-run scan without taking the same rows;
 //! `now()` is the one clock every replica agrees on for leases and grace
-//! periods.
+//! periods. [`pooler`] routes statements through a transaction pooler;
+//! [`primary`] follows the primary among several hosts.
 
 mod fire_history;
 mod outbox;
 pub(crate) mod pooler;
+pub(crate) mod primary;
 pub(crate) mod runs;
 mod schedules;
 mod views;
@@ -22,6 +24,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::PgPool;
+use std::sync::Arc;
 
 use pooler::PgRoute;
 
@@ -42,6 +45,11 @@ pub(crate) struct PgStore {
     /// the migrations' session advisory lock. `None`: the route is direct
     /// and serves these too.
     pub(crate) direct: Option<PgPool>,
+    /// With several hosts in the URL, the tasks keeping the pools on the
+    /// primary ([`primary`]); dropping these senders stops them (held,
+    /// never read).
+    #[allow(dead_code)]
+    pub(crate) followers: Arc<Vec<tokio::sync::oneshot::Sender<()>>>,
 }
 
 /// A statement of the Postgres ledger, its values bound.

@@ -17,6 +17,7 @@ mod lease;
 mod metrics;
 mod poison_values;
 mod pooler;
+mod postgres_failover;
 mod process_api;
 mod process_telemetry;
 mod publish_confirm;
