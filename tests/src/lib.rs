@@ -8,6 +8,7 @@ pub mod held_link;
 pub mod http_request;
 pub mod loopback;
 pub mod otlp_sink;
+pub mod process_window;
 pub mod race;
 
 use std::sync::atomic::{AtomicU32, Ordering};

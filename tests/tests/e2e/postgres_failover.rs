@@ -16,11 +16,15 @@ use std::time::{Duration, Instant};
 use belfry_ledger::Ledger;
 use belfry_scheduler::FireOutcome;
 use belfry_testkit::eventually;
+use belfry_tests::process_window::{Process, ProcessFleet};
 use belfry_tests::{at, every, race};
 use chrono::{DateTime, Utc};
 use sqlx::Connection as _;
 
 const PRIMARY: &str = "127.0.0.1:55441";
+
+/// The tests fail the one pair over: one at a time.
+static PAIR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const STANDBY: &str = "127.0.0.1:55442";
 
 fn script(arg: &str) -> Result<String, String> {
@@ -70,25 +74,14 @@ async fn assert_one_row_each(ledger: &Ledger, name: &str, instants: &[DateTime<U
     );
 }
 
-fn postgres_node(replica: &belfry_scheduler::Replica) -> String {
-    replica
-        .service_nodes()
-        .current()
-        .into_iter()
-        .find(|(service, _)| *service == "postgres")
-        .map(|(_, node)| node)
-        .unwrap_or_default()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_ledger_follows_a_promoted_standby_and_no_fire_is_lost_or_claimed_twice() {
-    let mut env = belfry_testkit::service_env!("noop");
+/// Points `env` at a database of its own on a healthy pair (created on the
+/// primary, replicated to the standby), both hosts in its URL; `false`
+/// after recording a skip when the pair cannot be built.
+async fn on_the_pair(env: &mut belfry_testkit::TestEnv) -> bool {
     if let Err(why) = script("up") {
         belfry_testkit::skip(&why);
-        return;
+        return false;
     }
-    // A database of this test's own on the pair (created on the primary,
-    // replicated to the standby), both hosts in its URL.
     let database = format!("belfry_failover_{}", uuid::Uuid::new_v4().simple());
     let mut admin = sqlx::PgConnection::connect(&format!("postgres://postgres@{PRIMARY}/postgres"))
         .await
@@ -102,7 +95,26 @@ async fn the_ledger_follows_a_promoted_standby_and_no_fire_is_lost_or_claimed_tw
     env.ledger = Ledger::connect(&url, 4).await.expect("the ledger connects");
     env.ledger.migrate().await.expect("migrations");
     env.database_url = url;
+    true
+}
 
+fn postgres_node(replica: &belfry_scheduler::Replica) -> String {
+    replica
+        .service_nodes()
+        .current()
+        .into_iter()
+        .find(|(service, _)| *service == "postgres")
+        .map(|(_, node)| node)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_ledger_follows_a_promoted_standby_and_no_fire_is_lost_or_claimed_twice() {
+    let mut env = belfry_testkit::service_env!("noop");
+    let _pair = PAIR.lock().await;
+    if !on_the_pair(&mut env).await {
+        return;
+    }
     let name = "failover";
     let schedule = every(name, "1s", "noop");
     let replicas = race::replicas(&env, name, 2, None).await;
@@ -161,5 +173,57 @@ async fn the_ledger_follows_a_promoted_standby_and_no_fire_is_lost_or_claimed_tw
             postgres_node(r)
         );
     }
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scheduler_and_a_worker_process_run_through_a_postgres_failover() {
+    let mut env = belfry_testkit::service_env!("noop");
+    let _pair = PAIR.lock().await;
+    if !on_the_pair(&mut env).await {
+        return;
+    }
+    let fleet = ProcessFleet::start(
+        &env,
+        "pg-fleet",
+        5,
+        &[
+            Process {
+                bin: "belfry-scheduler",
+                instance: "pf-s1",
+            },
+            Process {
+                bin: "belfry-worker",
+                instance: "pf-w1",
+            },
+        ],
+        // Claims whose publish failed during the failover are republished
+        // this long after their claim.
+        &[("BELFRY_RECONCILE_AFTER", "3s".into())],
+    )
+    .await;
+    let window_start = Utc::now() + chrono::Duration::seconds(1);
+    let node = eventually(
+        "/readyz to name the primary",
+        Duration::from_secs(10),
+        || fleet.readyz_node("pf-s1", "postgres"),
+    )
+    .await;
+    assert!(node.starts_with(PRIMARY), "{node}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    script("fail").unwrap_or_else(|e| panic!("{e}"));
+    eventually(
+        "/readyz to name the promoted standby",
+        Duration::from_secs(15),
+        || async {
+            let node = fleet.readyz_node("pf-s1", "postgres").await?;
+            node.starts_with(STANDBY).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let window_end = Utc::now() - chrono::Duration::seconds(1);
+    let table = fleet.finish(&env, window_start, window_end).await;
+    assert!(table.holds(), "{table}");
     env.teardown(&["default"]).await;
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use belfry_scheduler::{FireCounters, FireOutcome, FireSource};
 use belfry_testkit::eventually;
+use belfry_tests::process_window::{Process, ProcessFleet};
 use belfry_tests::{at, every, race};
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands as _;
@@ -123,6 +124,19 @@ async fn settled_away_from(old: u16) -> u16 {
     .await
 }
 
+/// `SENTINEL FAILOVER` away from the master on port `from`; the port of
+/// the new master once the group settled.
+async fn forced_failover(from: u16) -> u16 {
+    let mut s = node(SENTINELS[0]).await.expect("a sentinel answers");
+    let _: String = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query_async(&mut s)
+        .await
+        .expect("SENTINEL FAILOVER");
+    settled_away_from(from).await
+}
+
 fn instants(from: &str, count: i64) -> Vec<DateTime<Utc>> {
     let base = at(from);
     (0..count)
@@ -199,14 +213,7 @@ async fn sentinel_failovers_move_the_lock_and_never_duplicate_a_fire() {
 
     // 2. A forced failover (SENTINEL FAILOVER): the replica is promoted and
     //    the old master demoted, which then refuses writes (READONLY).
-    let mut s = node(SENTINELS[0]).await.expect("a sentinel answers");
-    let _: String = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(MASTER_NAME)
-        .query_async(&mut s)
-        .await
-        .expect("SENTINEL FAILOVER");
-    let after = settled_away_from(before).await;
+    let after = forced_failover(before).await;
 
     // 3. The fires right after it: every replica's write to the old master
     //    fails, it falls back to the ledger — one run each all the same —
@@ -435,5 +442,71 @@ async fn on_a_cluster_locks_spread_over_the_masters_and_filter_every_loser() {
         }
     }
     assert!(holding >= 2, "lock keys on {holding} master(s)");
+    env.teardown(&["default"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_scheduler_processes_and_a_worker_run_through_a_sentinel_failover() {
+    let env = belfry_testkit::service_env!("noop");
+    if !up("Sentinel group", &SENTINELS).await {
+        return;
+    }
+    let _group = SENTINEL_GROUP.lock().await;
+    let fleet = ProcessFleet::start(
+        &env,
+        "sentinel-fleet",
+        5,
+        &[
+            Process {
+                bin: "belfry-scheduler",
+                instance: "sf-s1",
+            },
+            Process {
+                bin: "belfry-scheduler",
+                instance: "sf-s2",
+            },
+            Process {
+                bin: "belfry-worker",
+                instance: "sf-w1",
+            },
+        ],
+        &[("REDIS_URL", sentinel_url())],
+    )
+    .await;
+    let window_start = Utc::now() + chrono::Duration::seconds(1);
+    let before = sentinel_master().await;
+    for s in ["sf-s1", "sf-s2"] {
+        let node = eventually(
+            "/readyz to name the Redis master",
+            Duration::from_secs(10),
+            || fleet.readyz_node(s, "redis"),
+        )
+        .await;
+        assert!(
+            node.ends_with(&format!("master 127.0.0.1:{before}")),
+            "{s}: {node}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = forced_failover(before).await;
+    // Both schedulers move to the new master (their next failed write
+    // sends them to the sentinels).
+    for s in ["sf-s1", "sf-s2"] {
+        eventually(
+            "/readyz to name the new master",
+            Duration::from_secs(15),
+            || async {
+                let node = fleet.readyz_node(s, "redis").await?;
+                node.ends_with(&format!("master 127.0.0.1:{after}"))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let window_end = Utc::now() - chrono::Duration::seconds(1);
+    let table = fleet.finish(&env, window_start, window_end).await;
+    assert!(table.holds(), "{table}");
+    assert_eq!(table.rerun, 0, "every run at its first attempt:\n{table}");
     env.teardown(&["default"]).await;
 }
