@@ -159,7 +159,27 @@ impl Client {
         namespace: &str,
         instance: &str,
     ) -> Result<Self, DispatchError> {
-        let ledger = Ledger::connect(database_url, 4).await?;
+        Self::connect_routed(database_url, None, amqp_url, namespace, instance).await
+    }
+
+    /// [`Client::connect`] where `database_url` may lead through a
+    /// transaction pooler (PgBouncer `pool_mode = transaction`): with
+    /// `direct_url`, the Postgres URL that bypasses it (the binaries'
+    /// `BELFRY_DATABASE_DIRECT_URL`), statements over the pooler run
+    /// unnamed, each in its own transaction, and the migrations use the
+    /// direct URL (see `belfry_ledger::Ledger::connect_routed`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::connect`].
+    pub async fn connect_routed(
+        database_url: &str,
+        direct_url: Option<&str>,
+        amqp_url: &str,
+        namespace: &str,
+        instance: &str,
+    ) -> Result<Self, DispatchError> {
+        let ledger = Ledger::connect_routed(database_url, direct_url, 4).await?;
         ledger.migrate().await?;
         let broker = Broker::connect(
             amqp_url,

@@ -135,11 +135,13 @@ impl ClientTls {
         tls_scheme: &str,
     ) -> Result<(), SettingError> {
         let scheme = format!("{tls_scheme}://");
+        // Its variants too: `rediss+sentinel://`, `rediss+cluster://`.
+        let variant = format!("{tls_scheme}+");
         // A list of node URLs: every one of them.
         if !self.is_configured()
             || crate::endpoint::url_list(url)
                 .iter()
-                .all(|u| u.starts_with(&scheme))
+                .all(|u| u.starts_with(&scheme) || u.starts_with(&variant))
         {
             return Ok(());
         }

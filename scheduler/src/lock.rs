@@ -79,6 +79,12 @@ pub struct ClaimLock {
     // A std mutex: held only to read or swap the cached connection, never
     // across an await, so it cannot block the runtime or deadlock.
     state: Mutex<ConnState>,
+    // One connection attempt at a time: the fires that find no connection
+    // wait for the attempt under way instead of each opening their own (a
+    // burst of fires at start would otherwise open one per fire; over TLS
+    // to a six-node cluster that is hundreds of handshakes). A tokio
+    // mutex: held across the attempt's awaits, bounded by its timeouts.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for ClaimLock {
@@ -156,6 +162,7 @@ impl ClaimLock {
                 retry_at: None,
                 warned_at: None,
             }),
+            connecting: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -295,22 +302,20 @@ impl ClaimLock {
     }
 
     async fn connection(&self) -> Result<RedisConnection, LockError> {
-        {
-            let state = self.lock_state();
-            if let Some(conn) = &state.conn {
-                return Ok(conn.clone());
-            }
-            if state.retry_at.is_some_and(|t| Instant::now() < t) {
-                return Err(LockError::Unavailable {
-                    url: self.url_masked.clone(),
-                    message: "not connected (retrying shortly)".into(),
-                });
-            }
+        if let Some(ready) = self.cached() {
+            return ready;
+        }
+        let _attempt = self.connecting.lock().await;
+        // The attempt this caller waited for may have connected (or failed
+        // and set the back-off): look again before trying.
+        if let Some(ready) = self.cached() {
+            return ready;
         }
         match self.redis.connect().await {
             Ok((conn, master)) => {
                 let mut state = self.lock_state();
-                // Two fires may connect at once; keep the first connection.
+                // One attempt at a time (`connecting`), but keep whatever
+                // connection is already there all the same.
                 let conn = state.conn.get_or_insert(conn).clone();
                 state.retry_at = None;
                 drop(state);
@@ -325,6 +330,21 @@ impl ClaimLock {
                 Err(self.unavailable(e))
             }
         }
+    }
+
+    /// The cached connection, or the back-off's refusal; `None`: connect.
+    fn cached(&self) -> Option<Result<RedisConnection, LockError>> {
+        let state = self.lock_state();
+        if let Some(conn) = &state.conn {
+            return Some(Ok(conn.clone()));
+        }
+        if state.retry_at.is_some_and(|t| Instant::now() < t) {
+            return Some(Err(LockError::Unavailable {
+                url: self.url_masked.clone(),
+                message: "not connected (retrying shortly)".into(),
+            }));
+        }
+        None
     }
 
     /// A command failed: for a Sentinel group, drop the connection so the

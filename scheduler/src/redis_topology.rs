@@ -10,9 +10,10 @@
 //! - a Redis Cluster: `redis+cluster://[user:password@]host[:port][,host[:port]…]`
 //!   (seed nodes, default port 6379; the client learns the rest).
 //!
-//! TLS to a Sentinel group or a Cluster (`rediss+sentinel://`,
-//! `rediss+cluster://`) is refused with a clear error: it is not proven on
-//! a real server here yet.
+//! `rediss+sentinel://` and `rediss+cluster://` speak TLS to every
+//! server (the sentinels and the master; every cluster node), with the
+//! same CA and optional client certificate (`BELFRY_REDIS_TLS_*`) as
+//! `rediss://`; the servers' certificates are always verified.
 //!
 //! A Sentinel connection is to the master the sentinels name now. The
 //! connection is not re-resolved by itself (the redis crate's connection
@@ -27,7 +28,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{ConnectionAddr, IntoConnectionInfo, RedisFuture};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisFuture, TlsMode};
 use thiserror::Error;
 
 use belfry_runtime::host_list::HostList;
@@ -102,6 +103,18 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
+/// `tls` as the redis crate takes it: the CA to trust (then the only one)
+/// and an optional client certificate.
+fn certificates(tls: &ClientTls) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: tls.identity.as_ref().map(|id| redis::ClientTlsConfig {
+            client_cert: id.cert.pem.clone(),
+            client_key: id.key.pem.clone(),
+        }),
+        root_cert: tls.ca.as_ref().map(|ca| ca.pem.clone()),
+    }
+}
+
 /// The hosts of a Sentinel or Cluster URL, which takes no query parameters.
 fn host_list(rest: &str, default_port: u16) -> Result<HostList<'_>, String> {
     let list = HostList::parse(rest, default_port)?;
@@ -119,8 +132,7 @@ impl RedisTopology {
     ///
     /// [`TopologyError`] naming what is wrong: an unknown scheme, a
     /// malformed host list, a Sentinel URL without a master name, TLS
-    /// material the redis crate refuses, or TLS asked of a Sentinel group
-    /// or a Cluster.
+    /// material the redis crate refuses.
     pub fn parse(url: &str, tls: &ClientTls) -> Result<Self, TopologyError> {
         let error = |message: String| TopologyError {
             url: belfry_runtime::masked(url),
@@ -128,27 +140,21 @@ impl RedisTopology {
         };
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             error(
-                "not a URL (expected redis://, rediss://, redis+sentinel:// or redis+cluster://)"
+                "not a URL (expected redis://, rediss://, redis[s]+sentinel:// or redis[s]+cluster://)"
                     .into(),
             )
         })?;
         match scheme {
             "redis" | "rediss" => {
                 let client = if tls.is_configured() {
-                    let certificates = redis::TlsCertificates {
-                        client_tls: tls.identity.as_ref().map(|id| redis::ClientTlsConfig {
-                            client_cert: id.cert.pem.clone(),
-                            client_key: id.key.pem.clone(),
-                        }),
-                        root_cert: tls.ca.as_ref().map(|ca| ca.pem.clone()),
-                    };
-                    redis::Client::build_with_tls(url, certificates)
+                    redis::Client::build_with_tls(url, certificates(tls))
                 } else {
                     redis::Client::open(url)
                 };
                 client.map(Self::Node).map_err(|e| error(e.to_string()))
             }
-            "redis+sentinel" => {
+            "redis+sentinel" | "rediss+sentinel" => {
+                let secure = scheme == "rediss+sentinel";
                 let list = host_list(rest, SENTINEL_PORT).map_err(error)?;
                 let mut path = list.path.splitn(2, '/');
                 let master_name = path.next().unwrap_or_default().to_owned();
@@ -164,10 +170,18 @@ impl RedisTopology {
                     .url_for("redis", &(String::from("localhost"), REDIS_PORT), db)
                     .into_connection_info()
                     .map_err(|e| error(format!("the credentials or database: {e}")))?;
-                let sentinels = list
-                    .hosts
-                    .iter()
-                    .map(|(host, port)| ConnectionAddr::Tcp(host.clone(), *port));
+                let sentinels = list.hosts.iter().map(|(host, port)| {
+                    if secure {
+                        ConnectionAddr::TcpTls {
+                            host: host.clone(),
+                            port: *port,
+                            insecure: false,
+                            tls_params: None,
+                        }
+                    } else {
+                        ConnectionAddr::Tcp(host.clone(), *port)
+                    }
+                });
                 let mut builder = SentinelClientBuilder::new(
                     sentinels,
                     master_name.clone(),
@@ -181,33 +195,53 @@ impl RedisTopology {
                 if let Some(password) = master.redis.password {
                     builder = builder.set_client_to_redis_password(password);
                 }
+                if secure {
+                    builder = builder
+                        .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                        .set_client_to_redis_tls_mode(TlsMode::Secure);
+                    if tls.is_configured() {
+                        builder = builder
+                            .set_client_to_sentinel_certificates(certificates(tls))
+                            .set_client_to_redis_certificates(certificates(tls));
+                    }
+                }
                 let client = builder.build().map_err(|e| error(e.to_string()))?;
                 Ok(Self::Sentinel {
                     client: tokio::sync::Mutex::new(client),
                     master_name,
                 })
             }
-            "redis+cluster" => {
+            "redis+cluster" | "rediss+cluster" => {
+                let secure = scheme == "rediss+cluster";
                 let list = host_list(rest, REDIS_PORT).map_err(error)?;
                 if !list.path.is_empty() {
                     return Err(error(
                         "a Redis Cluster has only database 0: drop the path after the hosts".into(),
                     ));
                 }
-                let nodes: Vec<String> = list.hosts.iter().map(|h| list.url_for("redis", h, "0")).collect();
-                ClusterClient::builder(nodes)
+                let node_scheme = if secure { "rediss" } else { "redis" };
+                let nodes: Vec<String> = list
+                    .hosts
+                    .iter()
+                    .map(|h| list.url_for(node_scheme, h, "0"))
+                    .collect();
+                let mut builder = ClusterClient::builder(nodes)
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(CONNECT_TIMEOUT)
-                    .retries(1)
+                    .retries(1);
+                if secure {
+                    builder = builder.tls(TlsMode::Secure);
+                    if tls.is_configured() {
+                        builder = builder.certs(certificates(tls));
+                    }
+                }
+                builder
                     .build()
                     .map(Self::Cluster)
                     .map_err(|e| error(e.to_string()))
             }
-            "rediss+sentinel" | "rediss+cluster" => Err(error(
-                "TLS to a Redis Sentinel group or Cluster is not supported yet; use redis+sentinel:// or redis+cluster:// on a private network, or one TLS server (rediss://)".into(),
-            )),
             other => Err(error(format!(
-                "unknown scheme {other:?} (expected redis://, rediss://, redis+sentinel:// or redis+cluster://)"
+                "unknown scheme {other:?} (expected redis://, rediss://, redis[s]+sentinel:// or redis[s]+cluster://)"
             ))),
         }
     }
@@ -315,7 +349,6 @@ mod tests {
             ("redis+sentinel://:secret@h1,,h2/m", "stray comma"),
             ("redis+cluster://:secret@h1:70000", "not a number"),
             ("redis+cluster://:secret@h1/3", "only database 0"),
-            ("rediss+cluster://:secret@h1", "not supported yet"),
             ("memcache://:secret@h1", "unknown scheme"),
         ];
         for (url, says) in cases {

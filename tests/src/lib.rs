@@ -30,13 +30,18 @@ use tokio_util::sync::CancellationToken;
 
 pub use belfry_testkit;
 
+/// The timing of test replicas: the defaults, a 10 s shutdown.
+fn replica_timing() -> ReplicaTiming {
+    ReplicaTiming {
+        shutdown_timeout: Duration::from_secs(10),
+        ..ReplicaTiming::default()
+    }
+}
+
 /// A scheduler replica named `instance` in `env`, locking through
 /// `redis_url` (`None`: database only).
 pub async fn replica(env: &TestEnv, instance: &str, redis_url: Option<&str>) -> Replica {
-    let timing = ReplicaTiming {
-        shutdown_timeout: Duration::from_secs(10),
-        ..ReplicaTiming::default()
-    };
+    let timing = replica_timing();
     if env.is_embedded() {
         // One process owns an embedded database: replicas share its handle
         // and need no lock.
@@ -52,6 +57,17 @@ pub async fn replica(env: &TestEnv, instance: &str, redis_url: Option<&str>) -> 
         ClaimLock::new(url, env.topology.clone(), instance, Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("{e}"))
     });
+    replica_locked(env, instance, lock).await
+}
+
+/// A distributed scheduler replica named `instance` in `env` with `lock`
+/// (built by the caller: TLS, a Sentinel group, ...).
+///
+/// # Panics
+///
+/// When the ledger or the broker cannot be reached.
+pub async fn replica_locked(env: &TestEnv, instance: &str, lock: Option<ClaimLock>) -> Replica {
+    let timing = replica_timing();
     let ledger = Ledger::connect(&env.database_url, 4)
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -172,6 +172,25 @@ async fn replicas_and_a_worker_behind_pgbouncer_fire_once_follow_changes_and_for
     .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let window_end = Utc::now() - chrono::Duration::seconds(1);
+    // An application's dispatch client through the pooler too: 20 ad-hoc
+    // jobs at once, run by the worker.
+    let client = belfry_dispatch::Client::connect_routed(
+        &pooled,
+        Some(&env.database_url),
+        &belfry_testkit::amqp_url(),
+        &env.namespace,
+        "pooled-client",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let enqueued = futures::future::join_all((0..20).map(|i| {
+        client.enqueue(belfry_dispatch::AdHocJob::new(
+            "noop",
+            serde_json::json!({ "i": i }),
+        ))
+    }))
+    .await;
+    assert!(enqueued.iter().all(Result::is_ok), "{enqueued:?}");
     let servers = pooler_connections("SERVERS", &env.database);
     for p in processes.0.drain(..3) {
         assert!(

@@ -510,3 +510,103 @@ async fn two_scheduler_processes_and_a_worker_run_through_a_sentinel_failover() 
     assert_eq!(table.rerun, 0, "every run at its first attempt:\n{table}");
     env.teardown(&["default"]).await;
 }
+
+/// The TLS set-ups of `scripts/redis-ha` (certificates of
+/// `scripts/tls-servers`).
+const TLS_SENTINELS: [u16; 3] = [56394, 56395, 56396];
+const TLS_CLUSTER: [u16; 6] = [56410, 56411, 56412, 56413, 56414, 56415];
+
+fn tls_dir() -> std::path::PathBuf {
+    std::env::var("BELFRY_TLS_DIR").map_or_else(
+        |_| std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/tls")),
+        std::path::PathBuf::from,
+    )
+}
+
+/// The client TLS settings trusting `ca` (a file of the TLS directory).
+fn trusting(ca: &str) -> belfry_runtime::ClientTls {
+    let settings = belfry_runtime::Settings::from_pairs([(
+        "BELFRY_REDIS_TLS_CA",
+        tls_dir().join(ca).display().to_string(),
+    )]);
+    belfry_runtime::ClientTls::from_settings(&settings, "BELFRY_REDIS_TLS")
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn tls_url(scheme: &str, ports: &[u16], path: &str) -> String {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    format!("{scheme}://{}{path}", hosts.join(","))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_tls_a_sentinel_group_and_a_cluster_filter_every_loser_and_refuse_an_unknown_ca() {
+    let env = belfry_testkit::service_env!("noop");
+    for port in TLS_SENTINELS.iter().chain(&TLS_CLUSTER) {
+        if tokio::net::TcpStream::connect(("127.0.0.1", *port))
+            .await
+            .is_err()
+        {
+            belfry_testkit::skip(&format!(
+                "the TLS Redis set-ups are not up (nothing answers on 127.0.0.1:{port}); start them with scripts/tls-servers up && scripts/redis-ha up"
+            ));
+            return;
+        }
+    }
+    let urls = [
+        (
+            "sentinel",
+            tls_url("rediss+sentinel", &TLS_SENTINELS, "/belfry-tls"),
+        ),
+        ("cluster", tls_url("rediss+cluster", &TLS_CLUSTER, "")),
+    ];
+    for (label, url) in &urls {
+        let name = format!("tls-{label}");
+        let schedule = every(&name, "1s", "noop");
+        let mut replicas = Vec::new();
+        for i in 0..3 {
+            let instance = format!("{name}-{i}");
+            let lock = belfry_scheduler::ClaimLock::with_tls(
+                url,
+                &trusting("ca.crt"),
+                env.topology.clone(),
+                &instance,
+                Duration::from_secs(60),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            replicas.push(std::sync::Arc::new(
+                belfry_tests::replica_locked(&env, &instance, Some(lock)).await,
+            ));
+        }
+        let fires = instants("2026-07-26T03:00:00Z", 5);
+        let outcomes = race::fire_all(&replicas, &schedule, &fires).await;
+        race::assert_one_run_each(&env, &name, &fires, &outcomes).await;
+        assert_eq!(
+            race::total(&replicas, |c| &c.lock_fallbacks),
+            0,
+            "{label}: TLS answered every fire"
+        );
+        assert_eq!(
+            race::total(&replicas, |c| &c.claims_lost_lock),
+            10,
+            "{label}: the lock filtered every loser"
+        );
+        // A CA that did not sign the servers' certificates: refused, never
+        // a fallback to plaintext (the claim falls back to Postgres).
+        let stranger = belfry_scheduler::ClaimLock::with_tls(
+            url,
+            &trusting("other-ca.crt"),
+            env.topology.clone(),
+            "stranger",
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let refused = stranger
+            .try_acquire(&name, "tls-probe@2026-07-26T05:00:00Z")
+            .await;
+        assert!(
+            refused.is_err(),
+            "{label}: an unknown CA was accepted: {refused:?}"
+        );
+    }
+    env.teardown(&["default"]).await;
+}
