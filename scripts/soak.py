@@ -138,11 +138,22 @@ def env_duration(name, default):
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    # Below the kernel's ephemeral range (32768-60999 here): a port taken
+    # with bind(0) and released is one the kernel may hand to any outgoing
+    # connection before the process that is to listen on it starts (seen:
+    # a scheduler refused "Address already in use" for the whole run).
+    for _ in range(200):
+        # Its own generator: the run's seed drives the faults only.
+        port = random.SystemRandom().randint(20000, 32000)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError("no free port in 20000-32000")
 
 
 def fmt_dur(seconds):

@@ -77,6 +77,30 @@ impl std::fmt::Display for WindowTable {
     }
 }
 
+/// A port for a process to listen on: below the kernel's ephemeral range
+/// (a port found with `bind(0)` and released may be handed to an outgoing
+/// connection before the process binds it), distinct within this test
+/// binary (a counter), and free now.
+///
+/// # Panics
+///
+/// When no port of the range is free.
+fn listen_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread over the range by process id, so two test binaries at once
+    // rarely start at the same port.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + u16::try_from(std::process::id() % 500).unwrap_or(0) * 20;
+    for _ in 0..2_000 {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % 12_000;
+        let port = 20_000 + (base - 20_000 + offset) % 12_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000-32000");
+}
+
 impl ProcessFleet {
     /// Starts `processes` on `env` with `schedules` every-second `noop`
     /// schedules and `extra` environment on top of `env`'s, then waits until
@@ -120,10 +144,7 @@ impl ProcessFleet {
                 p.instance,
             );
             if p.bin == "belfry-scheduler" {
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .map(|a| a.port())
-                    .unwrap_or_else(|e| panic!("a free port: {e}"));
+                let port = listen_port();
                 fleet.api_ports.insert(p.instance, port);
                 command.env("BELFRY_API_ADDR", format!("127.0.0.1:{port}"));
             }
