@@ -100,7 +100,7 @@ impl ClaimLock {
     /// The Redis this lock uses, its URL with the password masked; for a
     /// Sentinel group followed by ` master host:port` once connected.
     pub fn node(&self) -> String {
-        self.node_source()().unwrap_or_default()
+        self.node.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// A function telling [`ClaimLock::node`] whenever called, for
