@@ -28,7 +28,10 @@ pub use health::{
     Liveness, LivenessStatus, Mode, Readiness, ReadinessStatus, RedisState, ServiceState,
 };
 pub use jobs::{Enqueued, JobRequest};
-pub use runs::{Attempt, Origin, Run, RunDetail, RunList, RunPath, RunQuery, RunStatus};
+pub use runs::{
+    Attempt, CancelAnswer, CancelResult, CancelRun, Origin, Run, RunDetail, RunList, RunPath,
+    RunQuery, RunStatus,
+};
 pub use schedules::{
     Backfill, BackfillOutcome, BackfillRequest, BackfilledFire, Misfire, Name, Overlap, Preview,
     PreviewQuery, Schedule, ScheduleInput, ScheduleList, SchedulePath, ScheduleQuery,
@@ -86,5 +89,6 @@ mod tests {
         texts_are_serdes(BackfillOutcome::ALL);
         texts_are_serdes(RunStatus::ALL);
         texts_are_serdes(Origin::ALL);
+        texts_are_serdes(CancelResult::ALL);
     }
 }

@@ -9,7 +9,7 @@ use crate::Page;
 
 wire_enum! {
     /// Where a run is in its life: `claimed → dispatched → running →
-    /// retrying → succeeded | failed | dead`.
+    /// retrying → succeeded | failed | dead | cancelled`.
     pub enum RunStatus {
         /// A replica won the fire; not yet confirmed by the broker.
         Claimed = "claimed",
@@ -25,6 +25,8 @@ wire_enum! {
         Failed = "failed",
         /// The run can never complete (retries exhausted, no handler).
         Dead = "dead",
+        /// An operator cancelled the run (`last_error` says who).
+        Cancelled = "cancelled",
     }
 }
 
@@ -96,6 +98,11 @@ pub struct Run {
     pub last_error: Option<String>,
     /// Trace id (W3C), for the trace UI.
     pub trace_id: Option<String>,
+    /// When a cancel was requested; on a `running` run: its worker is
+    /// stopping it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 /// A finished attempt of a run.
@@ -167,7 +174,7 @@ pub struct RunQuery {
     pub job_type: Option<String>,
     /// Comma-separated statuses.
     #[param(
-        pattern = "^(claimed|dispatched|running|retrying|succeeded|failed|dead)(,(claimed|dispatched|running|retrying|succeeded|failed|dead))*$",
+        pattern = "^(claimed|dispatched|running|retrying|succeeded|failed|dead|cancelled)(,(claimed|dispatched|running|retrying|succeeded|failed|dead|cancelled))*$",
         nullable = false
     )]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -196,4 +203,38 @@ pub struct RunQuery {
 pub struct RunPath {
     /// The run's id.
     pub id: Uuid,
+}
+
+/// The body of `POST /v1/runs/{id}/cancel` (optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRun {
+    /// Why, for the run's `last_error` and the audit log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, max_length = 1000)]
+    pub reason: Option<String>,
+}
+
+wire_enum! {
+    /// What a cancel did.
+    pub enum CancelResult {
+        /// The run was waiting for a worker (or its worker was gone): it is
+        /// `cancelled` and will never execute.
+        Cancelled = "cancelled",
+        /// A worker is running it: the worker was told, fires the
+        /// handler's cancellation token and ends the run `cancelled` after
+        /// the grace period (`BELFRY_CANCEL_GRACE`) at the latest.
+        CancelRequested = "cancel_requested",
+    }
+}
+
+/// The answer of `POST /v1/runs/{id}/cancel`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CancelAnswer {
+    /// The run.
+    pub run_id: Uuid,
+    /// What happened.
+    pub result: CancelResult,
+    /// The run's status after the request.
+    pub status: RunStatus,
 }

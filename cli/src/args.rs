@@ -212,6 +212,17 @@ pub enum RunCommand {
         /// Run id.
         id: String,
     },
+    /// Cancel a run: a waiting run never executes; a running one is
+    /// stopped on its worker (its handler's cancellation token fires, and
+    /// after BELFRY_CANCEL_GRACE the attempt is abandoned). A finished run
+    /// cannot be cancelled.
+    Cancel {
+        /// Run id.
+        id: String,
+        /// Why, for the run's last error and the audit log.
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 /// Job commands.

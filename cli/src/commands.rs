@@ -8,9 +8,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use belfry_api_types::{
-    Backfill, BackfillOutcome, BackfillRequest, Enqueued, JobRequest, Page, Preview, Run,
-    RunDetail, RunList, RunQuery, Schedule, ScheduleInput, ScheduleList, ScheduleQuery,
-    TriggerRequest, Triggered,
+    Backfill, BackfillOutcome, BackfillRequest, CancelAnswer, CancelResult, CancelRun, Enqueued,
+    JobRequest, Page, Preview, Run, RunDetail, RunList, RunQuery, Schedule, ScheduleInput,
+    ScheduleList, ScheduleQuery, TriggerRequest, Triggered,
 };
 
 use crate::api_client::{ApiClient, CliError, NONE};
@@ -493,6 +493,26 @@ async fn runs(api: &ApiClient, out: &Output, c: &RunCommand) -> Result<(), CliEr
                 .call(Method::GET, &format!("/v1/runs/{}", encode(id)), NONE, NONE)
                 .await?;
             out.show(&d, run_detail);
+        }
+        RunCommand::Cancel { id, reason } => {
+            let body = CancelRun {
+                reason: reason.clone(),
+            };
+            let a: CancelAnswer = api
+                .call(
+                    Method::POST,
+                    &format!("/v1/runs/{}/cancel", encode(id)),
+                    NONE,
+                    Some(&body),
+                )
+                .await?;
+            out.show(&a, |a| match a.result {
+                CancelResult::Cancelled => format!("run {} cancelled\n", a.run_id),
+                CancelResult::CancelRequested => format!(
+                    "run {} is running: its worker was told to stop it (status {})\n",
+                    a.run_id, a.status
+                ),
+            });
         }
     }
     Ok(())

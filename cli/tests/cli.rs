@@ -300,6 +300,18 @@ async fn run_and_job_commands() {
     cli.fails("runs ls --status lost", 5, "field `status`")
         .await;
     cli.fails("runs show not-a-uuid", 5, "not a run id").await;
+    // No worker serves `noop` here: the run waits, and is cancelled at once.
+    let cancelled = cli
+        .ok(&format!("runs cancel {id} --reason 'not needed'"))
+        .await;
+    assert_eq!(cancelled, format!("run {id} cancelled\n"));
+    let show = cli.ok(&format!("runs show {id}")).await;
+    assert!(
+        show.contains("cancelled") && show.contains("cancelled by anonymous: not needed"),
+        "{show}"
+    );
+    cli.fails(&format!("runs cancel {id}"), 4, "already finished")
+        .await;
     cli.fails(
         &format!("runs show {}", uuid::Uuid::now_v7()),
         3,

@@ -217,7 +217,10 @@ impl Ledger {
     /// to `lease` from now, in one statement: the worker's heartbeat.
     /// Returns the attempts whose lease was extended; one missing from the
     /// answer no longer holds its run (it finished, or its lease expired and
-    /// another attempt took the run over) and must stop.
+    /// another attempt took the run over) and must stop. The answer also
+    /// names the renewed runs that carry a cancel request, so a request
+    /// whose announcement was missed still reaches the worker (see
+    /// `crate::cancel`).
     ///
     /// # Errors
     ///
@@ -226,10 +229,19 @@ impl Ledger {
         &self,
         held: &[(Uuid, i32)],
         lease: Duration,
-    ) -> Result<std::collections::HashSet<(Uuid, i32)>, LedgerError> {
+    ) -> Result<LeaseRenewal, LedgerError> {
         if held.is_empty() {
             return Ok(Default::default());
         }
         self.store.renew_leases(held, lease).await
     }
+}
+
+/// What one heartbeat learned ([`crate::Ledger::renew_leases`]).
+#[derive(Debug, Clone, Default)]
+pub struct LeaseRenewal {
+    /// The attempts whose lease was extended.
+    pub renewed: std::collections::HashSet<(Uuid, i32)>,
+    /// The renewed runs with a cancel request.
+    pub cancels: Vec<crate::cancel::CancelNotice>,
 }

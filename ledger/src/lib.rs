@@ -22,6 +22,8 @@
 //! in embedded mode.
 
 mod attempt_batch;
+mod cancel;
+mod change_listener;
 mod claim_batch;
 mod dashboard;
 mod error;
@@ -32,7 +34,6 @@ mod retention;
 mod run_query;
 mod run_rows;
 mod runs;
-mod schedule_listener;
 mod schedules;
 mod skipped_range;
 mod sqlite;
@@ -47,13 +48,14 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-pub use attempt_batch::{AttemptBatcher, BeginRequest, EndRequest};
+pub use attempt_batch::{AttemptBatcher, BeginRequest, EndRequest, LeaseRenewal};
+pub use cancel::{CancelNotice, CancelOutcome, CancelRequest, CANCEL_CHANNEL};
+pub use change_listener::ChangeListener;
 pub use dashboard::{MinuteCount, Overview, RecentFire};
 pub use error::LedgerError;
 pub use fire_history::{ExclusiveClaim, LateClaim};
 pub use run_query::{RunCursor, RunFilter};
 pub use runs::{AttemptEntry, AttemptStart, NewRun, RunRecord, RUN_COLUMNS};
-pub use schedule_listener::ScheduleListener;
 pub use schedules::ScheduleRow;
 pub use skipped_range::SkippedRange;
 pub use status::RunStatus;
@@ -315,7 +317,7 @@ impl Ledger {
     /// # Errors
     ///
     /// [`LedgerError::Query`] when the listener cannot connect.
-    pub async fn listen_schedules(&self, channel: &str) -> Result<ScheduleListener, LedgerError> {
+    pub async fn listen_schedules(&self, channel: &str) -> Result<ChangeListener, LedgerError> {
         self.store.listen_schedules(channel).await
     }
 

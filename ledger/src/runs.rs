@@ -168,6 +168,9 @@ pub struct RunRecord {
     pub options: serde_json::Value,
     /// When the reconciler will publish the run (claimed or deferred retry).
     pub next_dispatch_at: Option<DateTime<Utc>>,
+    /// When an operator asked to cancel the run (a running run shows it
+    /// until its worker stops; see `crate::cancel`).
+    pub cancel_requested_at: Option<DateTime<Utc>>,
 }
 
 impl RunRecord {
@@ -217,25 +220,29 @@ pub(crate) struct RunState {
     pub(crate) status: RunStatus,
     /// Until when its current attempt holds it.
     pub(crate) lease_until: Option<DateTime<Utc>>,
+    /// Whether an operator asked to cancel it (see `crate::cancel`).
+    pub(crate) cancel_requested: bool,
     /// The database's clock when this was read.
     pub(crate) now: DateTime<Utc>,
 }
 
 impl RunState {
     /// The state from the columns both backends read, `(id, status,
-    /// lease_until)`, and the clock `now` they were read at.
+    /// lease_until, cancel requested)`, and the clock `now` they were read
+    /// at.
     ///
     /// # Errors
     ///
     /// [`LedgerError::Corrupt`] when the stored status is not a known one.
     pub(crate) fn parse(
-        (id, status, lease_until): (Uuid, String, Option<DateTime<Utc>>),
+        (id, status, lease_until, cancel_requested): (Uuid, String, Option<DateTime<Utc>>, bool),
         now: DateTime<Utc>,
     ) -> Result<Self, LedgerError> {
         Ok(Self {
             id,
             status: status.parse().map_err(LedgerError::Corrupt)?,
             lease_until,
+            cancel_requested,
             now,
         })
     }
@@ -273,7 +280,7 @@ pub enum AttemptStart {
 pub const RUN_COLUMNS: &str =
     "id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \
      claimed_by, claimed_at, dispatched_at, started_at, finished_at, worker, last_error, \
-     attempt_log, trace_id, traceparent, options, next_dispatch_at";
+     attempt_log, trace_id, traceparent, options, next_dispatch_at, cancel_requested_at";
 
 impl Ledger {
     /// Tries to own a fire: inserts the run as `claimed` unless a row with
@@ -399,6 +406,17 @@ impl Ledger {
                     until,
                 });
             }
+        }
+        // Cancelled while running, and its worker died before acting on
+        // it: the run ends here instead of being taken over.
+        if state.status == RunStatus::Running
+            && state.cancel_requested
+            && self.store.finish_cancelled(state.id).await?
+        {
+            return Ok(AttemptStart::AlreadyFinished {
+                id: state.id,
+                status: RunStatus::Cancelled,
+            });
         }
         // The row became startable between the two statements (another
         // transition raced us, or the lease just expired); one more try

@@ -1,12 +1,16 @@
 //! The lifecycle of a run.
 //!
-//! `claimed → dispatched → running ⇄ retrying → succeeded | failed | dead`.
+//! `claimed → dispatched → running ⇄ retrying → succeeded | failed | dead |
+//! cancelled`.
 //!
 //! - `failed`: the handler reported a permanent error; the job ran and its
 //!   outcome is a failure.
 //! - `dead`: the message can never be processed: unknown job type, a payload
 //!   the handler cannot decode, retries exhausted, or no worker group bound to
 //!   the job type. Dead runs are also dead-lettered on the broker.
+//! - `cancelled`: an operator (or an overlap policy) cancelled the run: a
+//!   waiting run never executes; a running one was stopped on its worker.
+//!   Never retried, never dead-lettered; `last_error` says who cancelled it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,11 +32,13 @@ pub enum RunStatus {
     Failed,
     /// The run can never complete; see the module docs.
     Dead,
+    /// The run was cancelled; see the module docs.
+    Cancelled,
 }
 
 impl RunStatus {
     /// All statuses, in lifecycle order.
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
         Self::Claimed,
         Self::Dispatched,
         Self::Running,
@@ -40,6 +46,7 @@ impl RunStatus {
         Self::Succeeded,
         Self::Failed,
         Self::Dead,
+        Self::Cancelled,
     ];
 
     /// The value stored in `job_runs.status`.
@@ -52,12 +59,17 @@ impl RunStatus {
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Dead => "dead",
+            Self::Cancelled => "cancelled",
         }
     }
 
-    /// True for `succeeded`, `failed` and `dead`: nothing more will happen.
+    /// True for `succeeded`, `failed`, `dead` and `cancelled`: nothing more
+    /// will happen.
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Dead)
+        matches!(
+            self,
+            Self::Succeeded | Self::Failed | Self::Dead | Self::Cancelled
+        )
     }
 }
 
@@ -106,7 +118,12 @@ mod tests {
             .collect();
         assert_eq!(
             terminal,
-            [RunStatus::Succeeded, RunStatus::Failed, RunStatus::Dead]
+            [
+                RunStatus::Succeeded,
+                RunStatus::Failed,
+                RunStatus::Dead,
+                RunStatus::Cancelled
+            ]
         );
         assert!("bogus".parse::<RunStatus>().is_err());
     }

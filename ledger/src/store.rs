@@ -26,7 +26,9 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::attempt_batch::{BeginRequest, EndRequest};
+use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
+use crate::cancel::{CancelOutcome, CancelRequest};
+use crate::change_listener::ChangeListener;
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::{ExclusiveClaim, LateClaim};
 use crate::postgres::PgStore;
@@ -34,7 +36,6 @@ use crate::retention::PruneBatch;
 use crate::run_query::RunPage;
 use crate::run_rows::{FromMessage, RunLookup};
 use crate::runs::{NewRun, RunRecord, RunState};
-use crate::schedule_listener::ScheduleListener;
 use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow};
 use crate::skipped_range::SkippedRange;
 use crate::sqlite::SqliteLedger;
@@ -78,7 +79,10 @@ pub(crate) trait Lifecycle {
     async fn clock_probe(&self, local: &LocalClock<'_>) -> Result<ClockReading, LedgerError>;
 
     /// [`crate::Ledger::listen_schedules`].
-    async fn listen_schedules(&self, channel: &str) -> Result<ScheduleListener, LedgerError>;
+    async fn listen_schedules(&self, channel: &str) -> Result<ChangeListener, LedgerError>;
+
+    /// [`crate::Ledger::listen_cancels`].
+    async fn listen_cancels(&self) -> Result<ChangeListener, LedgerError>;
 
     /// [`crate::Ledger::close`].
     async fn close(&self);
@@ -137,7 +141,15 @@ pub(crate) trait RunStore {
         &self,
         held: &[(Uuid, i32)],
         lease: Duration,
-    ) -> Result<HashSet<(Uuid, i32)>, LedgerError>;
+    ) -> Result<LeaseRenewal, LedgerError>;
+
+    /// [`crate::Ledger::cancel_run`] (the reason already storable).
+    async fn cancel_run(&self, request: &CancelRequest<'_>) -> Result<CancelOutcome, LedgerError>;
+
+    /// Ends run `id` as `cancelled` if it is `running` under an expired
+    /// lease with a cancel request (its worker died before acting on it);
+    /// whether it moved.
+    async fn finish_cancelled(&self, id: Uuid) -> Result<bool, LedgerError>;
 }
 
 #[async_trait]

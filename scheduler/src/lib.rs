@@ -16,6 +16,7 @@
 //! [`config`] reads its settings from the environment. This crate is the
 //! engine only: the process, its REST API and web view are `belfry-server`.
 
+pub mod cancel;
 pub mod claim;
 pub mod clock_guard;
 pub mod config;

@@ -102,6 +102,20 @@ pub enum OpsError {
         /// Why.
         reason: String,
     },
+    /// No run has this id (cancel).
+    #[error("no run with id {id}")]
+    RunNotFound {
+        /// The id asked for.
+        id: uuid::Uuid,
+    },
+    /// The run has finished; there is nothing to cancel.
+    #[error("run {id} has already finished ({status}); only an unfinished run can be cancelled")]
+    RunFinished {
+        /// The run.
+        id: uuid::Uuid,
+        /// Its terminal status.
+        status: belfry_ledger::RunStatus,
+    },
     /// The ledger failed (see [`LedgerError::is_data_error`] for a value it
     /// refuses, as opposed to an outage).
     #[error(transparent)]

@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use belfry_ledger::{Ledger, LedgerError, ScheduleListener, ScheduleRow};
+use belfry_ledger::{ChangeListener, Ledger, LedgerError, ScheduleRow};
 use belfry_protocol::ScheduleSpec;
 
 use crate::schedule::Schedule;
@@ -241,7 +241,7 @@ fn compile(row: ScheduleRow, cache: &mut CronCache) -> ScheduleChange {
     }
 }
 
-async fn recv(listener: &mut Option<ScheduleListener>) -> Option<Result<String, LedgerError>> {
+async fn recv(listener: &mut Option<ChangeListener>) -> Option<Result<String, LedgerError>> {
     // An absent listener never yields: the resync tick drives the loop.
     match listener {
         Some(l) => Some(l.recv().await),

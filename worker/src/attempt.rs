@@ -35,20 +35,27 @@ pub enum AttemptResult {
     InvalidPayload(String),
     /// The worker stopped the attempt (shutdown deadline passed).
     Interrupted,
+    /// An operator cancelled the run: the handler was told and did not
+    /// finish successfully within the grace period.
+    Cancelled,
 }
 
 /// Runs one attempt of `handler` with `payload` under `lease`: the attempt
 /// stops when the lease's interrupt token is cancelled (the worker's hard
 /// stop, a lease not renewed in time or taken over), and the handler is not
-/// polled once the lease may have expired.
+/// polled once the lease may have expired. When an operator cancels the
+/// run, the handler's token fires and it gets `cancel_grace` (none for an
+/// immediate cancel) to return before it is abandoned.
 pub async fn run_attempt(
     handler: &Arc<dyn Handler>,
     ctx: JobContext,
     payload: serde_json::Value,
     timeout: Duration,
     lease: &LeaseGuard,
+    cancel_grace: Duration,
 ) -> AttemptResult {
     let hard_stop: &CancellationToken = lease.interrupt();
+    let cancel_signal = lease.cancel();
     let cancel = ctx.cancel.clone();
     let span = ctx.span.clone();
     let future = match handler.start(ctx, payload) {
@@ -56,16 +63,43 @@ pub async fn run_attempt(
         Err(e) => return AttemptResult::InvalidPayload(e.to_string()),
     };
     let mut task = tokio::spawn(lease.fence(future).instrument(span));
-    // Three ways out: the handler finishes, the timeout fires, or the worker
-    // must stop now. In the latter two the handler is told through its token,
-    // given a short grace, then aborted; its result is ignored either way.
+    // Four ways out: the handler finishes, the timeout fires, an operator
+    // cancels the run, or the worker must stop now. In the latter three the
+    // handler is told through its token, given a grace, then aborted; its
+    // result is ignored either way (unless it succeeded in the grace).
     // `biased`: the handler's token is a child of `hard_stop`, so a
     // cooperative handler can finish (with an error) in the same instant the
     // stop fires; checking the stop first makes that an interruption, never
-    // a failed attempt that spends a retry.
+    // a failed attempt that spends a retry. The cancel comes next for the
+    // same reason: a handler failing because it was told to stop by a
+    // cancel is cancelled, not failed.
     let interrupted = tokio::select! {
         biased;
         _ = hard_stop.cancelled() => AttemptResult::Interrupted,
+        _ = cancel_signal.token().cancelled() => {
+            cancel.cancel();
+            let grace = if cancel_signal.immediate() { Duration::ZERO } else { cancel_grace };
+            // The grace ends early if the worker must stop now.
+            let waited = tokio::select! {
+                biased;
+                _ = hard_stop.cancelled() => None,
+                joined = tokio::time::timeout(grace, &mut task) => Some(joined),
+            };
+            return match waited {
+                // Finished successfully before it could stop: its side
+                // effects happened, so the success is recorded.
+                Some(Ok(Ok(Ok(())))) => AttemptResult::Succeeded,
+                Some(Ok(_)) => AttemptResult::Cancelled,
+                Some(Err(_)) => {
+                    task.abort();
+                    AttemptResult::Cancelled
+                }
+                None => {
+                    task.abort();
+                    AttemptResult::Interrupted
+                }
+            };
+        }
         joined = tokio::time::timeout(timeout, &mut task) => match joined {
             Ok(Ok(Ok(()))) => return AttemptResult::Succeeded,
             // The stop may have fired after the select looked at it but
@@ -167,6 +201,7 @@ mod tests {
                 serde_json::json!({}),
                 Duration::from_secs(30),
                 &lease,
+                Duration::from_secs(30),
             )
             .await;
             assert_eq!(result, AttemptResult::Interrupted, "round {round}");
@@ -226,6 +261,7 @@ mod tests {
             serde_json::json!({}),
             Duration::from_secs(30),
             &lease,
+            Duration::from_secs(30),
         )
         .await;
         assert_eq!(result, AttemptResult::Interrupted);
@@ -248,6 +284,7 @@ mod tests {
             serde_json::json!({}),
             Duration::from_secs(30),
             &lease,
+            Duration::from_secs(30),
         );
         let stall = async {
             while steps.load(Ordering::SeqCst) == 0 {

@@ -66,6 +66,10 @@ pub struct WorkerConfig {
     pub job_timeout: Duration,
     /// Lease of a running attempt, renewed by the heartbeat.
     pub lease: Duration,
+    /// How long a cancelled run's handler gets to return after its
+    /// cancellation token fires, before the attempt is abandoned
+    /// (`BELFRY_CANCEL_GRACE`, 30 s).
+    pub cancel_grace: Duration,
     /// Retry policy.
     pub retry: RetryPolicy,
     /// Postgres pool size.
@@ -103,6 +107,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("concurrency", &self.concurrency)
             .field("job_timeout", &self.job_timeout)
             .field("lease", &self.lease)
+            .field("cancel_grace", &self.cancel_grace)
             .field("retry", &self.retry)
             .field("db_pool", &self.db_pool)
             .field("shutdown_timeout", &self.shutdown_timeout)
@@ -112,6 +117,9 @@ impl std::fmt::Debug for WorkerConfig {
             .finish()
     }
 }
+
+/// Default of `BELFRY_CANCEL_GRACE`.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(30);
 
 impl WorkerConfig {
     /// Reads the configuration from `settings`.
@@ -176,6 +184,11 @@ impl WorkerConfig {
                 "BELFRY_LEASE",
                 crate::lease::DEFAULT_LEASE,
                 Duration::from_secs(2),
+            )?,
+            cancel_grace: s.duration(
+                "BELFRY_CANCEL_GRACE",
+                DEFAULT_CANCEL_GRACE,
+                Duration::ZERO,
             )?,
             retry: RetryPolicy {
                 max_attempts: u32::try_from(num("BELFRY_MAX_ATTEMPTS", 5, 1, 1_000)?).unwrap_or(5),

@@ -39,6 +39,9 @@ pub struct WorkerCounters {
     pub failed: AtomicU64,
     /// Runs finished `dead`.
     pub dead: AtomicU64,
+    /// Runs an operator cancelled while they ran here, finished
+    /// `cancelled`.
+    pub cancelled: AtomicU64,
     /// Messages published to the dead-letter queue.
     pub dead_lettered: AtomicU64,
     /// Deliveries of already finished runs, acked and dropped.
@@ -54,8 +57,8 @@ pub struct WorkerCounters {
     /// time or was taken over (see `crate::lease`).
     pub lease_lost: AtomicU64,
     /// Runs finished here, by job type and outcome (`succeeded`,
-    /// `failed`, `dead`, `deferred`, `handed_back`, `duplicate`,
-    /// `superseded`).
+    /// `failed`, `dead`, `cancelled`, `deferred`, `handed_back`,
+    /// `duplicate`, `superseded`).
     pub jobs: Family<JobLabels, Counter>,
     /// Attempts started, by job type.
     pub attempts_by_type: Family<JobLabels, Counter>,
@@ -73,6 +76,7 @@ impl Default for WorkerCounters {
             succeeded: AtomicU64::default(),
             failed: AtomicU64::default(),
             dead: AtomicU64::default(),
+            cancelled: AtomicU64::default(),
             dead_lettered: AtomicU64::default(),
             duplicates: AtomicU64::default(),
             handed_back: AtomicU64::default(),

@@ -34,6 +34,11 @@
 //! clock and the attempt's last renewal, and once the lease may have ended
 //! it is never polled again. Whatever the handler does after a stall, it
 //! does only while its lease surely holds.
+//!
+//! The heartbeat also carries operators' cancels: a held attempt's
+//! [`CancelSignal`] fires when the cancel's announcement arrives
+//! ([`Leases::request_cancel`]), or at the next renewal that finds the
+//! request on the run's row, if the announcement was missed.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -95,10 +100,47 @@ impl RenewedAt {
     }
 }
 
+/// How long a cancel announcement for a run this worker does not hold (yet)
+/// is remembered: the announcement can overtake the attempt it is for, in
+/// the instant between the attempt's start in the ledger and its
+/// [`Leases::hold`].
+const PENDING_CANCEL: Duration = Duration::from_secs(60);
+
+/// An operator's cancel of a running attempt (see `belfry_ledger`'s
+/// `cancel` module): the token the attempt watches, and whether the
+/// handler gets no grace period.
+#[derive(Debug, Clone, Default)]
+pub struct CancelSignal {
+    token: CancellationToken,
+    immediate: Arc<AtomicBool>,
+}
+
+impl CancelSignal {
+    /// Cancelled when an operator cancelled the run.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// Whether the cancel asks for no grace period.
+    pub fn immediate(&self) -> bool {
+        self.immediate.load(Ordering::Relaxed)
+    }
+
+    fn fire(&self, immediate: bool) {
+        // The flag first, then the token: whoever wakes on the token reads
+        // the flag as set.
+        if immediate {
+            self.immediate.store(true, Ordering::Relaxed);
+        }
+        self.token.cancel();
+    }
+}
+
 /// One running attempt of this worker.
 #[derive(Debug)]
 struct Held {
     interrupt: CancellationToken,
+    cancel: CancelSignal,
     renewed: Arc<RenewedAt>,
     /// Set once the handler has returned: the attempt is recording its
     /// outcome, and a renewal that misses the row saw that record.
@@ -112,6 +154,8 @@ pub struct Leases {
     /// The instant renewal times are counted from.
     base: Instant,
     held: Arc<Mutex<HashMap<(Uuid, i32), Held>>>,
+    /// Cancel announcements of runs not held (yet): run, when, immediate.
+    pending_cancels: Arc<Mutex<HashMap<Uuid, (Instant, bool)>>>,
 }
 
 /// Holds one attempt's lease while it runs; dropping it stops renewing.
@@ -120,6 +164,7 @@ pub struct LeaseGuard {
     key: (Uuid, i32),
     held: Arc<Mutex<HashMap<(Uuid, i32), Held>>>,
     interrupt: CancellationToken,
+    cancel: CancelSignal,
     renewed: Arc<RenewedAt>,
     ending: Arc<AtomicBool>,
     /// How long after its last renewal's statement the handler may still
@@ -132,6 +177,11 @@ impl LeaseGuard {
     /// lease could not be renewed in time or was taken over.
     pub fn interrupt(&self) -> &CancellationToken {
         &self.interrupt
+    }
+
+    /// Fired when an operator cancels the run.
+    pub fn cancel(&self) -> &CancelSignal {
+        &self.cancel
     }
 
     /// Marks the handler as returned: the lease is still renewed while the
@@ -221,7 +271,35 @@ impl Leases {
             lease: lease.max(Duration::from_secs(1)),
             base: Instant::now(),
             held: Arc::default(),
+            pending_cancels: Arc::default(),
         }
+    }
+
+    /// Acts on a cancel of run `id`: the attempt of it this worker holds is
+    /// told (see [`LeaseGuard::cancel`]). A run not held is remembered for
+    /// a minute, so an announcement that overtook its attempt's
+    /// [`Leases::hold`] is not lost. Returns whether an attempt was told.
+    pub fn request_cancel(&self, id: Uuid, immediate: bool) -> bool {
+        // Lock order: `held`, then `pending_cancels` (as `hold` does).
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut told = false;
+        for ((run, _), h) in held.iter() {
+            if *run == id {
+                h.cancel.fire(immediate);
+                told = true;
+            }
+        }
+        if !told {
+            let now = Instant::now();
+            let mut pending = self
+                .pending_cancels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            pending.retain(|_, (at, _)| now.saturating_duration_since(*at) < PENDING_CANCEL);
+            let entry = pending.entry(id).or_insert((now, false));
+            entry.1 |= immediate;
+        }
+        told
     }
 
     /// The lease an attempt is given at its start and at each renewal.
@@ -269,20 +347,38 @@ impl Leases {
         hard_stop: &CancellationToken,
     ) -> LeaseGuard {
         let interrupt = hard_stop.child_token();
+        let cancel = CancelSignal::default();
         let renewed = Arc::new(RenewedAt::new(self.base, sent));
         let ending = Arc::new(AtomicBool::new(false));
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(
+        // Lock order: `held`, then `pending_cancels` (as `request_cancel`
+        // does), so an announcement is either found pending here or finds
+        // the attempt held.
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = self
+            .pending_cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        if let Some((at, immediate)) = pending {
+            if at.elapsed() < PENDING_CANCEL {
+                cancel.fire(immediate);
+            }
+        }
+        held.insert(
             (id, attempt),
             Held {
                 interrupt: interrupt.clone(),
+                cancel: cancel.clone(),
                 renewed: renewed.clone(),
                 ending: ending.clone(),
             },
         );
+        drop(held);
         LeaseGuard {
             key: (id, attempt),
             held: self.held.clone(),
             interrupt,
+            cancel,
             renewed,
             ending,
             fence_after: self.fence_after(),
@@ -315,7 +411,12 @@ impl Leases {
         if !keys.is_empty() {
             let sent = Instant::now();
             match ledger.renew_leases(&keys, self.lease).await {
-                Ok(renewed) => {
+                Ok(renewal) => {
+                    // A cancel whose announcement this worker missed.
+                    for notice in &renewal.cancels {
+                        self.request_cancel(notice.id, notice.immediate);
+                    }
+                    let renewed = renewal.renewed;
                     let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
                     for key in &keys {
                         // A key gone from `held` finished meanwhile.

@@ -37,6 +37,7 @@
 
 pub mod attempt;
 pub mod builtin;
+mod cancel_listener;
 pub mod config;
 pub mod counters;
 pub mod error;

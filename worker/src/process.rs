@@ -43,6 +43,8 @@ pub enum ProcessOutcome {
     Failed,
     /// The run is `dead` and the message dead-lettered.
     Dead,
+    /// An operator cancelled the run while it ran here; it is `cancelled`.
+    Cancelled,
     /// The run was already finished; the delivery was dropped.
     Duplicate,
     /// The body was not a job message; it was dead-lettered.
@@ -65,6 +67,7 @@ impl ProcessOutcome {
             ProcessOutcome::Succeeded => "succeeded",
             ProcessOutcome::Failed => "failed",
             ProcessOutcome::Dead => "dead",
+            ProcessOutcome::Cancelled => "cancelled",
             ProcessOutcome::Duplicate => "duplicate",
             ProcessOutcome::Undecodable => "undecodable",
             ProcessOutcome::Deferred => "deferred",
@@ -387,6 +390,7 @@ impl Worker {
                 message.payload.clone(),
                 timeout,
                 &lease,
+                self.cancel_grace,
             )
             .await;
             lease.ending();
@@ -421,6 +425,16 @@ impl Worker {
                     entry.error = Some(reason.clone());
                     tracing::error!(parent: &span, error = %reason, "dead-lettering: payload cannot be decoded");
                     return self.dead(&delivery, id, entry, &reason).await;
+                }
+                AttemptResult::Cancelled => {
+                    // No retry, no dead letter; the ledger writes the
+                    // canceller's reason as the run's last error.
+                    entry.outcome = "cancelled".into();
+                    entry.error = Some("cancelled while running".into());
+                    tracing::warn!(parent: &span, "attempt stopped: the run was cancelled");
+                    return self
+                        .conclude(&delivery, id, RunStatus::Cancelled, entry)
+                        .await;
                 }
                 AttemptResult::Interrupted if !hard_stop.is_cancelled() => {
                     // The heartbeat could not renew the lease in time, or

@@ -38,6 +38,10 @@ impl Worker {
                 WorkerCounters::add(&self.counters.failed);
                 ProcessOutcome::Failed
             }
+            RunStatus::Cancelled => {
+                WorkerCounters::add(&self.counters.cancelled);
+                ProcessOutcome::Cancelled
+            }
             _ => {
                 WorkerCounters::add(&self.counters.dead);
                 ProcessOutcome::Dead
@@ -92,8 +96,8 @@ impl Worker {
         ProcessOutcome::Superseded
     }
 
-    /// Ends the attempt and the run with `status` (`succeeded`, or `failed`
-    /// for a permanent error); nothing is dead-lettered.
+    /// Ends the attempt and the run with `status` (`succeeded`, `failed`
+    /// for a permanent error, or `cancelled`); nothing is dead-lettered.
     pub(crate) async fn conclude(
         &self,
         delivery: &Delivery,

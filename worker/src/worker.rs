@@ -37,6 +37,7 @@ pub struct Worker {
     pub(crate) registry: Registry,
     pub(crate) retry: RetryPolicy,
     pub(crate) job_timeout: Duration,
+    pub(crate) cancel_grace: Duration,
     pub(crate) requeue_after: Duration,
     pub(crate) prefetch: u16,
     pub(crate) concurrency: usize,
@@ -123,6 +124,11 @@ impl Worker {
             let stop = heartbeat.clone();
             tokio::spawn(async move { leases.run(ledger, stop).await });
         }
+        tokio::spawn(crate::cancel_listener::follow_cancels(
+            leases.clone(),
+            ledger.clone(),
+            heartbeat.clone(),
+        ));
         Ok(Self {
             leases,
             _heartbeat: heartbeat.drop_guard(),
@@ -136,6 +142,7 @@ impl Worker {
             registry,
             retry: config.retry.clone(),
             job_timeout: config.job_timeout,
+            cancel_grace: config.cancel_grace,
             requeue_after: config.requeue_after,
             prefetch: config.prefetch,
             concurrency: config.concurrency.max(1),

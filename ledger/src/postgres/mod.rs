@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use pooler::PgRoute;
 
-use crate::schedule_listener::ScheduleListener;
+use crate::change_listener::ChangeListener;
 use crate::sqlite::SqliteLedger;
 use crate::store::{ClockReading, Lifecycle, LocalClock};
 use crate::LedgerError;
@@ -104,10 +104,15 @@ impl Lifecycle for PgStore {
         Ok((before, db, after))
     }
 
-    async fn listen_schedules(&self, channel: &str) -> Result<ScheduleListener, LedgerError> {
+    async fn listen_schedules(&self, channel: &str) -> Result<ChangeListener, LedgerError> {
         // LISTEN belongs to a session: over the direct connection when
         // the route is a pooler's.
-        ScheduleListener::postgres(self.session_pool(), channel).await
+        ChangeListener::postgres(self.session_pool(), channel).await
+    }
+
+    /// `LISTEN` needs a session: on the direct pool behind a pooler.
+    async fn listen_cancels(&self) -> Result<ChangeListener, LedgerError> {
+        ChangeListener::postgres(self.session_pool(), crate::cancel::CANCEL_CHANNEL).await
     }
 
     async fn close(&self) {

@@ -12,12 +12,13 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::PgStore;
-use crate::attempt_batch::{BeginRequest, EndRequest};
+use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
+use crate::cancel::{CancelNotice, CancelOutcome, CancelRequest, CANCEL_CHANNEL};
 use crate::run_rows::{options_json, FromMessage, RunLookup};
 use crate::runs::{NewRun, RunRecord, RunState};
 use crate::status::{waiting_statuses, WAITING};
 use crate::store::RunStore;
-use crate::LedgerError;
+use crate::{LedgerError, RunStatus};
 
 #[async_trait]
 impl RunStore for PgStore {
@@ -51,9 +52,13 @@ impl RunStore for PgStore {
     }
 
     async fn hand_back(&self, id: Uuid, attempt: i32, reason: &str) -> Result<bool, LedgerError> {
+        // A run with a cancel request is not handed back: it ends.
         let update = sqlx::query(
-            "UPDATE job_runs SET status = 'retrying', last_error = $2, lease_until = NULL, \
-                 updated_at = now() \
+            "UPDATE job_runs SET \
+                 status = CASE WHEN cancel_requested_at IS NULL THEN 'retrying' ELSE 'cancelled' END, \
+                 last_error = COALESCE(cancel_reason, $2), \
+                 finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END, \
+                 lease_until = NULL, updated_at = now() \
              WHERE id = $1 AND status = 'running' AND attempts = $3",
         );
         self.moved(update.bind(id).bind(reason).bind(attempt)).await
@@ -118,7 +123,8 @@ impl RunStore for PgStore {
                   locked AS ( \
                  SELECT j.id FROM job_runs j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
                  WHERE j.status IN ", waiting_statuses!(), " \
-                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now())) \
+                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
+                        AND j.cancel_requested_at IS NULL) \
                  ORDER BY j.id FOR UPDATE OF j) \
              UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
                  started_at = COALESCE(j.started_at, now()), worker = b.worker, next_dispatch_at = NULL, \
@@ -126,7 +132,8 @@ impl RunStore for PgStore {
              FROM b, locked \
              WHERE j.id = locked.id AND j.job_name = b.job_name AND j.run_key = b.run_key \
                AND (j.status IN ", waiting_statuses!(), " \
-                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()))) \
+                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
+                        AND j.cancel_requested_at IS NULL)) \
              RETURNING j.job_name, j.run_key, j.id, j.attempts"),
         )
         .bind(&names)
@@ -159,7 +166,9 @@ impl RunStore for PgStore {
             batch.iter().map(|r| r.redispatch_at).collect();
         let attempts: Vec<i32> = batch.iter().map(|r| r.entry.attempt).collect();
         // Only the attempt that holds the run writes its outcome. Rows are
-        // locked in id order first (see `begin_batch`).
+        // locked in id order first (see `begin_batch`). A run with a cancel
+        // request does not continue: an outcome that is not terminal (a
+        // retry) ends it `cancelled`, with the canceller's reason.
         let written: HashSet<(Uuid, i32)> = sqlx::query_as(
             "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::jsonb[], \
                         $6::timestamptz[], $7::int[]) \
@@ -168,10 +177,15 @@ impl RunStore for PgStore {
                  SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
                  WHERE j.status = 'running' AND j.attempts = b.attempt \
                  ORDER BY j.id FOR UPDATE OF j) \
-             UPDATE job_runs j SET status = b.status, last_error = b.last_error, \
-                 finished_at = CASE WHEN b.terminal THEN now() ELSE NULL END, \
+             UPDATE job_runs j SET \
+                 status = CASE WHEN NOT b.terminal AND j.cancel_requested_at IS NOT NULL \
+                     THEN 'cancelled' ELSE b.status END, \
+                 last_error = CASE WHEN b.status = 'cancelled' OR (NOT b.terminal AND j.cancel_requested_at IS NOT NULL) \
+                     THEN COALESCE(j.cancel_reason, b.last_error) ELSE b.last_error END, \
+                 finished_at = CASE WHEN b.terminal OR j.cancel_requested_at IS NOT NULL THEN now() ELSE NULL END, \
                  attempt_log = j.attempt_log || jsonb_build_array(b.entry), \
-                 next_dispatch_at = b.redispatch_at, lease_until = NULL, updated_at = now() \
+                 next_dispatch_at = CASE WHEN j.cancel_requested_at IS NULL THEN b.redispatch_at END, \
+                 lease_until = NULL, updated_at = now() \
              FROM b, locked \
              WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
              RETURNING j.id, j.attempts",
@@ -197,14 +211,14 @@ impl RunStore for PgStore {
         &self,
         held: &[(Uuid, i32)],
         lease: Duration,
-    ) -> Result<HashSet<(Uuid, i32)>, LedgerError> {
+    ) -> Result<LeaseRenewal, LedgerError> {
         let pool = &self.route;
         let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
         let attempts: Vec<i32> = held.iter().map(|(_, a)| *a).collect();
         // Rows are locked in id order first, as the other batched
         // statements do, so a heartbeat never deadlocks with them.
         // `updated_at` is left alone: a heartbeat is not progress.
-        let renewed: Vec<(Uuid, i32)> = sqlx::query_as(
+        let rows: Vec<(Uuid, i32, bool, bool)> = sqlx::query_as(
             "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS b(id, attempt)), \
                   locked AS ( \
                  SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
@@ -213,26 +227,104 @@ impl RunStore for PgStore {
              UPDATE job_runs j SET lease_until = now() + make_interval(secs => $3) \
              FROM b, locked \
              WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
-             RETURNING j.id, j.attempts",
+             RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL, j.cancel_immediate",
         )
         .bind(&ids)
         .bind(&attempts)
         .bind(lease.as_secs_f64())
         .fetch_all(pool)
         .await?;
-        Ok(renewed.into_iter().collect())
+        Ok(renewal(rows))
     }
 
     async fn state_of(&self, message: &JobMessage) -> Result<Option<RunState>, LedgerError> {
-        let row: Option<(Uuid, String, Option<DateTime<Utc>>, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT id, status, lease_until, now() FROM job_runs WHERE job_name = $1 AND run_key = $2",
+        let row: Option<(Uuid, String, Option<DateTime<Utc>>, bool, DateTime<Utc>)> =
+            sqlx::query_as(
+                "SELECT id, status, lease_until, cancel_requested_at IS NOT NULL, now() \
+             FROM job_runs WHERE job_name = $1 AND run_key = $2",
+            )
+            .bind(&message.job_name)
+            .bind(&message.run_key)
+            .fetch_optional(&self.route)
+            .await?;
+        row.map(|(id, status, lease_until, cancel, now)| {
+            RunState::parse((id, status, lease_until, cancel), now)
+        })
+        .transpose()
+    }
+
+    async fn cancel_run(&self, request: &CancelRequest<'_>) -> Result<CancelOutcome, LedgerError> {
+        let mut tx = self.route.begin().await?;
+        // The row is locked for the decision, so a worker's begin, end or
+        // heartbeat of this run waits for it and then sees its result.
+        let row: Option<(String, bool)> = sqlx::query_as(
+            "SELECT status, status = 'running' AND lease_until IS NOT NULL AND lease_until < now() \
+             FROM job_runs WHERE id = $1 FOR UPDATE",
         )
-        .bind(&message.job_name)
-        .bind(&message.run_key)
-        .fetch_optional(&self.route)
+        .bind(request.id)
+        .fetch_optional(self.route.on(&mut tx))
         .await?;
-        row.map(|(id, status, lease_until, now)| RunState::parse((id, status, lease_until), now))
-            .transpose()
+        let Some((status, lease_expired)) = row else {
+            tx.commit().await?;
+            return Ok(CancelOutcome::NotFound);
+        };
+        let status: RunStatus = status.parse().map_err(LedgerError::Corrupt)?;
+        let outcome = match status {
+            s if s.is_terminal() => CancelOutcome::Finished(s),
+            RunStatus::Running if !lease_expired => {
+                sqlx::query(
+                    "UPDATE job_runs SET cancel_requested_at = COALESCE(cancel_requested_at, now()), \
+                         cancel_reason = COALESCE(cancel_reason, $2), \
+                         cancel_immediate = cancel_immediate OR $3, updated_at = now() \
+                     WHERE id = $1",
+                )
+                .bind(request.id)
+                .bind(request.reason)
+                .bind(request.immediate)
+                .execute(self.route.on(&mut tx))
+                .await?;
+                // Delivered at commit, so never before the request is
+                // stored.
+                let notice = CancelNotice {
+                    id: request.id,
+                    immediate: request.immediate,
+                };
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(CANCEL_CHANNEL)
+                    .bind(notice.payload())
+                    .execute(self.route.on(&mut tx))
+                    .await?;
+                CancelOutcome::Requested
+            }
+            was => {
+                // Waiting, or running under an expired lease (its worker
+                // is gone): nothing executes it, so it ends now.
+                sqlx::query(
+                    "UPDATE job_runs SET status = 'cancelled', last_error = $2, finished_at = now(), \
+                         next_dispatch_at = NULL, lease_until = NULL, \
+                         cancel_requested_at = COALESCE(cancel_requested_at, now()), \
+                         cancel_reason = COALESCE(cancel_reason, $2), updated_at = now() \
+                     WHERE id = $1",
+                )
+                .bind(request.id)
+                .bind(request.reason)
+                .execute(self.route.on(&mut tx))
+                .await?;
+                CancelOutcome::Cancelled { was }
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn finish_cancelled(&self, id: Uuid) -> Result<bool, LedgerError> {
+        let update = sqlx::query(
+            "UPDATE job_runs SET status = 'cancelled', last_error = cancel_reason, \
+                 finished_at = now(), lease_until = NULL, updated_at = now() \
+             WHERE id = $1 AND status = 'running' AND cancel_requested_at IS NOT NULL \
+               AND (lease_until IS NULL OR lease_until < now())",
+        );
+        self.moved(update.bind(id)).await
     }
 
     async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, sqlx::Error> {
@@ -324,4 +416,17 @@ where
     .fetch_all(executor)
     .await?;
     Ok(won.into_iter().collect())
+}
+
+/// The heartbeat's answer from its rows `(id, attempt, cancel requested,
+/// immediate)`: both backends read the same columns.
+pub(crate) fn renewal(rows: Vec<(Uuid, i32, bool, bool)>) -> LeaseRenewal {
+    let mut out = LeaseRenewal::default();
+    for (id, attempt, cancel, immediate) in rows {
+        out.renewed.insert((id, attempt));
+        if cancel {
+            out.cancels.push(CancelNotice { id, immediate });
+        }
+    }
+    out
 }

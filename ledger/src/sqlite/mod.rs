@@ -44,7 +44,7 @@ use tokio::sync::{broadcast, Notify};
 
 use async_trait::async_trait;
 
-use crate::schedule_listener::ScheduleListener;
+use crate::change_listener::ChangeListener;
 use crate::store::{ClockReading, Lifecycle, LocalClock};
 use crate::LedgerError;
 
@@ -100,6 +100,8 @@ pub struct SqliteLedger {
     pub(crate) writer: SqlitePool,
     /// Names of schedules that changed, for this process's replicas.
     pub(crate) schedule_changes: broadcast::Sender<String>,
+    /// Cancel announcements (`crate::cancel`), for this process's workers.
+    pub(crate) cancels: broadcast::Sender<String>,
     /// Woken when a message is enqueued, so consumers do not wait out
     /// their poll interval.
     pub(crate) queue_ready: Arc<Notify>,
@@ -159,10 +161,12 @@ impl SqliteLedger {
             .await
             .map_err(connect_err)?;
         let (schedule_changes, _) = broadcast::channel(1024);
+        let (cancels, _) = broadcast::channel(1024);
         Ok(Self {
             pool,
             writer,
             schedule_changes,
+            cancels,
             queue_ready: Arc::new(Notify::new()),
             session: uuid::Uuid::new_v4().simple().to_string(),
             taken_over: Arc::default(),
@@ -256,8 +260,12 @@ impl Lifecycle for SqliteLedger {
 
     /// In-process announcements stand for `LISTEN/NOTIFY` (one process
     /// owns the file).
-    async fn listen_schedules(&self, _channel: &str) -> Result<ScheduleListener, LedgerError> {
-        Ok(ScheduleListener::local(self.schedule_changes.subscribe()))
+    async fn listen_schedules(&self, _channel: &str) -> Result<ChangeListener, LedgerError> {
+        Ok(ChangeListener::local(self.schedule_changes.subscribe()))
+    }
+
+    async fn listen_cancels(&self) -> Result<ChangeListener, LedgerError> {
+        Ok(ChangeListener::local(self.cancels.subscribe()))
     }
 
     /// Closes the pool (connections finish their statements first).

@@ -15,12 +15,13 @@ use belfry_protocol::JobMessage;
 use async_trait::async_trait;
 
 use super::{now, now_plus, ts, SqliteLedger};
-use crate::attempt_batch::{BeginRequest, EndRequest};
+use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
+use crate::cancel::{CancelNotice, CancelOutcome, CancelRequest};
 use crate::run_rows::{options_json, FromMessage, RunLookup};
 use crate::runs::{NewRun, RunRecord, RunState};
 use crate::status::waiting_statuses;
 use crate::store::RunStore;
-use crate::LedgerError;
+use crate::{LedgerError, RunStatus};
 
 /// `claimed` → `dispatched`, or only `dispatched_at` for a run a fast worker
 /// already moved; every expression reads the row as it was (the batched
@@ -43,15 +44,22 @@ const BEGIN: &str = concat!(
        AND (status IN ",
     waiting_statuses!(),
     " \
-            OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?4))) \
+            OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?4) \
+                AND cancel_requested_at IS NULL)) \
      RETURNING id, attempts"
 );
 
-/// Ends the attempt that holds the run (see `Ledger::end_attempt`).
-const END: &str = "UPDATE job_runs SET status = ?2, last_error = ?3, \
-         finished_at = CASE WHEN ?4 THEN ?8 ELSE NULL END, \
+/// Ends the attempt that holds the run (see `Ledger::end_attempt`); a run
+/// with a cancel request ends `cancelled` instead of retrying (see
+/// `crate::cancel`).
+const END: &str = "UPDATE job_runs SET \
+         status = CASE WHEN NOT ?4 AND cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE ?2 END, \
+         last_error = CASE WHEN ?2 = 'cancelled' OR (NOT ?4 AND cancel_requested_at IS NOT NULL) \
+             THEN COALESCE(cancel_reason, ?3) ELSE ?3 END, \
+         finished_at = CASE WHEN ?4 OR cancel_requested_at IS NOT NULL THEN ?8 ELSE NULL END, \
          attempt_log = json_insert(attempt_log, '$[#]', json(?5)), \
-         next_dispatch_at = ?6, lease_until = NULL, updated_at = ?8 \
+         next_dispatch_at = CASE WHEN cancel_requested_at IS NULL THEN ?6 END, \
+         lease_until = NULL, updated_at = ?8 \
      WHERE id = ?1 AND status = 'running' AND attempts = ?7";
 
 /// Most runs [`claim_in`] inserts in one statement: 13 parameters each, far
@@ -175,8 +183,9 @@ impl RunStore for SqliteLedger {
     }
 
     async fn state_of(&self, message: &JobMessage) -> Result<Option<RunState>, LedgerError> {
-        let row: Option<(Uuid, String, Option<DateTime<Utc>>)> = sqlx::query_as(
-            "SELECT id, status, lease_until FROM job_runs WHERE job_name = ?1 AND run_key = ?2",
+        let row: Option<(Uuid, String, Option<DateTime<Utc>>, bool)> = sqlx::query_as(
+            "SELECT id, status, lease_until, cancel_requested_at IS NOT NULL \
+             FROM job_runs WHERE job_name = ?1 AND run_key = ?2",
         )
         .bind(&message.job_name)
         .bind(&message.run_key)
@@ -212,13 +221,90 @@ impl RunStore for SqliteLedger {
     }
 
     async fn hand_back(&self, id: Uuid, attempt: i32, reason: &str) -> Result<bool, LedgerError> {
+        // A run with a cancel request is not handed back: it ends.
         let update = sqlx::query(
-            "UPDATE job_runs SET status = 'retrying', last_error = ?2, lease_until = NULL, \
-                 updated_at = ?4 \
+            "UPDATE job_runs SET \
+                 status = CASE WHEN cancel_requested_at IS NULL THEN 'retrying' ELSE 'cancelled' END, \
+                 last_error = COALESCE(cancel_reason, ?2), \
+                 finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE ?4 END, \
+                 lease_until = NULL, updated_at = ?4 \
              WHERE id = ?1 AND status = 'running' AND attempts = ?3",
         );
         self.moved(update.bind(id).bind(reason).bind(attempt).bind(now()))
             .await
+    }
+
+    async fn cancel_run(&self, request: &CancelRequest<'_>) -> Result<CancelOutcome, LedgerError> {
+        let at = now();
+        // One writer: the decision and its update are one transaction no
+        // other write can interleave with.
+        let mut tx = self.write_tx().await?;
+        let row: Option<(String, Option<String>)> =
+            sqlx::query_as("SELECT status, lease_until FROM job_runs WHERE id = ?1")
+                .bind(request.id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((status, lease_until)) = row else {
+            tx.commit().await?;
+            return Ok(CancelOutcome::NotFound);
+        };
+        let status: RunStatus = status.parse().map_err(LedgerError::Corrupt)?;
+        // Instants are fixed-width text: comparing the text compares them.
+        let lease_expired = lease_until.is_some_and(|until| until < at);
+        let outcome = match status {
+            s if s.is_terminal() => CancelOutcome::Finished(s),
+            RunStatus::Running if !lease_expired => {
+                sqlx::query(
+                    "UPDATE job_runs SET cancel_requested_at = COALESCE(cancel_requested_at, ?4), \
+                         cancel_reason = COALESCE(cancel_reason, ?2), \
+                         cancel_immediate = (cancel_immediate OR ?3), updated_at = ?4 \
+                     WHERE id = ?1",
+                )
+                .bind(request.id)
+                .bind(request.reason)
+                .bind(request.immediate)
+                .bind(&at)
+                .execute(&mut *tx)
+                .await?;
+                CancelOutcome::Requested
+            }
+            was => {
+                sqlx::query(
+                    "UPDATE job_runs SET status = 'cancelled', last_error = ?2, finished_at = ?3, \
+                         next_dispatch_at = NULL, lease_until = NULL, \
+                         cancel_requested_at = COALESCE(cancel_requested_at, ?3), \
+                         cancel_reason = COALESCE(cancel_reason, ?2), updated_at = ?3 \
+                     WHERE id = ?1",
+                )
+                .bind(request.id)
+                .bind(request.reason)
+                .bind(&at)
+                .execute(&mut *tx)
+                .await?;
+                CancelOutcome::Cancelled { was }
+            }
+        };
+        tx.commit().await?;
+        if outcome == CancelOutcome::Requested {
+            // Announced after the commit, as NOTIFY is; no receiver (no
+            // worker in this process) is fine.
+            let notice = CancelNotice {
+                id: request.id,
+                immediate: request.immediate,
+            };
+            let _ = self.cancels.send(notice.payload());
+        }
+        Ok(outcome)
+    }
+
+    async fn finish_cancelled(&self, id: Uuid) -> Result<bool, LedgerError> {
+        let update = sqlx::query(
+            "UPDATE job_runs SET status = 'cancelled', last_error = cancel_reason, \
+                 finished_at = ?2, lease_until = NULL, updated_at = ?2 \
+             WHERE id = ?1 AND status = 'running' AND cancel_requested_at IS NOT NULL \
+               AND (lease_until IS NULL OR lease_until < ?2)",
+        );
+        self.moved(update.bind(id).bind(now())).await
     }
 
     async fn runs(&self, lookup: RunLookup<'_>) -> Result<Vec<RunRecord>, LedgerError> {
@@ -255,26 +341,25 @@ impl RunStore for SqliteLedger {
         &self,
         held: &[(Uuid, i32)],
         lease: Duration,
-    ) -> Result<HashSet<(Uuid, i32)>, LedgerError> {
+    ) -> Result<LeaseRenewal, LedgerError> {
         let until = now_plus(lease);
-        let mut renewed = HashSet::with_capacity(held.len());
+        let mut rows = Vec::with_capacity(held.len());
         let mut tx = self.write_tx().await?;
         for (id, attempt) in held {
-            let done = sqlx::query(
+            let row: Option<(Uuid, i32, bool, bool)> = sqlx::query_as(
                 "UPDATE job_runs SET lease_until = ?3 \
-                 WHERE id = ?1 AND attempts = ?2 AND status = 'running'",
+                 WHERE id = ?1 AND attempts = ?2 AND status = 'running' \
+                 RETURNING id, attempts, cancel_requested_at IS NOT NULL, cancel_immediate",
             )
             .bind(id)
             .bind(attempt)
             .bind(&until)
-            .execute(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
-            if done.rows_affected() == 1 {
-                renewed.insert((*id, *attempt));
-            }
+            rows.extend(row);
         }
         tx.commit().await?;
-        Ok(renewed)
+        Ok(crate::postgres::runs::renewal(rows))
     }
 
     async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {

@@ -49,6 +49,7 @@ use super::{health, input, jobs, runs, schedules};
         schedules::preview,
         runs::list,
         runs::get_one,
+        runs::cancel,
         jobs::enqueue,
     ),
     components(schemas(ErrorBody)),

@@ -154,6 +154,8 @@ impl From<belfry_scheduler::OpsError> for ApiError {
             OpsError::NotClaimed { .. } | OpsError::ClaimLost | OpsError::Stopped { .. } => {
                 Self::unavailable(e.to_string())
             }
+            OpsError::RunNotFound { .. } => Self::not_found(e.to_string()),
+            OpsError::RunFinished { .. } => Self::conflict(e.to_string()),
             OpsError::Ledger(e) => e.into(),
         }
     }

@@ -132,6 +132,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/schedules/{name}/preview", get(schedules::preview))
         .route("/v1/runs", get(runs::list))
         .route("/v1/runs/{id}", get(runs::get_one))
+        .route("/v1/runs/{id}/cancel", post(runs::cancel))
         .route("/v1/jobs", post(jobs::enqueue))
         .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("no such path; see /openapi.json") })

@@ -1,22 +1,28 @@
-//! `/v1/runs`: the run list with filters and cursor pagination, and one
-//! run's detail (attempts, errors, timings, replica, worker, trace id).
+//! `/v1/runs`: the run list with filters and cursor pagination, one run's
+//! detail (attempts, errors, timings, replica, worker, trace id), and
+//! cancelling a run.
 //!
 //! The cursor is opaque to callers: `{scheduled_at in µs}.{id}` of the last
 //! run of the page, continuing in the ledger's keyset order.
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{RawQuery, State};
-use axum::Json;
+use axum::http::StatusCode;
+use axum::{Extension, Json};
 use chrono::{TimeZone, Utc};
 use uuid::Uuid;
 
 use belfry_api_types::{
-    Attempt, ErrorBody, Origin, Run, RunDetail, RunList, RunPath, RunQuery, RunStatus, MAX_PAGE,
+    Attempt, CancelAnswer, CancelResult, CancelRun, ErrorBody, Origin, Run, RunDetail, RunList,
+    RunPath, RunQuery, RunStatus, MAX_PAGE,
 };
 use belfry_ledger::{RunCursor, RunFilter, RunRecord};
+use belfry_scheduler::cancel::Cancelled;
 
 use super::error::ApiError;
-use super::input::{PathParam, QueryParams};
-use super::ApiState;
+use super::input::{self, PathParam, QueryParams};
+use super::{ApiState, Caller};
 
 /// The API's status of a stored status text.
 ///
@@ -56,6 +62,7 @@ pub fn summary(run: &RunRecord) -> Result<Run, ApiError> {
         worker: run.worker.clone(),
         last_error: run.last_error.clone(),
         trace_id: run.trace_id.clone(),
+        cancel_requested_at: run.cancel_requested_at,
     })
 }
 
@@ -198,15 +205,84 @@ pub async fn get_one(
     State(state): State<ApiState>,
     PathParam(id): PathParam,
 ) -> Result<Json<RunDetail>, ApiError> {
-    let id = Uuid::parse_str(&id).map_err(|_| {
-        ApiError::bad_request(format!("{id:?} is not a run id (a UUID)")).field("id")
-    })?;
+    let id = run_id(&id)?;
     let run = state
         .ledger()
         .run(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no run with id {id}")))?;
     Ok(Json(detail(&run)?))
+}
+
+/// A run id of a path.
+///
+/// # Errors
+///
+/// 400 naming `id` when it is not a UUID.
+pub(crate) fn run_id(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw)
+        .map_err(|_| ApiError::bad_request(format!("{raw:?} is not a run id (a UUID)")).field("id"))
+}
+
+/// The answer for a cancel that was made.
+///
+/// # Errors
+///
+/// As [`run_status`].
+pub(crate) fn cancel_answer(
+    id: Uuid,
+    done: &belfry_scheduler::cancel::CancelDone,
+) -> Result<CancelAnswer, ApiError> {
+    let (result, fallback) = match done.cancelled {
+        Cancelled::Now { .. } => (CancelResult::Cancelled, RunStatus::Cancelled),
+        Cancelled::Requested => (CancelResult::CancelRequested, RunStatus::Running),
+    };
+    Ok(CancelAnswer {
+        run_id: id,
+        result,
+        status: match &done.run {
+            Some(r) => run_status(&r.status_text)?,
+            None => fallback,
+        },
+    })
+}
+
+/// `POST /v1/runs/{id}/cancel` (`{"reason"?}`): a waiting run is cancelled
+/// at once (200); a running one is stopped on its worker (202: the worker
+/// fires the handler's cancellation token and ends the run `cancelled`
+/// within `BELFRY_CANCEL_GRACE`). A finished run is a 409.
+#[utoipa::path(
+    post, path = "/v1/runs/{id}/cancel", operation_id = "cancelRun",
+    summary = "Cancel a run: a waiting run never executes; a running one is stopped on its worker",
+    params(RunPath),
+    request_body(content = CancelRun, description = "Optional"),
+    responses(
+        (status = 200, description = "Cancelled (it was waiting for a worker)", body = CancelAnswer),
+        (status = 202, description = "Cancel requested: its worker is stopping it", body = CancelAnswer),
+        (status = 404, description = "No such run", body = ErrorBody),
+        (status = 409, description = "The run has already finished", body = ErrorBody),
+    ),
+)]
+pub async fn cancel(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    PathParam(id): PathParam,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<CancelAnswer>), ApiError> {
+    let id = run_id(&id)?;
+    let bytes = input::body_bytes(body)?;
+    let value = serde_json::Value::Object(input::json_object(&bytes)?);
+    input::storable("reason", &value)?;
+    let request: CancelRun = input::typed(value)?;
+    let done = state
+        .ops()
+        .cancel_run(&caller.name, id, request.reason.as_deref(), "")
+        .await?;
+    let code = match done.cancelled {
+        Cancelled::Now { .. } => StatusCode::OK,
+        Cancelled::Requested => StatusCode::ACCEPTED,
+    };
+    Ok((code, Json(cancel_answer(id, &done)?)))
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ pub fn routes() -> Router<ApiState> {
         .route("/ui/schedules/{name}/{action}", post(pages::act))
         .route("/ui/runs", get(pages::runs))
         .route("/ui/runs/{id}", get(pages::run))
+        .route("/ui/runs/{id}/cancel", post(pages::cancel))
         .route("/ui/login", get(pages::login_form).post(pages::login))
         .route("/ui/logout", post(pages::logout))
         .route(

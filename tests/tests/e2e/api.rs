@@ -15,10 +15,10 @@ use chrono::{DateTime, SubsecRound, Utc};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-const ADMIN: &str = "ops:admin-secret-0123456789";
-const READ: &str = "grafana:read-secret-0123456789";
+pub(crate) const ADMIN: &str = "ops:admin-secret-0123456789";
+pub(crate) const READ: &str = "grafana:read-secret-0123456789";
 
-async fn call(
+pub(crate) async fn call(
     method: Method,
     url: &str,
     token: Option<&str>,
@@ -44,7 +44,7 @@ async fn call(
     (status, value)
 }
 
-async fn raw(method: Method, url: &str, body: Vec<u8>) -> (StatusCode, Value) {
+pub(crate) async fn raw(method: Method, url: &str, body: Vec<u8>) -> (StatusCode, Value) {
     let resp = reqwest::Client::new()
         .request(method, url)
         .header("content-type", "application/json")
@@ -56,7 +56,12 @@ async fn raw(method: Method, url: &str, body: Vec<u8>) -> (StatusCode, Value) {
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str, field: Option<&str>) {
+pub(crate) fn assert_error(
+    got: &(StatusCode, Value),
+    status: StatusCode,
+    code: &str,
+    field: Option<&str>,
+) {
     assert_eq!(got.0, status, "{:?}", got.1);
     assert_eq!(got.1["error"], code, "{:?}", got.1);
     assert!(
@@ -69,7 +74,7 @@ fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str, field
     }
 }
 
-async fn open_api(env: &TestEnv) -> TestApi {
+pub(crate) async fn open_api(env: &TestEnv) -> TestApi {
     TestApi::of_replica(env, "api-replica", Tokens::default())
         .await
         .1
@@ -77,7 +82,7 @@ async fn open_api(env: &TestEnv) -> TestApi {
 
 /// The API of a new replica `instance` of `env` guarded by the tokens
 /// `ADMIN` and `READ`, and their secrets: `(replica, api, admin, read)`.
-async fn guarded_api(
+pub(crate) async fn guarded_api(
     env: &TestEnv,
     instance: &str,
 ) -> (Arc<Replica>, TestApi, &'static str, &'static str) {
@@ -87,7 +92,7 @@ async fn guarded_api(
 }
 
 /// The secret of a `name:secret` token.
-fn secret(token: &str) -> &str {
+pub(crate) fn secret(token: &str) -> &str {
     token.split_once(':').unwrap().1
 }
 
@@ -964,7 +969,7 @@ async fn probes_report_services_and_every_documented_route_exists() {
             );
         }
     }
-    assert_eq!(operations, 16, "documented operations");
+    assert_eq!(operations, 17, "documented operations");
     drop((api, degraded_api));
     env.teardown(&[]).await;
 }

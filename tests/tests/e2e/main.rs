@@ -12,6 +12,7 @@ mod api_operator_story;
 mod backlog;
 mod batched_dispatch;
 mod builtin_jobs;
+mod cancel;
 mod exactly_once;
 mod lease;
 mod metrics;

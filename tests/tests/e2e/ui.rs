@@ -170,6 +170,39 @@ async fn pages_render_escape_and_act() {
         shown.contains("&lt;img src=x onerror=alert(2)&gt;") && !shown.contains("<img src=x"),
         "{shown}"
     );
+    // No worker serves it: it waits, and its page cancels it.
+    let job_id = job["run_id"].as_str().unwrap();
+    assert!(
+        shown.contains(&format!("action=\"/ui/runs/{job_id}/cancel\"")),
+        "the cancel button: {shown}"
+    );
+    let cancelled = client()
+        .post(api.url(&format!("/ui/runs/{job_id}/cancel")))
+        .form(&[("reason", "<i>oops</i>")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), StatusCode::SEE_OTHER);
+    let back = cancelled.headers()["location"].to_str().unwrap().to_owned();
+    assert!(back.contains("msg=cancelled"), "{back}");
+    let run = env
+        .ledger
+        .run(job_id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(run.status_text, "cancelled");
+    let (_, shown) = get(&api.url(&back), None).await;
+    assert!(
+        shown.contains("s-cancelled")
+            && shown.contains("cancelled by anonymous: &lt;i&gt;oops&lt;/i&gt;")
+            && !shown.contains("/cancel\""),
+        "{shown}"
+    );
+    // Cancelling it again is refused, with the reason on the page.
+    let again = act_from(&api, &api.base, &format!("/ui/runs/{job_id}/cancel")).await;
+    let back = again.headers()["location"].to_str().unwrap().to_owned();
+    assert!(back.contains("err="), "{back}");
     let bf = client()
         .post(api.url("/ui/schedules/nightly/backfill"))
         .form(&[("from", "<b>soon</b>"), ("to", "later")])

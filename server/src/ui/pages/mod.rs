@@ -8,7 +8,7 @@ mod schedules;
 
 pub use login::{login, login_form, logout};
 pub use overview::overview;
-pub use runs::{run, runs};
+pub use runs::{cancel, run, runs};
 pub use schedules::{act, schedule, schedules};
 
 use std::fmt::Write as _;
@@ -34,6 +34,19 @@ pub(super) const STRIP: i64 = 20;
 pub(super) const CHART_HOURS: i64 = 3;
 
 pub(super) type PageResult = Result<Response, Response>;
+
+/// The outcome of an action the page was redirected to after: `msg`
+/// (done) and `err` (refused) of its query.
+pub(super) fn flashes(q: &crate::api::input::QueryParams) -> String {
+    let mut out = String::new();
+    if let Some(m) = q.text("msg") {
+        let _ = write!(out, "<div class=\"flash\">{}</div>", esc(m));
+    }
+    if let Some(e) = q.text("err") {
+        let _ = write!(out, "<div class=\"error\">{}</div>", esc(e));
+    }
+    out
+}
 
 pub(super) fn error_page(e: ApiError) -> Response {
     let body = format!(

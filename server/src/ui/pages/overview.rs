@@ -91,20 +91,21 @@ fn chart_start(now: DateTime<Utc>) -> DateTime<Utc> {
 fn chart(minutes: &[belfry_ledger::MinuteCount], now: DateTime<Utc>) -> String {
     let start = chart_start(now);
     let slots = usize::try_from(CHART_HOURS * 60).unwrap_or(180);
-    let mut counts = vec![(0i64, 0i64, 0i64); slots];
+    let mut counts = vec![(0i64, 0i64, 0i64, 0i64); slots];
     for m in minutes {
         let i = usize::try_from((m.minute - start).num_minutes()).unwrap_or(usize::MAX);
         if let Some(c) = counts.get_mut(i) {
             match m.status.as_str() {
                 "succeeded" => c.0 += m.count,
                 "failed" | "dead" => c.1 += m.count,
+                "cancelled" => c.3 += m.count,
                 _ => c.2 += m.count,
             }
         }
     }
     let peak = counts
         .iter()
-        .map(|c| c.0 + c.1 + c.2)
+        .map(|c| c.0 + c.1 + c.2 + c.3)
         .max()
         .unwrap_or(0)
         .max(1);
@@ -114,9 +115,14 @@ fn chart(minutes: &[belfry_ledger::MinuteCount], now: DateTime<Utc>) -> String {
         slots * w,
         h + 2.0
     );
-    for (i, (ok, bad, other)) in counts.iter().enumerate() {
+    for (i, (ok, bad, other, cancelled)) in counts.iter().enumerate() {
         let mut y = h;
-        for (n, class) in [(ok, "ok"), (bad, "bad"), (other, "other")] {
+        for (n, class) in [
+            (ok, "ok"),
+            (bad, "bad"),
+            (cancelled, "cancelled"),
+            (other, "other"),
+        ] {
             if *n == 0 {
                 continue;
             }
@@ -131,6 +137,6 @@ fn chart(minutes: &[belfry_ledger::MinuteCount], now: DateTime<Utc>) -> String {
             );
         }
     }
-    let _ = write!(svg, "</svg><div class=\"muted\">peak {peak} fires/min; green succeeded, red failed or dead, blue unfinished</div>");
+    let _ = write!(svg, "</svg><div class=\"muted\">peak {peak} fires/min; green succeeded, red failed or dead, grey cancelled, blue unfinished</div>");
     svg
 }

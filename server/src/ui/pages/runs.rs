@@ -1,12 +1,19 @@
-//! `GET /ui/runs` (filtered, paged) and `GET /ui/runs/{id}`.
+//! `GET /ui/runs` (filtered, paged), `GET /ui/runs/{id}` and its cancel
+//! button (`POST /ui/runs/{id}/cancel`).
 
 use std::fmt::Write as _;
 
+use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
+use axum::http::header::LOCATION;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Extension;
 
+use belfry_api_types::RunStatus;
+
 use crate::api::input::{PathParam, QueryParams};
-use crate::api::{ApiError, ApiState, Caller};
+use crate::api::{ApiError, ApiState, Caller, Role};
 use crate::ui::html::{esc, table, url, when, Section};
 
 use super::*;
@@ -61,9 +68,10 @@ pub async fn run(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
     PathParam(id): PathParam,
+    RawQuery(query): RawQuery,
 ) -> PageResult {
-    let id = uuid::Uuid::parse_str(&id)
-        .map_err(|_| error_page(ApiError::bad_request(format!("{id:?} is not a run id"))))?;
+    let q = QueryParams::parse(query.as_deref(), &["msg", "err"]).map_err(error_page)?;
+    let id = crate::api::runs::run_id(&id).map_err(error_page)?;
     let detail = run_detail(&state, id).await?;
     let r = &detail.run;
     let trace = match (&r.trace_id, state.trace_ui()) {
@@ -131,9 +139,27 @@ pub async fn run(
             )
         })
         .collect();
+    let unfinished = !matches!(
+        r.status,
+        RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled
+    );
+    let cancel = match (caller.role, unfinished, r.cancel_requested_at) {
+        (_, true, Some(at)) => format!(
+            "<div class=\"flash\">cancel requested at {}: its worker is stopping it</div>",
+            when(Some(at))
+        ),
+        (Role::Admin, true, None) => format!(
+            "<form class=\"inline\" method=\"post\" action=\"/ui/runs/{}/cancel\">\
+             <input name=\"reason\" placeholder=\"reason (optional)\" size=\"30\"> \
+             <button>cancel run</button></form>",
+            r.id
+        ),
+        _ => String::new(),
+    };
     let body = format!(
-        "<h1>Run {}</h1><table><tbody>{}</tbody></table><h2>Attempts</h2>{}",
+        "<h1>Run {}</h1>{}{cancel}<table><tbody>{}</tbody></table><h2>Attempts</h2>{}",
         esc(&r.run_key),
+        flashes(&q),
         rows.concat(),
         table(
             &["#", "worker", "started", "finished", "outcome", "error"],
@@ -141,4 +167,44 @@ pub async fn run(
         )
     );
     Ok(html(&r.run_key, Section::Runs, &caller, true, &body))
+}
+
+/// `POST /ui/runs/{id}/cancel` (form field `reason`, optional): the API's
+/// cancel, then back to the run's page with what happened.
+pub async fn cancel(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    PathParam(id): PathParam,
+    body: Bytes,
+) -> Response {
+    let id = match crate::api::runs::run_id(&id) {
+        Ok(id) => id,
+        Err(e) => return error_page(e),
+    };
+    let reason = form_urlencoded::parse(&body)
+        .find(|(k, _)| k == "reason")
+        .map(|(_, v)| v.into_owned());
+    let done = state
+        .ops()
+        .cancel_run(&caller.name, id, reason.as_deref(), "web view")
+        .await;
+    let target = match done {
+        Ok(d) => {
+            let msg = match d.cancelled {
+                belfry_scheduler::cancel::Cancelled::Now { .. } => "cancelled".to_owned(),
+                belfry_scheduler::cancel::Cancelled::Requested => {
+                    "cancel requested: its worker is stopping it".to_owned()
+                }
+            };
+            format!("/ui/runs/{id}?msg={}", url(&msg))
+        }
+        Err(e) => {
+            let e = ApiError::from(e);
+            if e.status == StatusCode::NOT_FOUND {
+                return error_page(e);
+            }
+            format!("/ui/runs/{id}?err={}", url(&e.message))
+        }
+    };
+    (StatusCode::SEE_OTHER, [(LOCATION, target)]).into_response()
 }

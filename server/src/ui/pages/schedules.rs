@@ -157,13 +157,7 @@ pub async fn schedule(
         ..RunFilter::default()
     };
     let (runs, next_page) = run_page(&state, &filter, q.text("cursor")).await?;
-    let mut body = format!("<h1>{}</h1>", esc(&name));
-    if let Some(m) = q.text("msg") {
-        let _ = write!(body, "<div class=\"flash\">{}</div>", esc(m));
-    }
-    if let Some(e) = q.text("err") {
-        let _ = write!(body, "<div class=\"error\">{}</div>", esc(e));
-    }
+    let mut body = format!("<h1>{}</h1>{}", esc(&name), flashes(&q));
     let spec = spec_of_row(&row);
     let words = spec
         .as_ref()

@@ -1,6 +1,9 @@
-//! Following changes to `schedules`: which schedule changed, as soon as it
-//! did. On Postgres a trigger sends `NOTIFY` and each replica `LISTEN`s; the
-//! embedded ledger announces its own writes in-process.
+//! Following changes as soon as they happen: which schedule changed (for
+//! the replicas' timers) and which run an operator cancelled (for the
+//! worker running it). On Postgres the change's transaction sends `NOTIFY`
+//! (a trigger for schedules, the cancel statement for runs) and each
+//! process `LISTEN`s; the embedded ledger announces its own writes
+//! in-process.
 
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
@@ -8,9 +11,9 @@ use tokio::sync::broadcast;
 
 use crate::LedgerError;
 
-/// A subscription to schedule changes; see the module docs.
+/// A subscription to one kind of change; see the module docs.
 #[derive(Debug)]
-pub struct ScheduleListener {
+pub struct ChangeListener {
     source: Source,
 }
 
@@ -20,7 +23,7 @@ enum Source {
     Local(broadcast::Receiver<String>),
 }
 
-impl ScheduleListener {
+impl ChangeListener {
     pub(crate) async fn postgres(pool: &PgPool, channel: &str) -> Result<Self, LedgerError> {
         let mut listener = PgListener::connect_with(pool).await?;
         listener.listen(channel).await?;
@@ -35,21 +38,23 @@ impl ScheduleListener {
         }
     }
 
-    /// The name of the next schedule that changed.
+    /// The next change: the name of a schedule that changed, or the
+    /// announcement of a cancelled run (see `crate::cancel`).
     ///
     /// # Errors
     ///
     /// [`LedgerError`] when notifications were interrupted (the Postgres
     /// connection dropped, or this subscriber fell behind): some changes
-    /// may have been missed, so the caller should compare everything. The
-    /// listener goes on working after an error.
+    /// may have been missed, so the caller should compare everything (a
+    /// worker's heartbeat does that for cancels). The listener goes on
+    /// working after an error.
     pub async fn recv(&mut self) -> Result<String, LedgerError> {
         match &mut self.source {
             Source::Postgres(l) => Ok(l.recv().await?.payload().to_owned()),
             Source::Local(rx) => match rx.recv().await {
                 Ok(name) => Ok(name),
                 Err(broadcast::error::RecvError::Lagged(n)) => Err(LedgerError::Corrupt(format!(
-                    "{n} schedule change announcements were missed"
+                    "{n} change announcements were missed"
                 ))),
                 // The ledger is gone: nothing will change any more.
                 Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
