@@ -11,6 +11,9 @@ wire_enum! {
     /// Where a run is in its life: `claimed → dispatched → running →
     /// retrying → succeeded | failed | dead | cancelled`.
     pub enum RunStatus {
+        /// Held by the schedule's overlap policy until its previous run
+        /// ends; then `claimed`.
+        Buffered = "buffered",
         /// A replica won the fire; not yet confirmed by the broker.
         Claimed = "claimed",
         /// The broker confirmed the message.
@@ -174,7 +177,7 @@ pub struct RunQuery {
     pub job_type: Option<String>,
     /// Comma-separated statuses.
     #[param(
-        pattern = "^(claimed|dispatched|running|retrying|succeeded|failed|dead|cancelled)(,(claimed|dispatched|running|retrying|succeeded|failed|dead|cancelled))*$",
+        pattern = "^(buffered|claimed|dispatched|running|retrying|succeeded|failed|dead|cancelled)(,(buffered|claimed|dispatched|running|retrying|succeeded|failed|dead|cancelled))*$",
         nullable = false
     )]
     #[serde(default, skip_serializing_if = "Option::is_none")]

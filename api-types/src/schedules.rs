@@ -52,11 +52,27 @@ wire_enum! {
 }
 
 wire_enum! {
-    /// Whether a fire may start while the previous run is unfinished.
+    /// What happens to a fire while the schedule's previous run is
+    /// unfinished (Temporal's overlap policies).
     pub enum Overlap {
-        /// It may (the default).
+        /// It starts at once (the default).
+        AllowAll = "allow_all",
+        /// It is skipped (recorded in `skipped_fires`).
+        Skip = "skip",
+        /// It waits (`buffered`) and starts when the previous run ends; at
+        /// most one fire waits, later ones are skipped.
+        BufferOne = "buffer_one",
+        /// Every fire waits, and they start in order.
+        BufferAll = "buffer_all",
+        /// The previous run is cancelled (with the grace period); the fire
+        /// starts when it has ended.
+        CancelOther = "cancel_other",
+        /// The previous run is cancelled without grace; the fire starts at
+        /// once.
+        TerminateOther = "terminate_other",
+        /// Alias of `allow_all`.
         Allow = "allow",
-        /// It is skipped.
+        /// Alias of `skip`.
         Forbid = "forbid",
     }
 }
@@ -287,6 +303,9 @@ wire_enum! {
         Unroutable = "unroutable",
         /// Not yet confirmed by the broker; the outbox publishes it.
         NotConfirmed = "not_confirmed",
+        /// The previous run is unfinished: the overlap policy holds this
+        /// one (`buffered`) until it ends.
+        Buffered = "buffered",
     }
 }
 
@@ -338,6 +357,8 @@ wire_enum! {
         NotConfirmed = "not_confirmed",
         /// No worker group serves the job type: dead.
         Unroutable = "unroutable",
+        /// Held by the overlap policy until the previous run ends.
+        Buffered = "buffered",
         /// Not claimed: the ledger was unreachable; backfill again.
         Failed = "failed",
     }

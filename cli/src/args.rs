@@ -168,7 +168,8 @@ pub struct ScheduleFields {
     /// skip, fire_once or catch_up.
     #[arg(long)]
     pub misfire: Option<String>,
-    /// allow or forbid.
+    /// allow_all (default), skip, buffer_one, buffer_all, cancel_other or
+    /// terminate_other (allow and forbid: aliases of allow_all and skip).
     #[arg(long)]
     pub overlap: Option<String>,
     /// Spread fires over up to this long, e.g. 30s.

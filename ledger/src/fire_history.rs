@@ -1,13 +1,14 @@
 //! What the ledger knows about a schedule's past fires: the latest one (for
-//! misfire recovery after downtime) and fires skipped because the previous
-//! run was still going (overlap = "forbid").
+//! misfire recovery after downtime) and the decisions of overlap policies
+//! (fires skipped or buffered because the previous run was still going; see
+//! `crate::overlap`).
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
 use crate::runs::NewRun;
-use crate::{Ledger, LedgerError};
+use crate::{Ledger, LedgerError, OverlapRule};
 
 /// A claimed run that never reached the broker and is now late.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -34,6 +35,9 @@ pub enum ExclusiveClaim {
     /// A previous run of the schedule is unfinished: the fire was recorded
     /// as skipped.
     Overlapped,
+    /// A previous run of the schedule is unfinished: the run was inserted
+    /// `buffered`, to start when it has ended.
+    Buffered,
 }
 
 /// SQL that is true when the run aliased `alias` is a fire of its schedule's
@@ -58,7 +62,7 @@ pub(crate) fn late_claims_sql(late: &str) -> String {
     format!(
         "SELECT r.id, r.job_name, r.scheduled_at, s.spec, \
              EXISTS (SELECT 1 FROM job_runs n WHERE n.job_name = r.job_name \
-                     AND n.scheduled_at > r.scheduled_at AND n.status <> 'claimed' \
+                     AND n.scheduled_at > r.scheduled_at AND n.status NOT IN ('claimed', 'buffered') \
                      AND {}) AS superseded \
          FROM job_runs r JOIN schedules s ON s.name = r.job_name \
          WHERE r.status = 'claimed' AND {} AND {late} \
@@ -96,10 +100,13 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn claim_exclusive(&self, run: &NewRun) -> Result<ExclusiveClaim, LedgerError> {
-        self.claim_exclusive_with(run, true).await
+        self.claim_exclusive_with(run, OverlapRule::Skip, true)
+            .await
     }
 
-    /// [`Ledger::claim_exclusive`], recording an overlapped fire in
+    /// Claims `run` under the overlap `rule` of its schedule (see
+    /// `crate::overlap`): inserted, inserted `buffered`, or skipped, after
+    /// cancelling what the rule cancels; an overlapped fire is recorded in
     /// `skipped_fires` only with `record_skip` (a refused manual trigger is
     /// not a fire of the schedule and leaves nothing behind).
     ///
@@ -109,9 +116,12 @@ impl Ledger {
     pub async fn claim_exclusive_with(
         &self,
         run: &NewRun,
+        rule: OverlapRule,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError> {
-        self.store.claim_exclusive_with(run, record_skip).await
+        self.store
+            .claim_exclusive_with(run, rule, record_skip)
+            .await
     }
 
     /// Scheduled runs still `claimed` (never confirmed by the broker),

@@ -276,6 +276,16 @@ pub enum AttemptStart {
     },
 }
 
+/// [`RUN_COLUMNS`] of the table aliased `alias` (`j.id, j.job_name, ...`),
+/// for statements that join or update through an alias.
+pub(crate) fn run_columns_of(alias: &str) -> String {
+    RUN_COLUMNS
+        .split(", ")
+        .map(|c| format!("{alias}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The columns of [`RunRecord`], in its order.
 pub const RUN_COLUMNS: &str =
     "id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \

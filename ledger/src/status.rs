@@ -1,7 +1,8 @@
 //! The lifecycle of a run.
 //!
 //! `claimed → dispatched → running ⇄ retrying → succeeded | failed | dead |
-//! cancelled`.
+//! cancelled`; a fire an overlap policy holds back starts as `buffered`
+//! (then `claimed` once the schedule's previous run has ended).
 //!
 //! - `failed`: the handler reported a permanent error; the job ran and its
 //!   outcome is a failure.
@@ -18,6 +19,10 @@ use std::str::FromStr;
 /// The status of a run in `job_runs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RunStatus {
+    /// A replica won the fire, and the schedule's overlap policy holds it
+    /// until the previous run ends (`buffer_one`, `buffer_all`,
+    /// `cancel_other`); then it becomes `claimed`.
+    Buffered,
     /// A scheduler replica won the fire; not yet confirmed by the broker.
     Claimed,
     /// The broker confirmed the message.
@@ -38,7 +43,8 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// All statuses, in lifecycle order.
-    pub const ALL: [RunStatus; 8] = [
+    pub const ALL: [RunStatus; 9] = [
+        Self::Buffered,
         Self::Claimed,
         Self::Dispatched,
         Self::Running,
@@ -52,6 +58,7 @@ impl RunStatus {
     /// The value stored in `job_runs.status`.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Buffered => "buffered",
             Self::Claimed => "claimed",
             Self::Dispatched => "dispatched",
             Self::Running => "running",

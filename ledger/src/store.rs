@@ -39,7 +39,7 @@ use crate::runs::{NewRun, RunRecord, RunState};
 use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow};
 use crate::skipped_range::SkippedRange;
 use crate::sqlite::SqliteLedger;
-use crate::LedgerError;
+use crate::{LedgerError, OverlapRule};
 
 /// One database behind the ledger: every trait of the seam.
 pub(crate) trait Store:
@@ -166,8 +166,12 @@ pub(crate) trait FireHistoryStore {
     async fn claim_exclusive_with(
         &self,
         run: &NewRun,
+        rule: OverlapRule,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError>;
+
+    /// [`crate::Ledger::release_buffered`].
+    async fn release_buffered(&self, limit: i64) -> Result<Vec<RunRecord>, LedgerError>;
 
     /// [`crate::Ledger::late_claims`].
     async fn late_claims(

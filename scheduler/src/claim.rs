@@ -29,9 +29,25 @@ pub enum ClaimOutcome {
     LostAtLock,
     /// Another replica inserted the row first.
     LostAtLedger,
-    /// The schedule forbids overlap and its previous run is unfinished: the
-    /// fire was recorded as skipped.
+    /// The schedule's overlap policy skipped the fire (its previous run is
+    /// unfinished): the fire was recorded as skipped.
     Overlapped,
+    /// This replica owns the fire, and the schedule's overlap policy holds
+    /// it `buffered` until the previous run ends (a replica's reconciler
+    /// then releases it to the outbox).
+    Buffered(Box<NewRun>),
+}
+
+/// What an insert under an overlap policy did.
+enum Inserted {
+    /// The run is claimed.
+    Won,
+    /// The run is held `buffered`.
+    Buffered,
+    /// The run key was taken.
+    Taken,
+    /// The policy skipped the fire.
+    Skipped,
 }
 
 /// Why a fire is being claimed: decides the lock, the run's `claimed_by`,
@@ -178,23 +194,20 @@ impl Claimer {
             .instrument(span.clone())
             .await?
         {
-            Some(true) => {
+            Inserted::Won => {
                 FireCounters::add(&self.counters.claims_won, 1);
                 ClaimOutcome::Won(Box::new(run))
             }
+            Inserted::Buffered => {
+                FireCounters::add(&self.counters.claims_won, 1);
+                ClaimOutcome::Buffered(Box::new(run))
+            }
             // A fresh uuid key cannot be taken; report it as a lost race all
             // the same rather than assume.
-            Some(false) => ClaimOutcome::LostAtLedger,
-            None => ClaimOutcome::Overlapped,
+            Inserted::Taken => ClaimOutcome::LostAtLedger,
+            Inserted::Skipped => ClaimOutcome::Overlapped,
         };
-        span.record(
-            "belfry.claim",
-            if matches!(outcome, ClaimOutcome::Won(_)) {
-                "won"
-            } else {
-                "overlapped"
-            },
-        );
+        span.record("belfry.claim", claim_label(Some(&outcome)));
         Ok(outcome)
     }
 
@@ -225,29 +238,43 @@ impl Claimer {
         }
     }
 
-    /// Inserts `run` under `overlap`: `Some(true)` won, `Some(false)` the
-    /// key was taken, `None` skipped because the previous run is unfinished
-    /// (recorded in `skipped_fires` with `record_skip`).
+    /// Inserts `run` under `overlap` (skipped fires recorded in
+    /// `skipped_fires` with `record_skip`).
     async fn insert(
         &self,
         run: &NewRun,
         overlap: OverlapPolicy,
         record_skip: bool,
-    ) -> Result<Option<bool>, belfry_ledger::LedgerError> {
-        match overlap {
-            OverlapPolicy::Allow => self.ledger.claim(run).await.map(Some),
-            OverlapPolicy::Forbid => {
-                match self.ledger.claim_exclusive_with(run, record_skip).await? {
-                    ExclusiveClaim::Won => Ok(Some(true)),
-                    ExclusiveClaim::Taken => Ok(Some(false)),
-                    ExclusiveClaim::Overlapped => {
-                        FireCounters::add(&self.counters.skipped_overlap, 1);
-                        tracing::info!(run_key = %run.run_key, "fire skipped: the previous run is not finished (overlap = forbid)");
-                        Ok(None)
-                    }
+    ) -> Result<Inserted, belfry_ledger::LedgerError> {
+        let Some(rule) = overlap.rule() else {
+            return Ok(if self.ledger.claim(run).await? {
+                Inserted::Won
+            } else {
+                Inserted::Taken
+            });
+        };
+        Ok(
+            match self
+                .ledger
+                .claim_exclusive_with(run, rule, record_skip)
+                .await?
+            {
+                ExclusiveClaim::Won => Inserted::Won,
+                ExclusiveClaim::Taken => Inserted::Taken,
+                ExclusiveClaim::Buffered => {
+                    FireCounters::add(&self.counters.buffered, 1);
+                    tracing::info!(run_key = %run.run_key, overlap = rule.as_str(),
+                        "fire buffered: it starts when the previous run has ended");
+                    Inserted::Buffered
                 }
-            }
-        }
+                ExclusiveClaim::Overlapped => {
+                    FireCounters::add(&self.counters.skipped_overlap, 1);
+                    tracing::info!(run_key = %run.run_key, overlap = rule.as_str(),
+                        "fire skipped: the previous run is not finished");
+                    Inserted::Skipped
+                }
+            },
+        )
     }
 
     /// Claims fires, one outcome per fire in order; every fire is claimed
@@ -301,8 +328,8 @@ impl Claimer {
                         source.claimed_by(&self.instance),
                     )
                 });
-                if schedule.overlap == OverlapPolicy::Forbid {
-                    exclusive.push((i, run));
+                if schedule.overlap.rule().is_some() {
+                    exclusive.push((i, schedule.overlap, run));
                 } else {
                     runs.push(run);
                     run_index.push(i);
@@ -312,16 +339,17 @@ impl Claimer {
         // Both kinds at once: the exclusive claims are decided one by one,
         // each under its own schedule's advisory lock, so they do not wait
         // for the batch (nor it for them).
-        let decided = futures::future::join_all(exclusive.into_iter().map(|(i, run)| {
+        let decided = futures::future::join_all(exclusive.into_iter().map(|(i, policy, run)| {
             let span = claim_spans[i].clone();
-            async move { (i, self.insert(&run, OverlapPolicy::Forbid, true).await, run) }
-                .instrument(span)
+            async move { (i, self.insert(&run, policy, true).await, run) }.instrument(span)
         }));
         let (decided, batch) = tokio::join!(decided, self.claim_shared(&runs));
         for (i, inserted, run) in decided {
             outcomes[i] = Some(match inserted {
-                Ok(Some(won)) => Ok(self.claimed(run, won)),
-                Ok(None) => Ok(ClaimOutcome::Overlapped),
+                Ok(Inserted::Won) => Ok(self.claimed(run, true)),
+                Ok(Inserted::Taken) => Ok(self.claimed(run, false)),
+                Ok(Inserted::Buffered) => Ok(ClaimOutcome::Buffered(Box::new(run))),
+                Ok(Inserted::Skipped) => Ok(ClaimOutcome::Overlapped),
                 Err(e) => {
                     self.release(locked[i], &fires[i].0.name, &keys[i]).await;
                     Err(e.to_string())
@@ -441,6 +469,7 @@ fn claim_label(outcome: Option<&ClaimOutcome>) -> &'static str {
         Some(ClaimOutcome::LostAtLock) => "lost_lock",
         Some(ClaimOutcome::LostAtLedger) => "lost_ledger",
         Some(ClaimOutcome::Overlapped) => "overlapped",
+        Some(ClaimOutcome::Buffered(_)) => "buffered",
         None => "error",
     }
 }

@@ -41,8 +41,13 @@ pub struct FireCounters {
     /// Missed fires fired late by misfire policies (recovery).
     pub misfires_recovered: AtomicU64,
     /// Fires skipped because the previous run was unfinished (overlap =
-    /// forbid).
+    /// skip, or buffer_one with a fire already buffered).
     pub skipped_overlap: AtomicU64,
+    /// Fires held `buffered` by their overlap policy.
+    pub buffered: AtomicU64,
+    /// Buffered runs released to the outbox once their schedule's previous
+    /// run ended.
+    pub released: AtomicU64,
     /// Fires not claimed because this replica's clock is skewed.
     pub skipped_clock_skew: AtomicU64,
     /// Runs reported stuck (no progress past the deadline).
@@ -70,6 +75,8 @@ impl Default for FireCounters {
             misfires_skipped: AtomicU64::default(),
             misfires_recovered: AtomicU64::default(),
             skipped_overlap: AtomicU64::default(),
+            buffered: AtomicU64::default(),
+            released: AtomicU64::default(),
             skipped_clock_skew: AtomicU64::default(),
             stuck_runs: AtomicU64::default(),
             republished: AtomicU64::default(),
@@ -128,6 +135,18 @@ impl Collector for FireCounters {
                 ("overlap", get(&self.skipped_overlap)),
                 ("clock_skew", get(&self.skipped_clock_skew)),
             ],
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_fires_buffered",
+            "Fires held by their overlap policy until the previous run ended",
+            get(&self.buffered),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_buffered_released",
+            "Buffered runs released once their schedule's previous run ended",
+            get(&self.released),
         )?;
         encode_counter(
             &mut e,

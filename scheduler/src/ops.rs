@@ -18,7 +18,7 @@ use belfry_ledger::{LedgerError, RunRecord, ScheduleRow};
 use belfry_protocol::{validate_name, NameError, ScheduleSpec};
 
 use crate::replica::{FireOutcome, Replica, SkipReason};
-use crate::schedule::{OverlapPolicy, Schedule, ScheduleError};
+use crate::schedule::{Schedule, ScheduleError};
 use crate::schedule_sync::{schedule_of_row, spec_of_row, StoredScheduleError};
 use crate::zoned_cron::CronCache;
 
@@ -55,7 +55,10 @@ pub enum OpsError {
     },
     /// The schedule forbids overlap and its previous run is not finished
     /// (trigger without force).
-    #[error("{name:?} forbids overlap and its previous run is not finished; force to run anyway")]
+    #[error(
+        "{name:?}'s overlap policy skips a run while the previous one is unfinished, and it is; \
+         force to run anyway"
+    )]
     Overlap {
         /// The schedule.
         name: String,
@@ -149,6 +152,8 @@ pub enum BackfillOutcome {
     NotConfirmed,
     /// Claimed, but no worker group serves the type: the run is dead.
     Unroutable,
+    /// Claimed and held by the overlap policy until the previous run ends.
+    Buffered,
     /// Not claimed: the ledger was unreachable; backfill again.
     Failed,
 }
@@ -162,6 +167,7 @@ impl BackfillOutcome {
             BackfillOutcome::Skipped => "skipped",
             BackfillOutcome::NotConfirmed => "not_confirmed",
             BackfillOutcome::Unroutable => "unroutable",
+            BackfillOutcome::Buffered => "buffered",
             BackfillOutcome::Failed => "failed",
         }
     }
@@ -173,6 +179,7 @@ impl BackfillOutcome {
             FireOutcome::Skipped { .. } => BackfillOutcome::Skipped,
             FireOutcome::NotConfirmed { .. } => BackfillOutcome::NotConfirmed,
             FireOutcome::Unroutable { .. } => BackfillOutcome::Unroutable,
+            FireOutcome::Buffered { .. } => BackfillOutcome::Buffered,
             FireOutcome::ClaimFailed { .. } => BackfillOutcome::Failed,
         }
     }
@@ -405,6 +412,17 @@ impl Ops {
                     "not yet confirmed by the broker ({reason}); the outbox publishes it"
                 )),
             ),
+            FireOutcome::Buffered { id } => (
+                *id,
+                Some(format!(
+                    "the previous run is unfinished: held by the overlap policy ({}) until it ends",
+                    row.spec
+                        .as_ref()
+                        .and_then(|s| s.get("overlap"))
+                        .and_then(|o| o.as_str())
+                        .unwrap_or("buffer")
+                )),
+            ),
             FireOutcome::Skipped {
                 reason: SkipReason::Overlap,
             } => return Err(OpsError::Overlap { name: name.into() }),
@@ -490,7 +508,7 @@ impl Ops {
         }
         let schedule = Arc::new(Self::compiled(row)?);
         let instants = instants_between(&schedule, from, to)?;
-        if schedule.overlap == OverlapPolicy::Forbid && instants.len() > 1 && !force {
+        if schedule.overlap.rule().is_some() && instants.len() > 1 && !force {
             return Err(OpsError::BackfillOverlap {
                 name: name.into(),
                 instants: instants.len(),

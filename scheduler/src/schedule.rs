@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::zoned_cron::{CronCache, ZonedCron};
 use thiserror::Error;
 
-use belfry_ledger::ScheduleRow;
+use belfry_ledger::{OverlapRule, ScheduleRow};
 use belfry_protocol::{validate_name, JobOptions, RetryOverride, ScheduleSpec};
 
 /// An invalid schedule definition: which schedule, which field, and what is
@@ -74,15 +74,52 @@ pub struct Schedule {
     pub jitter_offset: Duration,
 }
 
-/// Whether a schedule's runs may overlap.
+/// What happens to a fire while the schedule's previous run is unfinished
+/// (Temporal's overlap policies; see `belfry_ledger`'s `overlap` module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OverlapPolicy {
-    /// Every fire runs (default).
+    /// `allow_all` (alias `allow`): every fire runs at once (default).
     #[default]
     Allow,
-    /// A fire is skipped, and recorded as skipped, while the previous run of
-    /// the schedule is not finished.
-    Forbid,
+    /// `skip` (alias `forbid`), `buffer_one`, `buffer_all`, `cancel_other`
+    /// or `terminate_other`: decided per fire under the schedule's lock.
+    Rule(OverlapRule),
+}
+
+impl OverlapPolicy {
+    /// Today's `forbid`.
+    pub const SKIP: OverlapPolicy = OverlapPolicy::Rule(OverlapRule::Skip);
+
+    /// The rule to decide fires by; `None` for `allow_all`.
+    pub fn rule(self) -> Option<OverlapRule> {
+        match self {
+            OverlapPolicy::Allow => None,
+            OverlapPolicy::Rule(r) => Some(r),
+        }
+    }
+
+    /// The policy a schedule's `overlap` names.
+    ///
+    /// # Errors
+    ///
+    /// What is allowed, for an unknown name.
+    pub fn parse(name: Option<&str>) -> Result<Self, String> {
+        Ok(match name {
+            None | Some("allow" | "allow_all") => OverlapPolicy::Allow,
+            Some("forbid" | "skip") => OverlapPolicy::SKIP,
+            Some("buffer_one") => OverlapPolicy::Rule(OverlapRule::BufferOne),
+            Some("buffer_all") => OverlapPolicy::Rule(OverlapRule::BufferAll),
+            Some("cancel_other") => OverlapPolicy::Rule(OverlapRule::CancelOther),
+            Some("terminate_other") => OverlapPolicy::Rule(OverlapRule::TerminateOther),
+            Some(other) => {
+                return Err(format!(
+                    "unknown policy {other:?}; use \"allow_all\", \"skip\", \"buffer_one\", \
+                     \"buffer_all\", \"cancel_other\" or \"terminate_other\" (\"allow\" and \
+                     \"forbid\" are aliases of \"allow_all\" and \"skip\")"
+                ))
+            }
+        })
+    }
 }
 
 impl Schedule {
@@ -245,16 +282,8 @@ impl Schedule {
             kind,
             options: job_options(spec).map_err(|(field, message)| err(field, message))?,
             misfire: misfire_policy(spec).map_err(|(field, message)| err(field, message))?,
-            overlap: match spec.overlap.as_deref() {
-                None | Some("allow") => OverlapPolicy::Allow,
-                Some("forbid") => OverlapPolicy::Forbid,
-                Some(other) => {
-                    return Err(err(
-                        "overlap",
-                        format!("unknown policy {other:?}; use \"allow\" or \"forbid\""),
-                    ))
-                }
-            },
+            overlap: OverlapPolicy::parse(spec.overlap.as_deref())
+                .map_err(|message| err("overlap", message))?,
             jitter_offset,
         })
     }
@@ -644,7 +673,7 @@ mod tests {
                 max: 5
             }
         );
-        assert_eq!(sc.overlap, OverlapPolicy::Forbid);
+        assert_eq!(sc.overlap, OverlapPolicy::SKIP);
         assert!(sc.jitter_offset < Duration::seconds(10));
         // Deterministic: the same name gives the same offset.
         assert_eq!(

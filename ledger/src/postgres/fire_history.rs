@@ -1,6 +1,7 @@
-//! A schedule's past fires on Postgres: the latest fire, claims that must
-//! not overlap (decided under a transaction-scoped advisory lock on the
-//! schedule name), late claims, skips and stuck runs.
+//! A schedule's past fires on Postgres: the latest fire, claims under an
+//! overlap policy (decided under a transaction-scoped advisory lock on the
+//! schedule name) and the release of buffered fires, late claims, skips and
+//! stuck runs.
 
 use std::collections::HashMap;
 
@@ -9,10 +10,12 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::PgStore;
+use crate::cancel::CancelRequest;
 use crate::fire_history::{late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::runs::NewRun;
+use crate::overlap::{plan, Earlier, Plan};
+use crate::runs::{run_columns_of, NewRun, RunRecord};
 use crate::store::FireHistoryStore;
-use crate::LedgerError;
+use crate::{LedgerError, OverlapRule};
 
 #[async_trait]
 impl FireHistoryStore for PgStore {
@@ -43,6 +46,7 @@ impl FireHistoryStore for PgStore {
     async fn claim_exclusive_with(
         &self,
         run: &NewRun,
+        rule: OverlapRule,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError> {
         let pool = &self.route;
@@ -64,42 +68,87 @@ impl FireHistoryStore for PgStore {
             tx.commit().await?;
             return Ok(ExclusiveClaim::Taken);
         }
-        let running: Option<String> = sqlx::query_scalar(
-            "SELECT run_key FROM job_runs WHERE job_name = $1 AND scheduled_at < $2 \
-                 AND status IN ('claimed', 'dispatched', 'running', 'retrying') \
+        // Unfinished earlier runs, oldest first; a run whose worker is gone
+        // (running under an expired lease) does not hold the schedule back.
+        let rows: Vec<(uuid::Uuid, String, String)> = sqlx::query_as(
+            "SELECT id, run_key, status FROM job_runs WHERE job_name = $1 AND scheduled_at < $2 \
+                 AND status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
                  AND NOT (status = 'running' AND lease_until < now()) \
-             ORDER BY scheduled_at DESC LIMIT 1",
+             ORDER BY scheduled_at",
         )
         .bind(&run.job_name)
         .bind(run.scheduled_at)
-        .fetch_optional(self.route.on(&mut tx))
+        .fetch_all(self.route.on(&mut tx))
         .await?;
-        if let Some(previous) = running {
-            if record_skip {
-                sqlx::query(
-                    "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by) \
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                )
-                .bind(&run.job_name)
-                .bind(&run.run_key)
-                .bind(run.scheduled_at)
-                .bind(format!("overlap: previous run {previous} is not finished"))
-                .bind(&run.claimed_by)
-                .execute(self.route.on(&mut tx))
-                .await?;
+        let earlier = Earlier::parse(rows)?;
+        let (buffered, cancel, immediate, reason) = match plan(rule, &run.run_key, &earlier) {
+            Plan::Skip(reason) => {
+                if record_skip {
+                    sqlx::query(
+                        "INSERT INTO skipped_fires (job_name, run_key, scheduled_at, reason, recorded_by) \
+                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                    )
+                    .bind(&run.job_name)
+                    .bind(&run.run_key)
+                    .bind(run.scheduled_at)
+                    .bind(reason)
+                    .bind(&run.claimed_by)
+                    .execute(self.route.on(&mut tx))
+                    .await?;
+                }
+                tx.commit().await?;
+                return Ok(ExclusiveClaim::Overlapped);
             }
-            tx.commit().await?;
-            return Ok(ExclusiveClaim::Overlapped);
+            Plan::Insert {
+                buffered,
+                cancel,
+                immediate,
+                reason,
+            } => (buffered, cancel, immediate, reason),
+        };
+        for id in cancel {
+            let request = CancelRequest {
+                id,
+                reason: &reason,
+                immediate,
+            };
+            super::runs::cancel_in(&self.route, &mut tx, &request).await?;
         }
-        let won = !super::runs::claim_rows(self.route.on(&mut tx), std::slice::from_ref(run))
-            .await?
-            .is_empty();
+        let won =
+            !super::runs::claim_rows(self.route.on(&mut tx), std::slice::from_ref(run), buffered)
+                .await?
+                .is_empty();
         tx.commit().await?;
-        Ok(if won {
-            ExclusiveClaim::Won
-        } else {
-            ExclusiveClaim::Taken
+        Ok(match (won, buffered) {
+            (false, _) => ExclusiveClaim::Taken,
+            (true, true) => ExclusiveClaim::Buffered,
+            (true, false) => ExclusiveClaim::Won,
         })
+    }
+
+    async fn release_buffered(&self, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
+        // The oldest buffered run of each schedule with nothing unfinished
+        // (a run whose worker is gone does not count, as in the decision
+        // above). Two replicas releasing at once pick the same row; its
+        // guard lets one update it, and the other's NOT EXISTS sees the
+        // released run as unfinished from then on.
+        Ok(sqlx::query_as(&format!(
+            "WITH next AS ( \
+                 SELECT DISTINCT ON (b.job_name) b.id FROM job_runs b \
+                 WHERE b.status = 'buffered' \
+                   AND NOT EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = b.job_name \
+                       AND r.status IN ('claimed', 'dispatched', 'running', 'retrying') \
+                       AND NOT (r.status = 'running' AND r.lease_until < now())) \
+                 ORDER BY b.job_name, b.scheduled_at LIMIT $1) \
+             UPDATE job_runs j SET status = 'claimed', claimed_at = now(), next_dispatch_at = now(), \
+                 updated_at = now() \
+             FROM next WHERE j.id = next.id AND j.status = 'buffered' \
+             RETURNING {}",
+            run_columns_of("j")
+        ))
+        .bind(limit)
+        .fetch_all(&self.route)
+        .await?)
     }
 
     async fn late_claims(

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::PgStore;
-use crate::runs::{RunRecord, RUN_COLUMNS};
+use crate::runs::{run_columns_of, RunRecord};
 use crate::store::OutboxStore;
 use crate::LedgerError;
 
@@ -31,11 +31,7 @@ impl OutboxStore for PgStore {
              UPDATE job_runs j SET next_dispatch_at = now() + make_interval(secs => $2::double precision / 1000) \
              FROM due WHERE j.id = due.id \
              RETURNING {}",
-            RUN_COLUMNS
-                .split(", ")
-                .map(|c| format!("j.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            run_columns_of("j")
         ))
         .bind(limit)
         .bind(lease_ms)

@@ -70,7 +70,7 @@ impl RunStore for PgStore {
     }
 
     async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
-        claim_rows(&self.route, runs).await
+        claim_rows(&self.route, runs, false).await
     }
 
     async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError> {
@@ -255,64 +255,7 @@ impl RunStore for PgStore {
 
     async fn cancel_run(&self, request: &CancelRequest<'_>) -> Result<CancelOutcome, LedgerError> {
         let mut tx = self.route.begin().await?;
-        // The row is locked for the decision, so a worker's begin, end or
-        // heartbeat of this run waits for it and then sees its result.
-        let row: Option<(String, bool)> = sqlx::query_as(
-            "SELECT status, status = 'running' AND lease_until IS NOT NULL AND lease_until < now() \
-             FROM job_runs WHERE id = $1 FOR UPDATE",
-        )
-        .bind(request.id)
-        .fetch_optional(self.route.on(&mut tx))
-        .await?;
-        let Some((status, lease_expired)) = row else {
-            tx.commit().await?;
-            return Ok(CancelOutcome::NotFound);
-        };
-        let status: RunStatus = status.parse().map_err(LedgerError::Corrupt)?;
-        let outcome = match status {
-            s if s.is_terminal() => CancelOutcome::Finished(s),
-            RunStatus::Running if !lease_expired => {
-                sqlx::query(
-                    "UPDATE job_runs SET cancel_requested_at = COALESCE(cancel_requested_at, now()), \
-                         cancel_reason = COALESCE(cancel_reason, $2), \
-                         cancel_immediate = cancel_immediate OR $3, updated_at = now() \
-                     WHERE id = $1",
-                )
-                .bind(request.id)
-                .bind(request.reason)
-                .bind(request.immediate)
-                .execute(self.route.on(&mut tx))
-                .await?;
-                // Delivered at commit, so never before the request is
-                // stored.
-                let notice = CancelNotice {
-                    id: request.id,
-                    immediate: request.immediate,
-                };
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(CANCEL_CHANNEL)
-                    .bind(notice.payload())
-                    .execute(self.route.on(&mut tx))
-                    .await?;
-                CancelOutcome::Requested
-            }
-            was => {
-                // Waiting, or running under an expired lease (its worker
-                // is gone): nothing executes it, so it ends now.
-                sqlx::query(
-                    "UPDATE job_runs SET status = 'cancelled', last_error = $2, finished_at = now(), \
-                         next_dispatch_at = NULL, lease_until = NULL, \
-                         cancel_requested_at = COALESCE(cancel_requested_at, now()), \
-                         cancel_reason = COALESCE(cancel_reason, $2), updated_at = now() \
-                     WHERE id = $1",
-                )
-                .bind(request.id)
-                .bind(request.reason)
-                .execute(self.route.on(&mut tx))
-                .await?;
-                CancelOutcome::Cancelled { was }
-            }
-        };
+        let outcome = cancel_in(&self.route, &mut tx, request).await?;
         tx.commit().await?;
         Ok(outcome)
     }
@@ -352,10 +295,13 @@ impl RunStore for PgStore {
 
 /// Claims `runs` on `executor` (the pool, or an open transaction): one
 /// multi-row `INSERT ... ON CONFLICT (job_name, run_key) DO NOTHING`, each
-/// row decided by the unique constraint on its own; the ids inserted.
+/// row decided by the unique constraint on its own; the ids inserted. With
+/// `buffered` the rows are held (`buffered`, nothing due) for an overlap
+/// policy instead of `claimed`.
 pub(crate) async fn claim_rows<'e, E>(
     executor: E,
     runs: &[NewRun],
+    buffered: bool,
 ) -> Result<HashSet<Uuid>, LedgerError>
 where
     E: sqlx::Executor<'e, Database = sqlx::Postgres>,
@@ -392,8 +338,9 @@ where
     let won: Vec<Uuid> = sqlx::query_scalar(
         "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
              claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at) \
-         SELECT id, job_name, run_key, job_type, 'claimed', payload, scheduled_at, \
-             claimed_by, now(), trace_id, traceparent, options, next_dispatch_at \
+         SELECT id, job_name, run_key, job_type, CASE WHEN $12 THEN 'buffered' ELSE 'claimed' END, \
+             payload, scheduled_at, claimed_by, now(), trace_id, traceparent, options, \
+             CASE WHEN $12 THEN NULL ELSE next_dispatch_at END \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], \
                      $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::jsonb[], \
                      $11::timestamptz[]) \
@@ -413,6 +360,7 @@ where
     .bind(&traceparents)
     .bind(&options)
     .bind(&next_dispatch)
+    .bind(buffered)
     .fetch_all(executor)
     .await?;
     Ok(won.into_iter().collect())
@@ -429,4 +377,77 @@ pub(crate) fn renewal(rows: Vec<(Uuid, i32, bool, bool)>) -> LeaseRenewal {
         }
     }
     out
+}
+
+/// Cancels a run inside the open transaction on `conn` (see
+/// `crate::cancel`): the run's row is locked for the decision; a request
+/// for a running run is announced with `NOTIFY`, delivered at commit. Used
+/// by the API's cancel and by the overlap policies that cancel the
+/// previous run, in the transaction of their decision.
+///
+/// # Errors
+///
+/// [`LedgerError::Query`] when a statement fails.
+pub(crate) async fn cancel_in(
+    route: &super::pooler::PgRoute,
+    conn: &mut sqlx::PgConnection,
+    request: &CancelRequest<'_>,
+) -> Result<CancelOutcome, LedgerError> {
+    // The row is locked for the decision, so a worker's begin, end or
+    // heartbeat of this run waits for it and then sees its result.
+    let row: Option<(String, bool)> = sqlx::query_as(
+        "SELECT status, status = 'running' AND lease_until IS NOT NULL AND lease_until < now() \
+             FROM job_runs WHERE id = $1 FOR UPDATE",
+    )
+    .bind(request.id)
+    .fetch_optional(route.on(&mut *conn))
+    .await?;
+    let Some((status, lease_expired)) = row else {
+        return Ok(CancelOutcome::NotFound);
+    };
+    let status: RunStatus = status.parse().map_err(LedgerError::Corrupt)?;
+    Ok(match status {
+        s if s.is_terminal() => CancelOutcome::Finished(s),
+        RunStatus::Running if !lease_expired => {
+            sqlx::query(
+                "UPDATE job_runs SET cancel_requested_at = COALESCE(cancel_requested_at, now()), \
+                         cancel_reason = COALESCE(cancel_reason, $2), \
+                         cancel_immediate = cancel_immediate OR $3, updated_at = now() \
+                     WHERE id = $1",
+            )
+            .bind(request.id)
+            .bind(request.reason)
+            .bind(request.immediate)
+            .execute(route.on(&mut *conn))
+            .await?;
+            // Delivered at commit, so never before the request is
+            // stored.
+            let notice = CancelNotice {
+                id: request.id,
+                immediate: request.immediate,
+            };
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CANCEL_CHANNEL)
+                .bind(notice.payload())
+                .execute(route.on(&mut *conn))
+                .await?;
+            CancelOutcome::Requested
+        }
+        was => {
+            // Waiting, or running under an expired lease (its worker
+            // is gone): nothing executes it, so it ends now.
+            sqlx::query(
+                "UPDATE job_runs SET status = 'cancelled', last_error = $2, finished_at = now(), \
+                         next_dispatch_at = NULL, lease_until = NULL, \
+                         cancel_requested_at = COALESCE(cancel_requested_at, now()), \
+                         cancel_reason = COALESCE(cancel_reason, $2), updated_at = now() \
+                     WHERE id = $1",
+            )
+            .bind(request.id)
+            .bind(request.reason)
+            .execute(route.on(&mut *conn))
+            .await?;
+            CancelOutcome::Cancelled { was }
+        }
+    })
 }

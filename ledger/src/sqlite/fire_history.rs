@@ -14,10 +14,12 @@ use uuid::Uuid;
 use async_trait::async_trait;
 
 use super::{now, now_minus, ts, SqliteLedger};
+use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::fire_history::{late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::runs::NewRun;
+use crate::overlap::{plan, Earlier, Plan};
+use crate::runs::{NewRun, RunRecord, RUN_COLUMNS};
 use crate::store::FireHistoryStore;
-use crate::LedgerError;
+use crate::{LedgerError, OverlapRule};
 
 async fn insert_skip(
     tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
@@ -69,10 +71,11 @@ impl FireHistoryStore for SqliteLedger {
     async fn claim_exclusive_with(
         &self,
         run: &NewRun,
+        rule: OverlapRule,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError> {
         // The write lock is held from the first statement to the commit:
-        // the overlap check and the insert are one decision.
+        // the overlap check, the cancels and the insert are one decision.
         let mut tx = self.write_tx().await?;
         let taken: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM job_runs WHERE job_name = ?1 AND run_key = ?2) \
@@ -87,41 +90,102 @@ impl FireHistoryStore for SqliteLedger {
             return Ok(ExclusiveClaim::Taken);
         }
         let at = now();
-        let running: Option<String> = sqlx::query_scalar(
-            "SELECT run_key FROM job_runs WHERE job_name = ?1 AND scheduled_at < ?2 \
-                 AND status IN ('claimed', 'dispatched', 'running', 'retrying') \
+        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(
+            "SELECT id, run_key, status FROM job_runs WHERE job_name = ?1 AND scheduled_at < ?2 \
+                 AND status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
                  AND NOT (status = 'running' AND lease_until < ?3) \
-             ORDER BY scheduled_at DESC LIMIT 1",
+             ORDER BY scheduled_at",
         )
         .bind(&run.job_name)
         .bind(ts(run.scheduled_at))
         .bind(&at)
-        .fetch_optional(&mut *tx)
+        .fetch_all(&mut *tx)
         .await?;
-        if let Some(previous) = running {
-            if record_skip {
-                insert_skip(
-                    &mut tx,
-                    &run.job_name,
-                    &run.run_key,
-                    &ts(run.scheduled_at),
-                    &format!("overlap: previous run {previous} is not finished"),
-                    &run.claimed_by,
-                )
-                .await?;
+        let earlier = Earlier::parse(rows)?;
+        let (buffered, cancel, immediate, reason) = match plan(rule, &run.run_key, &earlier) {
+            Plan::Skip(reason) => {
+                if record_skip {
+                    insert_skip(
+                        &mut tx,
+                        &run.job_name,
+                        &run.run_key,
+                        &ts(run.scheduled_at),
+                        &reason,
+                        &run.claimed_by,
+                    )
+                    .await?;
+                }
+                tx.commit().await?;
+                return Ok(ExclusiveClaim::Overlapped);
             }
-            tx.commit().await?;
-            return Ok(ExclusiveClaim::Overlapped);
+            Plan::Insert {
+                buffered,
+                cancel,
+                immediate,
+                reason,
+            } => (buffered, cancel, immediate, reason),
+        };
+        let mut requested = Vec::new();
+        for id in cancel {
+            let request = CancelRequest {
+                id,
+                reason: &reason,
+                immediate,
+            };
+            if super::runs::cancel_in(&mut tx, &request).await? == CancelOutcome::Requested {
+                requested.push(id);
+            }
         }
-        let won = !super::runs::claim_in(&mut tx, std::slice::from_ref(run), &at)
+        let won = !super::runs::claim_in(&mut tx, std::slice::from_ref(run), &at, buffered)
             .await?
             .is_empty();
         tx.commit().await?;
-        Ok(if won {
-            ExclusiveClaim::Won
-        } else {
-            ExclusiveClaim::Taken
+        for id in requested {
+            self.announce_cancel(&CancelRequest {
+                id,
+                reason: &reason,
+                immediate,
+            });
+        }
+        Ok(match (won, buffered) {
+            (false, _) => ExclusiveClaim::Taken,
+            (true, true) => ExclusiveClaim::Buffered,
+            (true, false) => ExclusiveClaim::Won,
         })
+    }
+
+    async fn release_buffered(&self, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
+        let at = now();
+        // The one writer: the choice and the update are one decision.
+        let mut tx = self.write_tx().await?;
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT (SELECT b.id FROM job_runs b WHERE b.job_name = s.job_name \
+                     AND b.status = 'buffered' ORDER BY b.scheduled_at LIMIT 1) \
+             FROM (SELECT DISTINCT job_name FROM job_runs WHERE status = 'buffered') s \
+             WHERE NOT EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = s.job_name \
+                 AND r.status IN ('claimed', 'dispatched', 'running', 'retrying') \
+                 AND NOT (r.status = 'running' AND r.lease_until < ?1)) \
+             LIMIT ?2",
+        )
+        .bind(&at)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut released = Vec::with_capacity(ids.len());
+        for id in ids {
+            let run: Option<RunRecord> = sqlx::query_as(&format!(
+                "UPDATE job_runs SET status = 'claimed', claimed_at = ?2, next_dispatch_at = ?2, \
+                     updated_at = ?2 \
+                 WHERE id = ?1 AND status = 'buffered' RETURNING {RUN_COLUMNS}"
+            ))
+            .bind(id)
+            .bind(&at)
+            .fetch_optional(&mut *tx)
+            .await?;
+            released.extend(run);
+        }
+        tx.commit().await?;
+        Ok(released)
     }
 
     async fn late_claims(

@@ -217,6 +217,16 @@ impl SqliteLedger {
         Ok(statement.execute(&self.writer).await?.rows_affected() == 1)
     }
 
+    /// Announces a cancel request to this process's workers, after the
+    /// commit that stored it; no receiver (no worker here) is fine.
+    pub(crate) fn announce_cancel(&self, request: &crate::cancel::CancelRequest<'_>) {
+        let notice = crate::cancel::CancelNotice {
+            id: request.id,
+            immediate: request.immediate,
+        };
+        let _ = self.cancels.send(notice.payload());
+    }
+
     /// Announces a changed schedule to this process's replicas.
     pub(crate) fn announce(&self, name: &str) {
         // No receiver (no replica running) is fine: nothing to tell.

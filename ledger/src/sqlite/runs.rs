@@ -16,7 +16,7 @@ use async_trait::async_trait;
 
 use super::{now, now_plus, ts, SqliteLedger};
 use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
-use crate::cancel::{CancelNotice, CancelOutcome, CancelRequest};
+use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::run_rows::{options_json, FromMessage, RunLookup};
 use crate::runs::{NewRun, RunRecord, RunState};
 use crate::status::waiting_statuses;
@@ -68,7 +68,8 @@ const CLAIM_CHUNK: usize = 256;
 
 /// Claims `runs` (at most [`CLAIM_CHUNK`]) in `tx` with one multi-row
 /// insert, each row decided on its own by the unique constraint; the ids
-/// inserted.
+/// inserted. With `buffered` the rows are held for an overlap policy
+/// (`buffered`, nothing due) instead of `claimed`.
 ///
 /// # Errors
 ///
@@ -78,6 +79,7 @@ pub(super) async fn claim_in(
     tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
     runs: &[NewRun],
     at: &str,
+    buffered: bool,
 ) -> Result<Vec<Uuid>, LedgerError> {
     if runs.is_empty() {
         return Ok(Vec::new());
@@ -96,7 +98,7 @@ pub(super) async fn claim_in(
             .push_bind(run.job_name.clone())
             .push_bind(run.run_key.clone())
             .push_bind(run.job_type.clone())
-            .push("'claimed'")
+            .push(if buffered { "'buffered'" } else { "'claimed'" })
             .push_bind(run.payload.clone())
             .push_bind(ts(run.scheduled_at))
             .push_bind(run.claimed_by.clone())
@@ -104,7 +106,7 @@ pub(super) async fn claim_in(
             .push_bind(run.trace_id.clone())
             .push_bind(run.traceparent.clone())
             .push_bind(options)
-            .push_bind(ts(run.next_dispatch_at))
+            .push_bind((!buffered).then(|| ts(run.next_dispatch_at)))
             .push_bind(at.to_owned());
     });
     q.push(" ON CONFLICT (job_name, run_key) DO NOTHING RETURNING id");
@@ -120,7 +122,7 @@ impl RunStore for SqliteLedger {
         // none of it, as the single Postgres statement.
         let mut tx = self.write_tx().await?;
         for chunk in runs.chunks(CLAIM_CHUNK) {
-            won.extend(claim_in(&mut tx, chunk, &at).await?);
+            won.extend(claim_in(&mut tx, chunk, &at, false).await?);
         }
         tx.commit().await?;
         Ok(won)
@@ -235,64 +237,13 @@ impl RunStore for SqliteLedger {
     }
 
     async fn cancel_run(&self, request: &CancelRequest<'_>) -> Result<CancelOutcome, LedgerError> {
-        let at = now();
         // One writer: the decision and its update are one transaction no
         // other write can interleave with.
         let mut tx = self.write_tx().await?;
-        let row: Option<(String, Option<String>)> =
-            sqlx::query_as("SELECT status, lease_until FROM job_runs WHERE id = ?1")
-                .bind(request.id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((status, lease_until)) = row else {
-            tx.commit().await?;
-            return Ok(CancelOutcome::NotFound);
-        };
-        let status: RunStatus = status.parse().map_err(LedgerError::Corrupt)?;
-        // Instants are fixed-width text: comparing the text compares them.
-        let lease_expired = lease_until.is_some_and(|until| until < at);
-        let outcome = match status {
-            s if s.is_terminal() => CancelOutcome::Finished(s),
-            RunStatus::Running if !lease_expired => {
-                sqlx::query(
-                    "UPDATE job_runs SET cancel_requested_at = COALESCE(cancel_requested_at, ?4), \
-                         cancel_reason = COALESCE(cancel_reason, ?2), \
-                         cancel_immediate = (cancel_immediate OR ?3), updated_at = ?4 \
-                     WHERE id = ?1",
-                )
-                .bind(request.id)
-                .bind(request.reason)
-                .bind(request.immediate)
-                .bind(&at)
-                .execute(&mut *tx)
-                .await?;
-                CancelOutcome::Requested
-            }
-            was => {
-                sqlx::query(
-                    "UPDATE job_runs SET status = 'cancelled', last_error = ?2, finished_at = ?3, \
-                         next_dispatch_at = NULL, lease_until = NULL, \
-                         cancel_requested_at = COALESCE(cancel_requested_at, ?3), \
-                         cancel_reason = COALESCE(cancel_reason, ?2), updated_at = ?3 \
-                     WHERE id = ?1",
-                )
-                .bind(request.id)
-                .bind(request.reason)
-                .bind(&at)
-                .execute(&mut *tx)
-                .await?;
-                CancelOutcome::Cancelled { was }
-            }
-        };
+        let outcome = cancel_in(&mut tx, request).await?;
         tx.commit().await?;
         if outcome == CancelOutcome::Requested {
-            // Announced after the commit, as NOTIFY is; no receiver (no
-            // worker in this process) is fine.
-            let notice = CancelNotice {
-                id: request.id,
-                immediate: request.immediate,
-            };
-            let _ = self.cancels.send(notice.payload());
+            self.announce_cancel(request);
         }
         Ok(outcome)
     }
@@ -384,4 +335,64 @@ impl RunStore for SqliteLedger {
         tx.commit().await?;
         Ok(out)
     }
+}
+
+/// Cancels a run inside the write transaction `tx` (see `crate::cancel`).
+/// A request for a running run is announced by the caller after the
+/// commit ([`SqliteLedger::announce_cancel`]), as `NOTIFY` is delivered at
+/// commit. Used by the API's cancel and by the overlap policies that
+/// cancel the previous run, in the transaction of their decision.
+///
+/// # Errors
+///
+/// [`LedgerError::Query`] when a statement fails.
+pub(super) async fn cancel_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    request: &CancelRequest<'_>,
+) -> Result<CancelOutcome, LedgerError> {
+    let at = now();
+    let row: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, lease_until FROM job_runs WHERE id = ?1")
+            .bind(request.id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    let Some((status, lease_until)) = row else {
+        return Ok(CancelOutcome::NotFound);
+    };
+    let status: RunStatus = status.parse().map_err(LedgerError::Corrupt)?;
+    // Instants are fixed-width text: comparing the text compares them.
+    let lease_expired = lease_until.is_some_and(|until| until < at);
+    Ok(match status {
+        s if s.is_terminal() => CancelOutcome::Finished(s),
+        RunStatus::Running if !lease_expired => {
+            sqlx::query(
+                "UPDATE job_runs SET cancel_requested_at = COALESCE(cancel_requested_at, ?4), \
+                     cancel_reason = COALESCE(cancel_reason, ?2), \
+                     cancel_immediate = (cancel_immediate OR ?3), updated_at = ?4 \
+                 WHERE id = ?1",
+            )
+            .bind(request.id)
+            .bind(request.reason)
+            .bind(request.immediate)
+            .bind(&at)
+            .execute(&mut **tx)
+            .await?;
+            CancelOutcome::Requested
+        }
+        was => {
+            sqlx::query(
+                "UPDATE job_runs SET status = 'cancelled', last_error = ?2, finished_at = ?3, \
+                     next_dispatch_at = NULL, lease_until = NULL, \
+                     cancel_requested_at = COALESCE(cancel_requested_at, ?3), \
+                     cancel_reason = COALESCE(cancel_reason, ?2), updated_at = ?3 \
+                 WHERE id = ?1",
+            )
+            .bind(request.id)
+            .bind(request.reason)
+            .bind(&at)
+            .execute(&mut **tx)
+            .await?;
+            CancelOutcome::Cancelled { was }
+        }
+    })
 }

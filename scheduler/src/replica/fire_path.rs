@@ -138,6 +138,7 @@ impl Replica {
                 Ok(ClaimOutcome::Overlapped) => Some(FireOutcome::Skipped {
                     reason: SkipReason::Overlap,
                 }),
+                Ok(ClaimOutcome::Buffered(run)) => Some(FireOutcome::Buffered { id: run.id }),
                 Err(reason) => {
                     FireCounters::add(&self.counters.claim_errors, 1);
                     self.remember_missed_from(source, schedule, *at);
@@ -261,6 +262,7 @@ impl Replica {
                 Ok(ClaimOutcome::Overlapped) => FireOutcome::Skipped {
                     reason: SkipReason::Overlap,
                 },
+                Ok(ClaimOutcome::Buffered(run)) => FireOutcome::Buffered { id: run.id },
                 Ok(ClaimOutcome::LostAtLock | ClaimOutcome::LostAtLedger) => FireOutcome::Lost,
                 Err(e) => {
                     FireCounters::add(&self.counters.claim_errors, 1);
@@ -280,15 +282,16 @@ impl Replica {
     /// claim path as [`FireSource::Backfill`] (the ledger decides; no lock,
     /// which a timer may hold for the same instant), in batches: instants
     /// that already ran are found taken and not repeated. With `force`, a
-    /// schedule that forbids overlap has its instants claimed as if it
-    /// allowed it (they may then run at the same time).
+    /// schedule with an overlap policy other than `allow_all` has its
+    /// instants claimed as if it allowed overlap (they may then run at the
+    /// same time).
     pub async fn backfill(
         &self,
         schedule: &Arc<Schedule>,
         instants: &[DateTime<Utc>],
         force: bool,
     ) -> Vec<(DateTime<Utc>, FireOutcome)> {
-        let schedule = if force && schedule.overlap == crate::schedule::OverlapPolicy::Forbid {
+        let schedule = if force && schedule.overlap.rule().is_some() {
             Arc::new(Schedule {
                 overlap: crate::schedule::OverlapPolicy::Allow,
                 ..Schedule::clone(schedule)

@@ -18,6 +18,7 @@
 //!   published, which the misfire policies decide before the outbox does;
 //! - [`run_loop`]: the loop a process runs, and its background loops.
 
+mod buffer_release;
 mod fire_path;
 mod late_claims;
 mod missed_fires;
@@ -71,6 +72,12 @@ pub enum FireOutcome {
         /// Why.
         reason: String,
     },
+    /// This replica won, and the schedule's overlap policy holds the run
+    /// `buffered` until the previous run ends.
+    Buffered {
+        /// The run's id.
+        id: Uuid,
+    },
     /// The fire was not claimed here on purpose (overlap, clock skew).
     Skipped {
         /// Why.
@@ -86,7 +93,8 @@ pub enum FireOutcome {
 /// Why a fire was not claimed on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SkipReason {
-    /// The schedule forbids overlap and its previous run is not finished.
+    /// The schedule's overlap policy skipped it: its previous run is not
+    /// finished.
     Overlap,
     /// This replica's clock differs from the database's by more than the
     /// threshold, so it claims nothing (another replica does).
@@ -117,6 +125,7 @@ impl FireOutcome {
             FireOutcome::Unroutable { .. } => "unroutable",
             FireOutcome::NotConfirmed { .. } => "not_confirmed",
             FireOutcome::Skipped { .. } => "skipped",
+            FireOutcome::Buffered { .. } => "buffered",
             FireOutcome::ClaimFailed { .. } => "claim_failed",
         }
     }

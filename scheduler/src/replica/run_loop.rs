@@ -199,14 +199,19 @@ impl Replica {
     }
 
     /// Until `cancel`: misfire policies for late unpublished fires first,
-    /// then the outbox, so the reconciler never publishes a fire the policy
-    /// skips. A pass reads every late claim and always ends, so the outbox
+    /// then the release of buffered fires whose schedule has nothing
+    /// unfinished, then the outbox, so the reconciler never publishes a fire
+    /// the policy skips. A pass reads every late claim and always ends, so the outbox
     /// runs after every pass, whatever the backlog; a full outbox page is
     /// followed by the next at once.
     async fn reconcile_loop(self: Arc<Self>, clock: SharedClock, cancel: CancellationToken) {
         loop {
             if let Err(e) = self.skip_late_claims_once(clock.now()).await {
                 tracing::warn!(error = %e, "late-claim pass failed; retrying");
+            }
+            // Before the outbox: what it releases is published this pass.
+            if let Err(e) = self.release_buffered_once().await {
+                tracing::warn!(error = %e, "cannot release buffered fires; retrying");
             }
             let full = match self.reconciler.reconcile_once().await {
                 Ok(report) => {

@@ -386,6 +386,7 @@ pub(crate) fn backfilled_view(name: &str, done: &Backfilled) -> Backfill {
         ops::BackfillOutcome::Skipped => BackfillOutcome::Skipped,
         ops::BackfillOutcome::NotConfirmed => BackfillOutcome::NotConfirmed,
         ops::BackfillOutcome::Unroutable => BackfillOutcome::Unroutable,
+        ops::BackfillOutcome::Buffered => BackfillOutcome::Buffered,
         ops::BackfillOutcome::Failed => BackfillOutcome::Failed,
     };
     let mut counts = std::collections::BTreeMap::new();

@@ -16,6 +16,7 @@ mod cancel;
 mod exactly_once;
 mod lease;
 mod metrics;
+mod overlap;
 mod poison_values;
 mod pooler;
 mod postgres_failover;

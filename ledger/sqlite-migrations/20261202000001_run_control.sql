@@ -1,5 +1,6 @@
--- Cancelling a run: the status `cancelled` and the cancel request columns;
--- see the Postgres migration of the same name. SQLite cannot change a
+-- Control over running work: the statuses `cancelled` and `buffered`, the
+-- cancel request columns, bounded and self-pausing schedules; see the
+-- Postgres migration of the same name. SQLite cannot change a
 -- CHECK constraint in place, so job_runs is rebuilt (the documented
 -- procedure: new table, copy, drop, rename, indexes), in this migration's
 -- transaction.
@@ -9,7 +10,7 @@ CREATE TABLE job_runs_new (
     run_key          TEXT    NOT NULL,
     job_type         TEXT    NOT NULL,
     status           TEXT    NOT NULL
-        CHECK (status IN ('claimed', 'dispatched', 'running', 'retrying', 'succeeded', 'failed', 'dead', 'cancelled')),
+        CHECK (status IN ('claimed', 'dispatched', 'running', 'retrying', 'succeeded', 'failed', 'dead', 'cancelled', 'buffered')),
     payload          TEXT    NOT NULL DEFAULT 'null',
     scheduled_at     TEXT    NOT NULL,
     attempts         INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
@@ -55,3 +56,9 @@ CREATE INDEX job_runs_scheduled_id_idx ON job_runs (scheduled_at DESC, id DESC);
 CREATE INDEX job_runs_finished_idx ON job_runs (finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX job_runs_failed_idx ON job_runs (scheduled_at DESC, id DESC)
     WHERE status IN ('failed', 'dead');
+CREATE INDEX job_runs_buffered_idx ON job_runs (job_name, scheduled_at)
+    WHERE status = 'buffered';
+
+ALTER TABLE schedules ADD COLUMN remaining_runs INTEGER CHECK (remaining_runs >= 0);
+ALTER TABLE schedules ADD COLUMN pause_note TEXT;
+ALTER TABLE schedules ADD COLUMN resumed_at TEXT;
