@@ -42,3 +42,60 @@ ALTER TABLE schedules ADD COLUMN IF NOT EXISTS remaining_runs BIGINT CHECK (rema
 ALTER TABLE schedules ADD COLUMN IF NOT EXISTS pause_note TEXT;
 -- When it was last resumed: consecutive failures are counted from here.
 ALTER TABLE schedules ADD COLUMN IF NOT EXISTS resumed_at TIMESTAMPTZ;
+
+-- The counter follows the definition: set from the spec's remaining_runs
+-- when a schedule is stored, and again whenever that value changes (a
+-- replace with the same value keeps counting). One trigger covers every
+-- way a definition is written (file sync, API, by hand).
+CREATE OR REPLACE FUNCTION belfry_schedules_counter() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP = 'INSERT'
+       OR (NEW.spec -> 'remaining_runs') IS DISTINCT FROM (OLD.spec -> 'remaining_runs') THEN
+        NEW.remaining_runs := (NEW.spec ->> 'remaining_runs')::bigint;
+    END IF;
+    RETURN NEW;
+END;
+$$ LANGUAGE plpgsql;
+
+DROP TRIGGER IF EXISTS schedules_counter ON schedules;
+CREATE TRIGGER schedules_counter BEFORE INSERT OR UPDATE ON schedules
+    FOR EACH ROW EXECUTE FUNCTION belfry_schedules_counter();
+
+-- pause_after_failures = N: a schedule is paused, with a note, when N of
+-- its runs ended failed or dead after its latest success (and after it was
+-- last resumed). A trigger, so every way a run fails (a handler's error,
+-- retries exhausted, a dead letter, a misfire skip) counts, in the same
+-- transaction as the failure: no replica has to watch for it, and two
+-- failures ending together pause it once.
+CREATE OR REPLACE FUNCTION belfry_pause_after_failures() RETURNS trigger AS $$
+DECLARE
+    limit_n integer;
+    since   timestamptz;
+    fails   bigint;
+BEGIN
+    SELECT (spec ->> 'pause_after_failures')::integer, resumed_at INTO limit_n, since
+    FROM schedules WHERE name = NEW.job_name AND NOT paused;
+    IF limit_n IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO fails FROM job_runs r
+    WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead')
+      AND r.finished_at > COALESCE(since, '-infinity')
+      AND r.scheduled_at > COALESCE((SELECT max(q.scheduled_at) FROM job_runs q
+                                     WHERE q.job_name = NEW.job_name AND q.status = 'succeeded'
+                                       AND q.finished_at > COALESCE(since, '-infinity')),
+                                    '-infinity');
+    IF fails >= limit_n THEN
+        UPDATE schedules SET paused = true,
+            pause_note = format('paused after %s consecutive failures; the last: %s: %s',
+                                limit_n, NEW.run_key, left(COALESCE(NEW.last_error, ''), 300))
+        WHERE name = NEW.job_name AND NOT paused;
+    END IF;
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql;
+
+DROP TRIGGER IF EXISTS job_runs_pause_after_failures ON job_runs;
+CREATE TRIGGER job_runs_pause_after_failures AFTER INSERT OR UPDATE OF status ON job_runs
+    FOR EACH ROW WHEN (NEW.status IN ('failed', 'dead'))
+    EXECUTE FUNCTION belfry_pause_after_failures();

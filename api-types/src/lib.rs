@@ -33,9 +33,9 @@ pub use runs::{
     RunQuery, RunStatus,
 };
 pub use schedules::{
-    Backfill, BackfillOutcome, BackfillRequest, BackfilledFire, Misfire, Name, Overlap, Preview,
-    PreviewQuery, Schedule, ScheduleInput, ScheduleList, SchedulePath, ScheduleQuery,
-    TriggerOutcome, TriggerRequest, Triggered,
+    Backfill, BackfillOutcome, BackfillRequest, BackfilledFire, Misfire, Name, Overlap,
+    PauseRequest, Preview, PreviewQuery, Schedule, ScheduleInput, ScheduleList, SchedulePath,
+    ScheduleQuery, TriggerOutcome, TriggerRequest, Triggered,
 };
 pub use url_component::encode_url_component;
 

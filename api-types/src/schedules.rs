@@ -117,6 +117,12 @@ macro_rules! schedule_types {
             /// Ignored (read-only).
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub invalid: Option<serde_json::Value>,
+            /// Ignored (read-only).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub runs_left: Option<serde_json::Value>,
+            /// Sets the pause note with `paused`; otherwise ignored.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub pause_note: Option<serde_json::Value>,
         }
 
         /// A schedule as the API shows it: its definition, whether it is
@@ -146,6 +152,16 @@ macro_rules! schedule_types {
             #[serde(default, skip_serializing_if = "Option::is_none")]
             #[schema(read_only)]
             pub invalid: Option<String>,
+            /// With `remaining_runs`: fires left (0: it ran out and was
+            /// paused).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schema(read_only)]
+            pub runs_left: Option<i64>,
+            /// Why it is paused: an operator's note, or why belfry paused
+            /// it (ran out of `remaining_runs`, `pause_after_failures`).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schema(read_only)]
+            pub pause_note: Option<String>,
         }
 
         impl ScheduleInput {
@@ -170,6 +186,8 @@ macro_rules! schedule_types {
                     paused,
                     updated_at,
                     invalid: None,
+                    runs_left: None,
+                    pause_note: None,
                 }
             }
 
@@ -187,6 +205,8 @@ macro_rules! schedule_types {
                     paused,
                     updated_at,
                     invalid: Some(why),
+                    runs_left: None,
+                    pause_note: None,
                 }
             }
 
@@ -200,6 +220,8 @@ macro_rules! schedule_types {
                     paused: None,
                     updated_at: None,
                     invalid: None,
+                    runs_left: None,
+                    pause_note: None,
                 }
             }
         }
@@ -243,6 +265,19 @@ schedule_types! {
     /// Spread fires over up to this long after their nominal instant (e.g.
     /// `"30s"`), the same offset on every replica.
     jitter: String,
+    /// No fire before this RFC 3339 instant.
+    #[schema(format = DateTime)]
+    start_at: String,
+    /// No fire after this RFC 3339 instant.
+    #[schema(format = DateTime)]
+    end_at: String,
+    /// Fire at most this many more times, then pause with a note (see
+    /// `runs_left`); the counter restarts whenever this value changes.
+    #[schema(minimum = 1, maximum = 1000000000)]
+    remaining_runs: u64,
+    /// Pause after this many consecutive runs ended `failed` or `dead`.
+    #[schema(minimum = 1, maximum = 1000)]
+    pause_after_failures: u32,
 }
 
 /// `GET /v1/schedules`: one page of schedules, by name.
@@ -420,4 +455,16 @@ pub struct SchedulePath {
     /// Schedule name.
     #[param(value_type = Name)]
     pub name: String,
+}
+
+/// The body of `POST /v1/schedules/{name}/pause` and `.../resume`
+/// (optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRequest {
+    /// Why it is paused: shown with the schedule (API, web view) until it
+    /// is resumed, and written to the audit log (resume: audit log only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, max_length = 1000)]
+    pub note: Option<String>,
 }

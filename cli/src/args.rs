@@ -31,8 +31,8 @@ pub enum Command {
     /// Schedules: list, show, add, edit, remove, pause, resume, trigger,
     /// backfill, preview.
     #[command(subcommand)]
-    Schedules(ScheduleCommand),
-    /// Runs: list with filters, show one.
+    Schedules(Box<ScheduleCommand>),
+    /// Runs: list with filters, show one, cancel.
     #[command(subcommand)]
     Runs(RunCommand),
     /// Ad-hoc jobs.
@@ -106,11 +106,17 @@ pub enum ScheduleCommand {
     Pause {
         /// Schedule name.
         name: String,
+        /// Why: shown with the schedule until it is resumed.
+        #[arg(long)]
+        note: Option<String>,
     },
     /// Fire again; fires missed while paused follow the misfire policy.
     Resume {
         /// Schedule name.
         name: String,
+        /// Why (written to the audit log).
+        #[arg(long)]
+        note: Option<String>,
     },
     /// Run now, with its own run key.
     Trigger {
@@ -175,6 +181,18 @@ pub struct ScheduleFields {
     /// Spread fires over up to this long, e.g. 30s.
     #[arg(long)]
     pub jitter: Option<String>,
+    /// No fire before this instant (RFC 3339).
+    #[arg(long)]
+    pub start_at: Option<String>,
+    /// No fire after this instant (RFC 3339).
+    #[arg(long)]
+    pub end_at: Option<String>,
+    /// Fire at most this many more times, then pause.
+    #[arg(long)]
+    pub remaining_runs: Option<u64>,
+    /// Pause after this many consecutive failed or dead runs.
+    #[arg(long)]
+    pub pause_after_failures: Option<u32>,
 }
 
 /// Run commands.

@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use belfry_api_types::{
     Backfill, BackfillOutcome, BackfillRequest, CancelAnswer, CancelResult, CancelRun, Enqueued,
-    JobRequest, Page, Preview, Run, RunDetail, RunList, RunQuery, Schedule, ScheduleInput,
-    ScheduleList, ScheduleQuery, TriggerRequest, Triggered,
+    JobRequest, Page, PauseRequest, Preview, Run, RunDetail, RunList, RunQuery, Schedule,
+    ScheduleInput, ScheduleList, ScheduleQuery, TriggerRequest, Triggered,
 };
 
 use crate::api_client::{ApiClient, CliError, NONE};
@@ -121,10 +121,18 @@ fn apply_fields(body: &mut ScheduleInput, f: &ScheduleFields) -> Result<(), CliE
         (&mut body.misfire, &f.misfire),
         (&mut body.overlap, &f.overlap),
         (&mut body.jitter, &f.jitter),
+        (&mut body.start_at, &f.start_at),
+        (&mut body.end_at, &f.end_at),
     ] {
         if value.is_some() {
             field.clone_from(value);
         }
+    }
+    if f.remaining_runs.is_some() {
+        body.remaining_runs = f.remaining_runs;
+    }
+    if f.pause_after_failures.is_some() {
+        body.pause_after_failures = f.pause_after_failures;
     }
     if let Some(p) = &f.payload {
         body.payload = Some(json_arg("payload", p)?);
@@ -315,15 +323,17 @@ async fn schedules(api: &ApiClient, out: &Output, c: &ScheduleCommand) -> Result
                 format!("deleted {name}\n")
             });
         }
-        ScheduleCommand::Pause { name } => {
+        ScheduleCommand::Pause { name, note } => {
+            let body = PauseRequest { note: note.clone() };
             let s: Schedule = api
-                .call(Method::POST, &path(name, "/pause"), NONE, NONE)
+                .call(Method::POST, &path(name, "/pause"), NONE, Some(&body))
                 .await?;
             out.show(&s, |_| format!("paused {name}\n"));
         }
-        ScheduleCommand::Resume { name } => {
+        ScheduleCommand::Resume { name, note } => {
+            let body = PauseRequest { note: note.clone() };
             let s: Schedule = api
-                .call(Method::POST, &path(name, "/resume"), NONE, NONE)
+                .call(Method::POST, &path(name, "/resume"), NONE, Some(&body))
                 .await?;
             out.show(&s, |_| format!("resumed {name}\n"));
         }

@@ -62,3 +62,54 @@ CREATE INDEX job_runs_buffered_idx ON job_runs (job_name, scheduled_at)
 ALTER TABLE schedules ADD COLUMN remaining_runs INTEGER CHECK (remaining_runs >= 0);
 ALTER TABLE schedules ADD COLUMN pause_note TEXT;
 ALTER TABLE schedules ADD COLUMN resumed_at TEXT;
+
+-- The counter follows the definition (see the Postgres migration).
+CREATE TRIGGER schedules_counter_insert AFTER INSERT ON schedules
+BEGIN
+    UPDATE schedules SET remaining_runs = json_extract(NEW.spec, '$.remaining_runs')
+    WHERE name = NEW.name;
+END;
+
+CREATE TRIGGER schedules_counter_update AFTER UPDATE OF spec ON schedules
+    WHEN json_extract(NEW.spec, '$.remaining_runs') IS NOT json_extract(OLD.spec, '$.remaining_runs')
+BEGIN
+    UPDATE schedules SET remaining_runs = json_extract(NEW.spec, '$.remaining_runs')
+    WHERE name = NEW.name;
+END;
+
+-- pause_after_failures (see the Postgres migration).
+CREATE TRIGGER job_runs_pause_after_failures_update AFTER UPDATE OF status ON job_runs
+    WHEN NEW.status IN ('failed', 'dead')
+BEGIN
+    UPDATE schedules SET paused = 1, updated_at = NEW.updated_at,
+        pause_note = 'paused after ' || json_extract(spec, '$.pause_after_failures')
+            || ' consecutive failures; the last: ' || NEW.run_key || ': '
+            || substr(COALESCE(NEW.last_error, ''), 1, 300)
+    WHERE name = NEW.job_name AND paused = 0
+      AND json_extract(spec, '$.pause_after_failures') IS NOT NULL
+      AND (SELECT count(*) FROM job_runs r
+           WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead')
+             AND r.finished_at > COALESCE(schedules.resumed_at, '')
+             AND r.scheduled_at > COALESCE((SELECT max(q.scheduled_at) FROM job_runs q
+                                            WHERE q.job_name = NEW.job_name AND q.status = 'succeeded'
+                                              AND q.finished_at > COALESCE(schedules.resumed_at, '')), ''))
+          >= json_extract(spec, '$.pause_after_failures');
+END;
+
+CREATE TRIGGER job_runs_pause_after_failures_insert AFTER INSERT ON job_runs
+    WHEN NEW.status IN ('failed', 'dead')
+BEGIN
+    UPDATE schedules SET paused = 1, updated_at = NEW.updated_at,
+        pause_note = 'paused after ' || json_extract(spec, '$.pause_after_failures')
+            || ' consecutive failures; the last: ' || NEW.run_key || ': '
+            || substr(COALESCE(NEW.last_error, ''), 1, 300)
+    WHERE name = NEW.job_name AND paused = 0
+      AND json_extract(spec, '$.pause_after_failures') IS NOT NULL
+      AND (SELECT count(*) FROM job_runs r
+           WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead')
+             AND r.finished_at > COALESCE(schedules.resumed_at, '')
+             AND r.scheduled_at > COALESCE((SELECT max(q.scheduled_at) FROM job_runs q
+                                            WHERE q.job_name = NEW.job_name AND q.status = 'succeeded'
+                                              AND q.finished_at > COALESCE(schedules.resumed_at, '')), ''))
+          >= json_extract(spec, '$.pause_after_failures');
+END;

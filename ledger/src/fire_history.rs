@@ -38,6 +38,9 @@ pub enum ExclusiveClaim {
     /// A previous run of the schedule is unfinished: the run was inserted
     /// `buffered`, to start when it has ended.
     Buffered,
+    /// The schedule's `remaining_runs` counter is at zero: the fire was
+    /// not claimed (recorded as skipped).
+    RanOut,
 }
 
 /// SQL that is true when the run aliased `alias` is a fire of its schedule's
@@ -51,6 +54,13 @@ pub(crate) fn live_fire(alias: &str) -> String {
         "({alias}.claimed_by NOT LIKE 'client:%' AND {alias}.claimed_by NOT LIKE 'manual:%' \
           AND {alias}.claimed_by NOT LIKE 'backfill:%')"
     )
+}
+
+/// [`live_fire`] for a run about to be claimed by `claimed_by`.
+pub(crate) fn is_live_claimer(claimed_by: &str) -> bool {
+    !["client:", "manual:", "backfill:"]
+        .iter()
+        .any(|p| claimed_by.starts_with(p))
 }
 
 /// The `SELECT` of [`Ledger::late_claims`], the same on both backends (SQLite
@@ -100,15 +110,23 @@ impl Ledger {
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
     pub async fn claim_exclusive(&self, run: &NewRun) -> Result<ExclusiveClaim, LedgerError> {
-        self.claim_exclusive_with(run, OverlapRule::Skip, true)
+        self.claim_exclusive_with(run, Some(OverlapRule::Skip), true)
             .await
     }
 
     /// Claims `run` under the overlap `rule` of its schedule (see
-    /// `crate::overlap`): inserted, inserted `buffered`, or skipped, after
-    /// cancelling what the rule cancels; an overlapped fire is recorded in
-    /// `skipped_fires` only with `record_skip` (a refused manual trigger is
-    /// not a fire of the schedule and leaves nothing behind).
+    /// `crate::overlap`; `None`: `allow_all`): inserted, inserted
+    /// `buffered`, or skipped, after cancelling what the rule cancels; an
+    /// overlapped fire is recorded in `skipped_fires` only with
+    /// `record_skip` (a refused manual trigger is not a fire of the
+    /// schedule and leaves nothing behind).
+    ///
+    /// A fire of the timetable (not a manual trigger, backfill or ad-hoc
+    /// job) of a schedule with a `remaining_runs` counter counts it down in
+    /// the same transaction as its winning claim, so only the winner
+    /// counts; at zero the fire is not claimed ([`ExclusiveClaim::RanOut`]),
+    /// and the claim that takes the last run pauses the schedule with a
+    /// note saying why.
     ///
     /// # Errors
     ///
@@ -116,7 +134,7 @@ impl Ledger {
     pub async fn claim_exclusive_with(
         &self,
         run: &NewRun,
-        rule: OverlapRule,
+        rule: Option<OverlapRule>,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError> {
         self.store

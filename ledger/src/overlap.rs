@@ -25,6 +25,15 @@ use uuid::Uuid;
 use crate::runs::RunRecord;
 use crate::{Ledger, LedgerError, RunStatus};
 
+/// Ran out: the fire of a schedule whose `remaining_runs` counter is at
+/// zero is not claimed (and recorded as skipped).
+pub(crate) const RAN_OUT: &str = "remaining_runs: no runs left";
+
+/// The note a schedule is paused with when its last counted run is
+/// claimed.
+pub(crate) const RAN_OUT_NOTE: &str =
+    "ran out: every run of its remaining_runs has fired; set a new remaining_runs and resume it to fire again";
+
 /// The overlap rules that need a decision (see the module docs; `allow_all`
 /// needs none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,16 +106,18 @@ pub(crate) enum Plan {
     },
 }
 
-/// The decision for the fire `run_key` under `rule`, given the schedule's
-/// unfinished earlier runs, oldest first. The same on both backends.
-pub(crate) fn plan(rule: OverlapRule, run_key: &str, earlier: &[Earlier]) -> Plan {
+/// The decision for the fire `run_key` under `rule` (`None`: `allow_all`,
+/// a fire decided here only because it counts down `remaining_runs`),
+/// given the schedule's unfinished earlier runs, oldest first. The same on
+/// both backends.
+pub(crate) fn plan(rule: Option<OverlapRule>, run_key: &str, earlier: &[Earlier]) -> Plan {
     let insert = |buffered| Plan::Insert {
         buffered,
         cancel: Vec::new(),
         immediate: false,
         reason: String::new(),
     };
-    let Some(last) = earlier.last() else {
+    let (Some(rule), Some(last)) = (rule, earlier.last()) else {
         return insert(false);
     };
     match rule {
@@ -183,16 +194,23 @@ mod tests {
             OverlapRule::TerminateOther,
         ] {
             assert!(
-                matches!(plan(rule, "s@3", &none), Plan::Insert { buffered: false, ref cancel, .. } if cancel.is_empty()),
+                matches!(plan(Some(rule), "s@3", &none), Plan::Insert { buffered: false, ref cancel, .. } if cancel.is_empty()),
                 "{rule:?} with nothing unfinished starts at once"
             );
         }
         let running = vec![run(RunStatus::Running, "s@1")];
+        assert!(matches!(
+            plan(None, "s@3", &running),
+            Plan::Insert {
+                buffered: false,
+                ..
+            }
+        ));
         assert!(
-            matches!(plan(OverlapRule::Skip, "s@3", &running), Plan::Skip(r) if r.contains("s@1"))
+            matches!(plan(Some(OverlapRule::Skip), "s@3", &running), Plan::Skip(r) if r.contains("s@1"))
         );
         assert!(matches!(
-            plan(OverlapRule::BufferOne, "s@3", &running),
+            plan(Some(OverlapRule::BufferOne), "s@3", &running),
             Plan::Insert { buffered: true, .. }
         ));
         let both = vec![
@@ -200,13 +218,13 @@ mod tests {
             run(RunStatus::Buffered, "s@2"),
         ];
         assert!(
-            matches!(plan(OverlapRule::BufferOne, "s@3", &both), Plan::Skip(r) if r.contains("s@2"))
+            matches!(plan(Some(OverlapRule::BufferOne), "s@3", &both), Plan::Skip(r) if r.contains("s@2"))
         );
         assert!(matches!(
-            plan(OverlapRule::BufferAll, "s@3", &both),
+            plan(Some(OverlapRule::BufferAll), "s@3", &both),
             Plan::Insert { buffered: true, .. }
         ));
-        match plan(OverlapRule::CancelOther, "s@3", &both) {
+        match plan(Some(OverlapRule::CancelOther), "s@3", &both) {
             Plan::Insert {
                 buffered,
                 cancel,
@@ -218,7 +236,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        match plan(OverlapRule::TerminateOther, "s@3", &both) {
+        match plan(Some(OverlapRule::TerminateOther), "s@3", &both) {
             Plan::Insert {
                 buffered,
                 cancel,
@@ -232,7 +250,7 @@ mod tests {
         // Only waiting runs to cancel: they end at once, the fire starts.
         let waiting = vec![run(RunStatus::Dispatched, "s@1")];
         assert!(matches!(
-            plan(OverlapRule::CancelOther, "s@3", &waiting),
+            plan(Some(OverlapRule::CancelOther), "s@3", &waiting),
             Plan::Insert {
                 buffered: false,
                 ..

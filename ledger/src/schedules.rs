@@ -33,11 +33,19 @@ pub struct ScheduleRow {
     /// When the row last changed.
     #[sqlx(default)]
     pub updated_at: Option<DateTime<Utc>>,
+    /// With `remaining_runs` in the spec: fires left (maintained by the
+    /// ledger: set from the spec, decremented with each winning claim of a
+    /// fire of the timetable).
+    #[sqlx(default)]
+    pub remaining_runs: Option<i64>,
+    /// Why it is paused (an operator's note, or belfry's own reason).
+    #[sqlx(default)]
+    pub pause_note: Option<String>,
 }
 
 /// The columns of [`ScheduleRow`].
-pub(crate) const SCHEDULE_COLUMNS: &str =
-    "name, cron, every_ms, timezone, job_type, payload, paused, options, spec, updated_at";
+pub(crate) const SCHEDULE_COLUMNS: &str = "name, cron, every_ms, timezone, job_type, payload, \
+     paused, options, spec, updated_at, remaining_runs, pause_note";
 
 /// What [`crate::store::ScheduleStore::write_schedule`] does when a schedule
 /// of the same name is stored.
@@ -224,13 +232,21 @@ impl Ledger {
         self.store.schedule_versions().await
     }
 
-    /// Sets a schedule's paused flag. Returns whether the schedule exists.
+    /// Sets a schedule's paused flag, with `note` saying why when pausing
+    /// (resuming clears the note, and `pause_after_failures` counts from
+    /// then on). Returns whether the schedule exists.
     ///
     /// # Errors
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
-    pub async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
-        self.store.set_paused(name, paused).await
+    pub async fn set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        note: Option<&str>,
+    ) -> Result<bool, LedgerError> {
+        let note = note.map(crate::storable);
+        self.store.set_paused(name, paused, note.as_deref()).await
     }
 
     /// Deletes the stored schedules whose names are not in `keep`; returns

@@ -166,7 +166,7 @@ pub(crate) trait FireHistoryStore {
     async fn claim_exclusive_with(
         &self,
         run: &NewRun,
-        rule: OverlapRule,
+        rule: Option<OverlapRule>,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError>;
 
@@ -260,7 +260,12 @@ pub(crate) trait ScheduleStore {
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError>;
 
     /// [`crate::Ledger::set_paused`].
-    async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError>;
+    async fn set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        note: Option<&str>,
+    ) -> Result<bool, LedgerError>;
 
     /// [`crate::Ledger::delete_schedules_except`].
     async fn delete_schedules_except(&self, keep: &[String]) -> Result<Vec<String>, LedgerError>;

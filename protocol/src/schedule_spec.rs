@@ -71,10 +71,27 @@ pub struct ScheduleSpec {
     /// latest); default 100.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catch_up_max: Option<u32>,
-    /// `"allow"` (default) or `"forbid"`: whether a fire may start while the
-    /// previous run of the schedule is unfinished.
+    /// What happens to a fire while the previous run of the schedule is
+    /// unfinished: `"allow_all"` (default), `"skip"`, `"buffer_one"`,
+    /// `"buffer_all"`, `"cancel_other"` or `"terminate_other"`
+    /// (`"allow"` and `"forbid"` are aliases of the first two).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<String>,
+    /// No fire before this instant (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
+    /// No fire after this instant (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<String>,
+    /// Fire at most this many more times (fires of the timetable; manual
+    /// triggers and backfills do not count), then pause with a note. The
+    /// stored counter restarts from this value whenever it changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_runs: Option<u64>,
+    /// Pause the schedule (with a note) after this many consecutive runs
+    /// ended `failed` or `dead`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_after_failures: Option<u32>,
     /// Spread fires of this schedule over up to this long after their
     /// nominal instant (e.g. `"30s"`), by an offset derived from the name:
     /// the same on every replica, never past the next fire. The run key

@@ -36,6 +36,9 @@ pub enum ClaimOutcome {
     /// it `buffered` until the previous run ends (a replica's reconciler
     /// then releases it to the outbox).
     Buffered(Box<NewRun>),
+    /// The schedule's `remaining_runs` is at zero: not claimed (recorded
+    /// as skipped).
+    RanOut,
 }
 
 /// What an insert under an overlap policy did.
@@ -48,6 +51,8 @@ enum Inserted {
     Taken,
     /// The policy skipped the fire.
     Skipped,
+    /// The schedule's `remaining_runs` is at zero.
+    RanOut,
 }
 
 /// Why a fire is being claimed: decides the lock, the run's `claimed_by`,
@@ -190,7 +195,7 @@ impl Claimer {
         };
         // A refused manual run is not a fire: nothing is recorded.
         let outcome = match self
-            .insert(&run, policy, false)
+            .insert(&run, policy, schedule.counted, false)
             .instrument(span.clone())
             .await?
         {
@@ -206,6 +211,7 @@ impl Claimer {
             // the same rather than assume.
             Inserted::Taken => ClaimOutcome::LostAtLedger,
             Inserted::Skipped => ClaimOutcome::Overlapped,
+            Inserted::RanOut => ClaimOutcome::RanOut,
         };
         span.record("belfry.claim", claim_label(Some(&outcome)));
         Ok(outcome)
@@ -239,20 +245,25 @@ impl Claimer {
     }
 
     /// Inserts `run` under `overlap` (skipped fires recorded in
-    /// `skipped_fires` with `record_skip`).
+    /// `skipped_fires` with `record_skip`); with `counted` (the schedule
+    /// has `remaining_runs`) through the per-schedule decision too, which
+    /// counts the fire down with its claim.
     async fn insert(
         &self,
         run: &NewRun,
         overlap: OverlapPolicy,
+        counted: bool,
         record_skip: bool,
     ) -> Result<Inserted, belfry_ledger::LedgerError> {
-        let Some(rule) = overlap.rule() else {
+        let rule = overlap.rule();
+        if rule.is_none() && !counted {
             return Ok(if self.ledger.claim(run).await? {
                 Inserted::Won
             } else {
                 Inserted::Taken
             });
-        };
+        }
+        let label = rule.map_or("allow_all", |r| r.as_str());
         Ok(
             match self
                 .ledger
@@ -263,15 +274,21 @@ impl Claimer {
                 ExclusiveClaim::Taken => Inserted::Taken,
                 ExclusiveClaim::Buffered => {
                     FireCounters::add(&self.counters.buffered, 1);
-                    tracing::info!(run_key = %run.run_key, overlap = rule.as_str(),
+                    tracing::info!(run_key = %run.run_key, overlap = label,
                         "fire buffered: it starts when the previous run has ended");
                     Inserted::Buffered
                 }
                 ExclusiveClaim::Overlapped => {
                     FireCounters::add(&self.counters.skipped_overlap, 1);
-                    tracing::info!(run_key = %run.run_key, overlap = rule.as_str(),
+                    tracing::info!(run_key = %run.run_key, overlap = label,
                         "fire skipped: the previous run is not finished");
                     Inserted::Skipped
+                }
+                ExclusiveClaim::RanOut => {
+                    FireCounters::add(&self.counters.skipped_ran_out, 1);
+                    tracing::info!(run_key = %run.run_key,
+                        "fire skipped: the schedule has no runs left (remaining_runs)");
+                    Inserted::RanOut
                 }
             },
         )
@@ -328,8 +345,8 @@ impl Claimer {
                         source.claimed_by(&self.instance),
                     )
                 });
-                if schedule.overlap.rule().is_some() {
-                    exclusive.push((i, schedule.overlap, run));
+                if schedule.overlap.rule().is_some() || schedule.counted {
+                    exclusive.push((i, schedule.overlap, schedule.counted, run));
                 } else {
                     runs.push(run);
                     run_index.push(i);
@@ -339,10 +356,12 @@ impl Claimer {
         // Both kinds at once: the exclusive claims are decided one by one,
         // each under its own schedule's advisory lock, so they do not wait
         // for the batch (nor it for them).
-        let decided = futures::future::join_all(exclusive.into_iter().map(|(i, policy, run)| {
-            let span = claim_spans[i].clone();
-            async move { (i, self.insert(&run, policy, true).await, run) }.instrument(span)
-        }));
+        let decided =
+            futures::future::join_all(exclusive.into_iter().map(|(i, policy, counted, run)| {
+                let span = claim_spans[i].clone();
+                async move { (i, self.insert(&run, policy, counted, true).await, run) }
+                    .instrument(span)
+            }));
         let (decided, batch) = tokio::join!(decided, self.claim_shared(&runs));
         for (i, inserted, run) in decided {
             outcomes[i] = Some(match inserted {
@@ -350,6 +369,7 @@ impl Claimer {
                 Ok(Inserted::Taken) => Ok(self.claimed(run, false)),
                 Ok(Inserted::Buffered) => Ok(ClaimOutcome::Buffered(Box::new(run))),
                 Ok(Inserted::Skipped) => Ok(ClaimOutcome::Overlapped),
+                Ok(Inserted::RanOut) => Ok(ClaimOutcome::RanOut),
                 Err(e) => {
                     self.release(locked[i], &fires[i].0.name, &keys[i]).await;
                     Err(e.to_string())
@@ -470,6 +490,7 @@ fn claim_label(outcome: Option<&ClaimOutcome>) -> &'static str {
         Some(ClaimOutcome::LostAtLedger) => "lost_ledger",
         Some(ClaimOutcome::Overlapped) => "overlapped",
         Some(ClaimOutcome::Buffered(_)) => "buffered",
+        Some(ClaimOutcome::RanOut) => "ran_out",
         None => "error",
     }
 }

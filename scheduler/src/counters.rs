@@ -43,6 +43,9 @@ pub struct FireCounters {
     /// Fires skipped because the previous run was unfinished (overlap =
     /// skip, or buffer_one with a fire already buffered).
     pub skipped_overlap: AtomicU64,
+    /// Fires not claimed because their schedule has no `remaining_runs`
+    /// left.
+    pub skipped_ran_out: AtomicU64,
     /// Fires held `buffered` by their overlap policy.
     pub buffered: AtomicU64,
     /// Buffered runs released to the outbox once their schedule's previous
@@ -75,6 +78,7 @@ impl Default for FireCounters {
             misfires_skipped: AtomicU64::default(),
             misfires_recovered: AtomicU64::default(),
             skipped_overlap: AtomicU64::default(),
+            skipped_ran_out: AtomicU64::default(),
             buffered: AtomicU64::default(),
             released: AtomicU64::default(),
             skipped_clock_skew: AtomicU64::default(),
@@ -134,6 +138,7 @@ impl Collector for FireCounters {
                 ("misfire", get(&self.misfires_skipped)),
                 ("overlap", get(&self.skipped_overlap)),
                 ("clock_skew", get(&self.skipped_clock_skew)),
+                ("ran_out", get(&self.skipped_ran_out)),
             ],
         )?;
         encode_counter(

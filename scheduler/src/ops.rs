@@ -345,9 +345,10 @@ impl Ops {
     }
 
     /// Pauses (no more fires until resumed) or resumes `name` (fires missed
-    /// while paused follow its misfire policy); `detail` goes into the
-    /// audit line (`web view`, say). Returns the schedule as stored, or
-    /// `None` when it cannot be read back (the change is made).
+    /// while paused follow its misfire policy), with an optional `note`
+    /// saying why (kept while paused); `detail` goes into the audit line
+    /// (`web view`, say). Returns the schedule as stored, or `None` when it
+    /// cannot be read back (the change is made).
     ///
     /// # Errors
     ///
@@ -357,10 +358,31 @@ impl Ops {
         actor: &str,
         name: &str,
         paused: bool,
+        note: Option<&str>,
         detail: &str,
     ) -> Result<Option<ScheduleRow>, OpsError> {
         validate_name("schedule name", name)?;
-        if !self.replica.ledger().set_paused(name, paused).await? {
+        let note = note.map(str::trim).filter(|n| !n.is_empty());
+        if let Some(n) = note {
+            if n.chars().count() > crate::cancel::MAX_REASON_CHARS {
+                return Err(OpsError::Invalid {
+                    field: "note",
+                    message: format!(
+                        "the note has {} characters; at most {} are kept",
+                        n.chars().count(),
+                        crate::cancel::MAX_REASON_CHARS
+                    ),
+                });
+            }
+        }
+        // The note says who: the audit line's actor.
+        let note = note.map(|n| format!("{n} ({actor})"));
+        if !self
+            .replica
+            .ledger()
+            .set_paused(name, paused, note.as_deref())
+            .await?
+        {
             return Err(OpsError::NotFound { name: name.into() });
         }
         let action = if paused {
@@ -368,7 +390,12 @@ impl Ops {
         } else {
             "schedule.resume"
         };
-        audit(actor, action, name, detail);
+        let detail = match &note {
+            Some(n) if detail.is_empty() => n.clone(),
+            Some(n) => format!("{n}; {detail}"),
+            None => detail.to_owned(),
+        };
+        audit(actor, action, name, &detail);
         Ok(self.replica.ledger().schedule(name).await.ok().flatten())
     }
 
@@ -556,6 +583,12 @@ impl Ops {
         count: usize,
     ) -> Result<(ScheduleRow, Vec<DateTime<Utc>>), OpsError> {
         let row = self.schedule(name).await?;
+        // Inside its start_at/end_at window, and no more than it has runs
+        // left (none once it ran out).
+        let count = match row.remaining_runs {
+            Some(left) => count.min(usize::try_from(left.max(0)).unwrap_or(usize::MAX)),
+            None => count,
+        };
         let next = Self::compiled(&row)?.upcoming(self.replica.clock().now(), count);
         Ok((row, next))
     }

@@ -34,13 +34,19 @@ pub struct PreviewRequest {
     pub from: Option<DateTime<Utc>>,
     /// How many instants.
     pub count: usize,
+    /// No instant before this (RFC 3339, as `start_at`).
+    pub start_at: Option<String>,
+    /// No instant after this (RFC 3339, as `end_at`).
+    pub end_at: Option<String>,
+    /// At most this many instants (as `remaining_runs`).
+    pub remaining_runs: Option<u64>,
 }
 
 /// Why a preview could not be computed.
 #[derive(Debug, Error)]
 pub enum PreviewError {
     /// The command line is wrong.
-    #[error("{0}\nusage: belfry-scheduler preview (--cron \"<expr>\" [--tz <zone>] | --every <duration>) [--from <RFC 3339>] [--count N]")]
+    #[error("{0}\nusage: belfry-scheduler preview (--cron \"<expr>\" [--tz <zone>] | --every <duration>) [--from <RFC 3339>] [--count N] [--start-at <RFC 3339>] [--end-at <RFC 3339>] [--remaining-runs N]")]
     Usage(String),
     /// The expression, zone or interval is invalid.
     #[error("{0}")]
@@ -60,6 +66,9 @@ pub fn parse_args(args: &[String]) -> Result<PreviewRequest, PreviewError> {
         tz: None,
         from: None,
         count: 10,
+        start_at: None,
+        end_at: None,
+        remaining_runs: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -91,6 +100,16 @@ pub fn parse_args(args: &[String]) -> Result<PreviewRequest, PreviewError> {
                         ))
                     })?;
             }
+            "--start-at" => request.start_at = Some(value()?),
+            "--end-at" => request.end_at = Some(value()?),
+            "--remaining-runs" => {
+                let raw = value()?;
+                request.remaining_runs = Some(raw.parse().map_err(|_| {
+                    PreviewError::Usage(format!(
+                        "--remaining-runs {raw:?}: expected a whole number"
+                    ))
+                })?);
+            }
             other => return Err(PreviewError::Usage(format!("unknown argument {other:?}"))),
         }
     }
@@ -115,10 +134,19 @@ pub fn preview(request: &PreviewRequest, now: DateTime<Utc>) -> Result<Vec<Strin
         every: request.every.clone(),
         timezone: request.tz.clone(),
         job_type: "preview".into(),
+        start_at: request.start_at.clone(),
+        end_at: request.end_at.clone(),
+        remaining_runs: request.remaining_runs,
         ..ScheduleSpec::default()
     })?;
+    let count = match request.remaining_runs {
+        Some(left) => request
+            .count
+            .min(usize::try_from(left).unwrap_or(usize::MAX)),
+        None => request.count,
+    };
     Ok(schedule
-        .upcoming(request.from.unwrap_or(now), request.count)
+        .upcoming(request.from.unwrap_or(now), count)
         .into_iter()
         .map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true))
         .collect())

@@ -72,6 +72,16 @@ pub struct Schedule {
     /// Fixed offset after each nominal instant at which it fires (see
     /// [`Schedule::offset_for`]); zero without jitter.
     pub jitter_offset: Duration,
+    /// No fire before this instant (`start_at`).
+    pub start_at: Option<DateTime<Utc>>,
+    /// No fire after this instant (`end_at`).
+    pub end_at: Option<DateTime<Utc>>,
+    /// Whether its fires count down `remaining_runs` (claimed through the
+    /// per-schedule decision, which decrements the stored counter with the
+    /// winning claim).
+    pub counted: bool,
+    /// Pause after this many consecutive `failed`/`dead` runs.
+    pub pause_after_failures: Option<u32>,
 }
 
 /// What happens to a fire while the schedule's previous run is unfinished
@@ -285,13 +295,55 @@ impl Schedule {
             overlap: OverlapPolicy::parse(spec.overlap.as_deref())
                 .map_err(|message| err("overlap", message))?,
             jitter_offset,
+            start_at: bound(spec.start_at.as_deref()).map_err(|m| err("start_at", m))?,
+            end_at: match bound(spec.end_at.as_deref()).map_err(|m| err("end_at", m))? {
+                Some(end) if bound(spec.start_at.as_deref()).ok().flatten() >= Some(end) => {
+                    return Err(err("end_at", "end_at must be after start_at".into()))
+                }
+                end => end,
+            },
+            counted: match spec.remaining_runs {
+                None => false,
+                Some(1..=1_000_000_000) => true,
+                Some(n) => {
+                    return Err(err(
+                        "remaining_runs",
+                        format!("remaining_runs {n} is not from 1 to 1,000,000,000"),
+                    ))
+                }
+            },
+            pause_after_failures: match spec.pause_after_failures {
+                None => None,
+                Some(n @ 1..=1000) => Some(n),
+                Some(n) => {
+                    return Err(err(
+                        "pause_after_failures",
+                        format!("pause_after_failures {n} is not from 1 to 1000"),
+                    ))
+                }
+            },
         })
     }
 
-    /// The first fire instant strictly after `after`, or `None` when the
-    /// schedule never fires again (a cron expression for a date that does
+    /// The first fire instant strictly after `after` inside the schedule's
+    /// `start_at`/`end_at` window, or `None` when the schedule never fires
+    /// again (past its `end_at`, or a cron expression for a date that does
     /// not come, such as 30 February).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // Just before `start_at`: the first instant at or after it.
+        let after = match self.start_at {
+            Some(start) if after < start => start - Duration::nanoseconds(1),
+            _ => after,
+        };
+        let next = self.next_unbounded(after)?;
+        match self.end_at {
+            Some(end) if next > end => None,
+            _ => Some(next),
+        }
+    }
+
+    /// [`Schedule::next_after`] without the window.
+    fn next_unbounded(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         // Fire instants are whole seconds; start from the second `after` is
         // in, so "strictly after" means "from the next whole second".
         let after = after.trunc_subsecs(0);
@@ -432,6 +484,8 @@ impl Schedule {
             options: serde_json::to_value(&self.options).unwrap_or_default(),
             spec: None,
             updated_at: None,
+            remaining_runs: None,
+            pause_note: None,
         }
     }
 }
@@ -564,6 +618,18 @@ pub fn job_options_of(
         }
     };
     Ok(JobOptions { retry, timeout_ms })
+}
+
+/// A `start_at`/`end_at` bound: an RFC 3339 instant, or none.
+fn bound(raw: Option<&str>) -> Result<Option<DateTime<Utc>>, String> {
+    raw.map(|raw| {
+        DateTime::parse_from_rfc3339(raw)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| {
+                format!("{raw:?} is not an RFC 3339 instant ({e}); e.g. \"2026-07-26T03:00:00Z\"")
+            })
+    })
+    .transpose()
 }
 
 fn parse_period(raw: &str) -> Result<Duration, String> {

@@ -11,8 +11,8 @@ use sqlx::Row;
 
 use super::PgStore;
 use crate::cancel::CancelRequest;
-use crate::fire_history::{late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::overlap::{plan, Earlier, Plan};
+use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
+use crate::overlap::{plan, Earlier, Plan, RAN_OUT, RAN_OUT_NOTE};
 use crate::runs::{run_columns_of, NewRun, RunRecord};
 use crate::store::FireHistoryStore;
 use crate::{LedgerError, OverlapRule};
@@ -46,7 +46,7 @@ impl FireHistoryStore for PgStore {
     async fn claim_exclusive_with(
         &self,
         run: &NewRun,
-        rule: OverlapRule,
+        rule: Option<OverlapRule>,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError> {
         let pool = &self.route;
@@ -68,9 +68,23 @@ impl FireHistoryStore for PgStore {
             tx.commit().await?;
             return Ok(ExclusiveClaim::Taken);
         }
+        // The counter of a bounded schedule, locked with the decision; only
+        // fires of the timetable count.
+        let left: Option<i64> = if is_live_claimer(&run.claimed_by) {
+            sqlx::query_scalar("SELECT remaining_runs FROM schedules WHERE name = $1 FOR UPDATE")
+                .bind(&run.job_name)
+                .fetch_optional(self.route.on(&mut tx))
+                .await?
+                .flatten()
+        } else {
+            None
+        };
         // Unfinished earlier runs, oldest first; a run whose worker is gone
         // (running under an expired lease) does not hold the schedule back.
-        let rows: Vec<(uuid::Uuid, String, String)> = sqlx::query_as(
+        let rows: Vec<(uuid::Uuid, String, String)> = if rule.is_none() || left == Some(0) {
+            Vec::new()
+        } else {
+            sqlx::query_as(
             "SELECT id, run_key, status FROM job_runs WHERE job_name = $1 AND scheduled_at < $2 \
                  AND status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
                  AND NOT (status = 'running' AND lease_until < now()) \
@@ -79,9 +93,15 @@ impl FireHistoryStore for PgStore {
         .bind(&run.job_name)
         .bind(run.scheduled_at)
         .fetch_all(self.route.on(&mut tx))
-        .await?;
+        .await?
+        };
         let earlier = Earlier::parse(rows)?;
-        let (buffered, cancel, immediate, reason) = match plan(rule, &run.run_key, &earlier) {
+        let decided = if left == Some(0) {
+            Plan::Skip(RAN_OUT.into())
+        } else {
+            plan(rule, &run.run_key, &earlier)
+        };
+        let (buffered, cancel, immediate, reason) = match decided {
             Plan::Skip(reason) => {
                 if record_skip {
                     sqlx::query(
@@ -97,7 +117,11 @@ impl FireHistoryStore for PgStore {
                     .await?;
                 }
                 tx.commit().await?;
-                return Ok(ExclusiveClaim::Overlapped);
+                return Ok(if left == Some(0) {
+                    ExclusiveClaim::RanOut
+                } else {
+                    ExclusiveClaim::Overlapped
+                });
             }
             Plan::Insert {
                 buffered,
@@ -118,6 +142,20 @@ impl FireHistoryStore for PgStore {
             !super::runs::claim_rows(self.route.on(&mut tx), std::slice::from_ref(run), buffered)
                 .await?
                 .is_empty();
+        if won && left.is_some() {
+            // Every expression reads the counter as it was: the claim of
+            // the last run pauses the schedule, saying why.
+            sqlx::query(
+                "UPDATE schedules SET remaining_runs = remaining_runs - 1, \
+                     paused = paused OR remaining_runs = 1, \
+                     pause_note = CASE WHEN remaining_runs = 1 THEN $2 ELSE pause_note END \
+                 WHERE name = $1",
+            )
+            .bind(&run.job_name)
+            .bind(RAN_OUT_NOTE)
+            .execute(self.route.on(&mut tx))
+            .await?;
+        }
         tx.commit().await?;
         Ok(match (won, buffered) {
             (false, _) => ExclusiveClaim::Taken,

@@ -74,9 +74,18 @@ impl ScheduleStore for PgStore {
             .await?)
     }
 
-    async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
-        let update = sqlx::query("UPDATE schedules SET paused = $2 WHERE name = $1");
-        self.moved(update.bind(name).bind(paused)).await
+    async fn set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        note: Option<&str>,
+    ) -> Result<bool, LedgerError> {
+        let update = sqlx::query(
+            "UPDATE schedules SET paused = $2, pause_note = CASE WHEN $2 THEN $3 END, \
+                 resumed_at = CASE WHEN $2 THEN resumed_at ELSE now() END \
+             WHERE name = $1",
+        );
+        self.moved(update.bind(name).bind(paused).bind(note)).await
     }
 
     async fn delete_schedules_except(&self, keep: &[String]) -> Result<Vec<String>, LedgerError> {

@@ -15,8 +15,8 @@ use async_trait::async_trait;
 
 use super::{now, now_minus, ts, SqliteLedger};
 use crate::cancel::{CancelOutcome, CancelRequest};
-use crate::fire_history::{late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::overlap::{plan, Earlier, Plan};
+use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
+use crate::overlap::{plan, Earlier, Plan, RAN_OUT, RAN_OUT_NOTE};
 use crate::runs::{NewRun, RunRecord, RUN_COLUMNS};
 use crate::store::FireHistoryStore;
 use crate::{LedgerError, OverlapRule};
@@ -71,7 +71,7 @@ impl FireHistoryStore for SqliteLedger {
     async fn claim_exclusive_with(
         &self,
         run: &NewRun,
-        rule: OverlapRule,
+        rule: Option<OverlapRule>,
         record_skip: bool,
     ) -> Result<ExclusiveClaim, LedgerError> {
         // The write lock is held from the first statement to the commit:
@@ -90,7 +90,22 @@ impl FireHistoryStore for SqliteLedger {
             return Ok(ExclusiveClaim::Taken);
         }
         let at = now();
-        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(
+        // The counter of a bounded schedule; only fires of the timetable
+        // count. The write lock makes reading and decrementing it one
+        // decision.
+        let left: Option<i64> = if is_live_claimer(&run.claimed_by) {
+            sqlx::query_scalar("SELECT remaining_runs FROM schedules WHERE name = ?1")
+                .bind(&run.job_name)
+                .fetch_optional(&mut *tx)
+                .await?
+                .flatten()
+        } else {
+            None
+        };
+        let rows: Vec<(Uuid, String, String)> = if rule.is_none() || left == Some(0) {
+            Vec::new()
+        } else {
+            sqlx::query_as(
             "SELECT id, run_key, status FROM job_runs WHERE job_name = ?1 AND scheduled_at < ?2 \
                  AND status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
                  AND NOT (status = 'running' AND lease_until < ?3) \
@@ -100,9 +115,15 @@ impl FireHistoryStore for SqliteLedger {
         .bind(ts(run.scheduled_at))
         .bind(&at)
         .fetch_all(&mut *tx)
-        .await?;
+        .await?
+        };
         let earlier = Earlier::parse(rows)?;
-        let (buffered, cancel, immediate, reason) = match plan(rule, &run.run_key, &earlier) {
+        let decided = if left == Some(0) {
+            Plan::Skip(RAN_OUT.into())
+        } else {
+            plan(rule, &run.run_key, &earlier)
+        };
+        let (buffered, cancel, immediate, reason) = match decided {
             Plan::Skip(reason) => {
                 if record_skip {
                     insert_skip(
@@ -116,7 +137,11 @@ impl FireHistoryStore for SqliteLedger {
                     .await?;
                 }
                 tx.commit().await?;
-                return Ok(ExclusiveClaim::Overlapped);
+                return Ok(if left == Some(0) {
+                    ExclusiveClaim::RanOut
+                } else {
+                    ExclusiveClaim::Overlapped
+                });
             }
             Plan::Insert {
                 buffered,
@@ -139,7 +164,26 @@ impl FireHistoryStore for SqliteLedger {
         let won = !super::runs::claim_in(&mut tx, std::slice::from_ref(run), &at, buffered)
             .await?
             .is_empty();
+        let paused = won && left == Some(1);
+        if won && left.is_some() {
+            sqlx::query(
+                "UPDATE schedules SET remaining_runs = remaining_runs - 1, \
+                     paused = (paused OR remaining_runs = 1), \
+                     pause_note = CASE WHEN remaining_runs = 1 THEN ?2 ELSE pause_note END, \
+                     updated_at = ?3 \
+                 WHERE name = ?1",
+            )
+            .bind(&run.job_name)
+            .bind(RAN_OUT_NOTE)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
+        if paused {
+            // The replicas of this process drop it from their timers.
+            self.announce(&run.job_name);
+        }
         for id in requested {
             self.announce_cancel(&CancelRequest {
                 id,

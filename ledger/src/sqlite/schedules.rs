@@ -104,10 +104,19 @@ impl ScheduleStore for SqliteLedger {
             .await?)
     }
 
-    async fn set_paused(&self, name: &str, paused: bool) -> Result<bool, LedgerError> {
-        let update =
-            sqlx::query("UPDATE schedules SET paused = ?2, updated_at = ?3 WHERE name = ?1");
-        self.moved_announced(name, update.bind(name).bind(paused).bind(now()))
+    async fn set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        note: Option<&str>,
+    ) -> Result<bool, LedgerError> {
+        let update = sqlx::query(
+            "UPDATE schedules SET paused = ?2, updated_at = ?3, \
+                 pause_note = CASE WHEN ?2 THEN ?4 END, \
+                 resumed_at = CASE WHEN ?2 THEN resumed_at ELSE ?3 END \
+             WHERE name = ?1",
+        );
+        self.moved_announced(name, update.bind(name).bind(paused).bind(now()).bind(note))
             .await
     }
 

@@ -139,6 +139,9 @@ impl Replica {
                     reason: SkipReason::Overlap,
                 }),
                 Ok(ClaimOutcome::Buffered(run)) => Some(FireOutcome::Buffered { id: run.id }),
+                Ok(ClaimOutcome::RanOut) => Some(FireOutcome::Skipped {
+                    reason: SkipReason::RanOut,
+                }),
                 Err(reason) => {
                     FireCounters::add(&self.counters.claim_errors, 1);
                     self.remember_missed_from(source, schedule, *at);
@@ -263,6 +266,9 @@ impl Replica {
                     reason: SkipReason::Overlap,
                 },
                 Ok(ClaimOutcome::Buffered(run)) => FireOutcome::Buffered { id: run.id },
+                Ok(ClaimOutcome::RanOut) => FireOutcome::Skipped {
+                    reason: SkipReason::RanOut,
+                },
                 Ok(ClaimOutcome::LostAtLock | ClaimOutcome::LostAtLedger) => FireOutcome::Lost,
                 Err(e) => {
                     FireCounters::add(&self.counters.claim_errors, 1);

@@ -96,6 +96,8 @@ pub enum SkipReason {
     /// The schedule's overlap policy skipped it: its previous run is not
     /// finished.
     Overlap,
+    /// The schedule's `remaining_runs` is at zero.
+    RanOut,
     /// This replica's clock differs from the database's by more than the
     /// threshold, so it claims nothing (another replica does).
     ClockSkew {
@@ -108,6 +110,7 @@ impl std::fmt::Display for SkipReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SkipReason::Overlap => f.write_str("overlap: the previous run is not finished"),
+            SkipReason::RanOut => f.write_str("remaining_runs: the schedule has no runs left"),
             SkipReason::ClockSkew { skew_ms } => write!(
                 f,
                 "clock skew {skew_ms} ms beyond the threshold; this replica does not claim"

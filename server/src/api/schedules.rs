@@ -17,9 +17,9 @@ use axum::{Extension, Json};
 use serde_json::Value;
 
 use belfry_api_types::{
-    Backfill, BackfillOutcome, BackfillRequest, BackfilledFire, ErrorBody, Preview, PreviewQuery,
-    Schedule, ScheduleInput, ScheduleList, SchedulePath, ScheduleQuery, TriggerOutcome,
-    TriggerRequest, Triggered, MAX_PAGE, MAX_PREVIEW,
+    Backfill, BackfillOutcome, BackfillRequest, BackfilledFire, ErrorBody, PauseRequest, Preview,
+    PreviewQuery, Schedule, ScheduleInput, ScheduleList, SchedulePath, ScheduleQuery,
+    TriggerOutcome, TriggerRequest, Triggered, MAX_PAGE, MAX_PREVIEW,
 };
 use belfry_ledger::ScheduleRow;
 use belfry_protocol::{validate_name, ScheduleSpec};
@@ -35,7 +35,11 @@ use super::{ApiState, Caller};
 /// A schedule as the API shows it: the definition plus its state.
 pub fn view(row: &ScheduleRow) -> Schedule {
     match spec_of_row(row) {
-        Ok(spec) => Schedule::new(spec, row.paused, row.updated_at),
+        Ok(spec) => Schedule {
+            runs_left: row.remaining_runs,
+            pause_note: row.pause_note.clone(),
+            ..Schedule::new(spec, row.paused, row.updated_at)
+        },
         // Edited by hand into something unreadable: show what is there and
         // say why it does not fire.
         Err(why) => Schedule::unreadable(
@@ -211,10 +215,16 @@ async fn set_paused(
     caller: &Caller,
     name: &str,
     paused: bool,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Schedule>, ApiError> {
+    checked_name(name)?;
+    let bytes = input::body_bytes(body)?;
+    let value = Value::Object(input::json_object(&bytes)?);
+    input::storable("note", &value)?;
+    let request: PauseRequest = input::typed(value)?;
     let row = state
         .ops()
-        .set_paused(&caller.name, name, paused, "")
+        .set_paused(&caller.name, name, paused, request.note.as_deref(), "")
         .await?;
     // Changed either way: a failed read-back only leaves the definition out.
     Ok(Json(row.as_ref().map_or_else(
@@ -227,11 +237,13 @@ async fn set_paused(
     )))
 }
 
-/// `POST /v1/schedules/{name}/pause`: no more fires until resumed.
+/// `POST /v1/schedules/{name}/pause` (`{"note"?}`): no more fires until
+/// resumed; the note says why, until then.
 #[utoipa::path(
     post, path = "/v1/schedules/{name}/pause", operation_id = "pauseSchedule",
     summary = "Stop firing until resumed",
     params(SchedulePath),
+    request_body(content = PauseRequest, description = "Optional"),
     responses(
         (status = 200, description = "Paused", body = Schedule),
         (status = 404, description = "No such schedule", body = ErrorBody),
@@ -241,8 +253,9 @@ pub async fn pause(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
     PathParam(name): PathParam,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Schedule>, ApiError> {
-    set_paused(&state, &caller, &name, true).await
+    set_paused(&state, &caller, &name, true, body).await
 }
 
 /// `POST /v1/schedules/{name}/resume`: fires again; fires missed while
@@ -251,6 +264,7 @@ pub async fn pause(
     post, path = "/v1/schedules/{name}/resume", operation_id = "resumeSchedule",
     summary = "Fire again; fires missed while paused follow the misfire policy",
     params(SchedulePath),
+    request_body(content = PauseRequest, description = "Optional; the note goes to the audit log"),
     responses(
         (status = 200, description = "Resumed", body = Schedule),
         (status = 404, description = "No such schedule", body = ErrorBody),
@@ -260,8 +274,9 @@ pub async fn resume(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
     PathParam(name): PathParam,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Schedule>, ApiError> {
-    set_paused(&state, &caller, &name, false).await
+    set_paused(&state, &caller, &name, false, body).await
 }
 
 /// The API's answer to a trigger.

@@ -11,6 +11,7 @@ mod api;
 mod api_operator_story;
 mod backlog;
 mod batched_dispatch;
+mod bounded;
 mod builtin_jobs;
 mod cancel;
 mod exactly_once;

@@ -332,7 +332,7 @@ async fn live_changes_reach_every_replica_without_double_or_lost_fires() {
     assert!(!after.is_empty());
     assert!(after.iter().all(|t| t.timestamp() % 2 == 0), "{after:?}");
     // Paused: no more fires.
-    assert!(env.ledger.set_paused("live", true).await.unwrap());
+    assert!(env.ledger.set_paused("live", true, None).await.unwrap());
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let paused_count = keys(&env, "live").await.len();
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
@@ -342,7 +342,7 @@ async fn live_changes_reach_every_replica_without_double_or_lost_fires() {
         "no fires while paused"
     );
     // Resumed: fires again.
-    assert!(env.ledger.set_paused("live", false).await.unwrap());
+    assert!(env.ledger.set_paused("live", false, None).await.unwrap());
     belfry_testkit::eventually(
         "fires after resume",
         std::time::Duration::from_secs(5),

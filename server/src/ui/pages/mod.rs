@@ -91,6 +91,11 @@ pub(super) fn upcoming(
     row: &ScheduleRow,
     count: usize,
 ) -> Result<Vec<DateTime<Utc>>, belfry_scheduler::schedule_sync::StoredScheduleError> {
+    // No more than it has runs left (as the API's preview).
+    let count = match row.remaining_runs {
+        Some(left) => count.min(usize::try_from(left.max(0)).unwrap_or(usize::MAX)),
+        None => count,
+    };
     schedule_of_row(row, &mut CronCache::default()).map(|s| s.upcoming(Utc::now(), count))
 }
 

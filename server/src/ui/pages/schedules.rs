@@ -173,12 +173,19 @@ pub async fn schedule(
             "<span class=\"badge active\">active</span>"
         }
     );
+    if let (true, Some(note)) = (row.paused, &row.pause_note) {
+        let _ = write!(body, "<div class=\"flash\">paused: {}</div>", esc(note));
+    }
+    if let Some(left) = row.remaining_runs {
+        let _ = write!(body, "<p>runs left (remaining_runs): <b>{left}</b></p>");
+    }
     if caller.role == Role::Admin {
         let base = format!("/ui/schedules/{}", url(&name));
         let toggle = if row.paused { "resume" } else { "pause" };
         let _ = write!(
             body,
-            "<form class=\"inline\" method=\"post\" action=\"{base}/{toggle}\"><button>{toggle}</button></form>\
+            "<form class=\"inline\" method=\"post\" action=\"{base}/{toggle}\">\
+             <input name=\"note\" placeholder=\"note (optional)\" size=\"24\"> <button>{toggle}</button></form>\
              <form class=\"inline\" method=\"post\" action=\"{base}/trigger\"><button>trigger now</button>\
              <label><input type=\"checkbox\" name=\"force\" value=\"true\"> even if the previous run is unfinished</label></form>\
              <form class=\"inline\" method=\"post\" action=\"{base}/backfill\">backfill from \
@@ -234,7 +241,13 @@ pub async fn act(
             "pause" | "resume" => {
                 state
                     .ops()
-                    .set_paused(&caller.name, &name, action == "pause", "web view")
+                    .set_paused(
+                        &caller.name,
+                        &name,
+                        action == "pause",
+                        form.get("note").map(String::as_str),
+                        "web view",
+                    )
                     .await?;
                 Ok(format!("{action}d"))
             }
