@@ -62,24 +62,40 @@ CREATE TRIGGER schedules_counter BEFORE INSERT OR UPDATE ON schedules
     FOR EACH ROW EXECUTE FUNCTION belfry_schedules_counter();
 
 -- pause_after_failures = N: a schedule is paused, with a note, when N of
--- its runs ended failed or dead after its latest success (and after it was
--- last resumed). A trigger, so every way a run fails (a handler's error,
--- retries exhausted, a dead letter, a misfire skip) counts, in the same
--- transaction as the failure: no replica has to watch for it, and two
--- failures ending together pause it once.
+-- its runs that a worker attempted ended failed or dead after its latest
+-- success (and after it was last resumed). A trigger, so every way an
+-- attempted run fails (a handler's error, retries exhausted, a payload
+-- that does not decode) counts, in the same transaction as the failure: no
+-- replica has to watch for it, and two failures ending together pause it
+-- once. Runs nobody attempted (skipped by a misfire policy, no worker
+-- group for the type) say nothing about the job and do not count.
 CREATE OR REPLACE FUNCTION belfry_pause_after_failures() RETURNS trigger AS $$
 DECLARE
     limit_n integer;
     since   timestamptz;
     fails   bigint;
 BEGIN
-    SELECT (spec ->> 'pause_after_failures')::integer, resumed_at INTO limit_n, since
+    -- A value edited by hand into something else than a number is
+    -- ignored, never an error that would fail the worker's outcome write.
+    SELECT CASE WHEN jsonb_typeof(spec -> 'pause_after_failures') = 'number'
+                THEN LEAST((spec ->> 'pause_after_failures')::numeric, 1000000)::integer END
+    INTO limit_n
     FROM schedules WHERE name = NEW.job_name AND NOT paused;
     IF limit_n IS NULL THEN
         RETURN NULL;
     END IF;
+    -- Failures ending together in several transactions are counted one
+    -- after the other: each waits for the schedule's row here (after its
+    -- run's row, the order the claim takes too), then counts what the
+    -- others committed; the one that reaches N pauses it, the later ones
+    -- find it paused.
+    SELECT resumed_at INTO since FROM schedules
+    WHERE name = NEW.job_name AND NOT paused FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
     SELECT count(*) INTO fails FROM job_runs r
-    WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead')
+    WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead') AND r.attempts > 0
       AND r.finished_at > COALESCE(since, '-infinity')
       AND r.scheduled_at > COALESCE((SELECT max(q.scheduled_at) FROM job_runs q
                                      WHERE q.job_name = NEW.job_name AND q.status = 'succeeded'
@@ -97,5 +113,5 @@ $$ LANGUAGE plpgsql;
 
 DROP TRIGGER IF EXISTS job_runs_pause_after_failures ON job_runs;
 CREATE TRIGGER job_runs_pause_after_failures AFTER INSERT OR UPDATE OF status ON job_runs
-    FOR EACH ROW WHEN (NEW.status IN ('failed', 'dead'))
+    FOR EACH ROW WHEN (NEW.status IN ('failed', 'dead') AND NEW.attempts > 0)
     EXECUTE FUNCTION belfry_pause_after_failures();

@@ -79,7 +79,7 @@ END;
 
 -- pause_after_failures (see the Postgres migration).
 CREATE TRIGGER job_runs_pause_after_failures_update AFTER UPDATE OF status ON job_runs
-    WHEN NEW.status IN ('failed', 'dead')
+    WHEN NEW.status IN ('failed', 'dead') AND NEW.attempts > 0
 BEGIN
     UPDATE schedules SET paused = 1, updated_at = NEW.updated_at,
         pause_note = 'paused after ' || json_extract(spec, '$.pause_after_failures')
@@ -88,7 +88,7 @@ BEGIN
     WHERE name = NEW.job_name AND paused = 0
       AND json_extract(spec, '$.pause_after_failures') IS NOT NULL
       AND (SELECT count(*) FROM job_runs r
-           WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead')
+           WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead') AND r.attempts > 0
              AND r.finished_at > COALESCE(schedules.resumed_at, '')
              AND r.scheduled_at > COALESCE((SELECT max(q.scheduled_at) FROM job_runs q
                                             WHERE q.job_name = NEW.job_name AND q.status = 'succeeded'
@@ -97,7 +97,7 @@ BEGIN
 END;
 
 CREATE TRIGGER job_runs_pause_after_failures_insert AFTER INSERT ON job_runs
-    WHEN NEW.status IN ('failed', 'dead')
+    WHEN NEW.status IN ('failed', 'dead') AND NEW.attempts > 0
 BEGIN
     UPDATE schedules SET paused = 1, updated_at = NEW.updated_at,
         pause_note = 'paused after ' || json_extract(spec, '$.pause_after_failures')
@@ -106,7 +106,7 @@ BEGIN
     WHERE name = NEW.job_name AND paused = 0
       AND json_extract(spec, '$.pause_after_failures') IS NOT NULL
       AND (SELECT count(*) FROM job_runs r
-           WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead')
+           WHERE r.job_name = NEW.job_name AND r.status IN ('failed', 'dead') AND r.attempts > 0
              AND r.finished_at > COALESCE(schedules.resumed_at, '')
              AND r.scheduled_at > COALESCE((SELECT max(q.scheduled_at) FROM job_runs q
                                             WHERE q.job_name = NEW.job_name AND q.status = 'succeeded'

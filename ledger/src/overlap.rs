@@ -20,6 +20,7 @@
 //! unfinished, the oldest first. A run whose worker is gone (`running`
 //! under an expired lease) does not hold a schedule back, as before.
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::runs::RunRecord;
@@ -64,27 +65,38 @@ impl OverlapRule {
 }
 
 /// An unfinished earlier run of the schedule, as the decision sees it:
-/// buffered, waiting, or running under a live lease.
+/// buffered, waiting or running.
 #[derive(Debug, Clone)]
 pub(crate) struct Earlier {
     pub(crate) id: Uuid,
     pub(crate) run_key: String,
     pub(crate) status: RunStatus,
+    /// `running` under an expired lease: its worker is gone. It does not
+    /// hold the schedule back, but a policy that cancels cancels it too
+    /// (or a redelivery would take it over beside the new fire).
+    pub(crate) expired: bool,
 }
 
+/// A row of the decision's read, as both backends return it: `(id,
+/// run_key, status, lease expired, scheduled_at)`.
+pub(crate) type EarlierRow = (Uuid, String, String, bool, DateTime<Utc>);
+
 impl Earlier {
-    /// The runs of rows `(id, run_key, status)`, as both backends read them.
+    /// The runs of `rows`, oldest fire first (the rows are read in id
+    /// order, the order every batched statement locks `job_runs` rows in).
     ///
     /// # Errors
     ///
     /// [`LedgerError::Corrupt`] for a status that is not a run status.
-    pub(crate) fn parse(rows: Vec<(Uuid, String, String)>) -> Result<Vec<Self>, LedgerError> {
+    pub(crate) fn parse(mut rows: Vec<EarlierRow>) -> Result<Vec<Self>, LedgerError> {
+        rows.sort_by_key(|r| r.4);
         rows.into_iter()
-            .map(|(id, run_key, status)| {
+            .map(|(id, run_key, status, expired, _)| {
                 Ok(Self {
                     id,
                     run_key,
                     status: status.parse().map_err(LedgerError::Corrupt)?,
+                    expired,
                 })
             })
             .collect()
@@ -106,6 +118,14 @@ pub(crate) enum Plan {
     },
 }
 
+/// The reason a run cancelled by `rule` for the fire `run_key` ends with.
+fn cancel_reason(rule: OverlapRule, run_key: &str) -> String {
+    format!(
+        "cancelled by overlap policy {}: fire {run_key} replaced it",
+        rule.as_str()
+    )
+}
+
 /// The decision for the fire `run_key` under `rule` (`None`: `allow_all`,
 /// a fire decided here only because it counts down `remaining_runs`),
 /// given the schedule's unfinished earlier runs, oldest first. The same on
@@ -117,15 +137,32 @@ pub(crate) fn plan(rule: Option<OverlapRule>, run_key: &str, earlier: &[Earlier]
         immediate: false,
         reason: String::new(),
     };
-    let (Some(rule), Some(last)) = (rule, earlier.last()) else {
+    let Some(rule) = rule else {
         return insert(false);
+    };
+    // Runs whose worker is gone hold nothing back.
+    let live: Vec<&Earlier> = earlier.iter().filter(|e| !e.expired).collect();
+    let Some(last) = live.last() else {
+        return match rule {
+            // Nothing live: start now, and end what a redelivery would
+            // otherwise take over beside this fire.
+            OverlapRule::CancelOther | OverlapRule::TerminateOther if !earlier.is_empty() => {
+                Plan::Insert {
+                    buffered: false,
+                    cancel: earlier.iter().map(|e| e.id).collect(),
+                    immediate: rule == OverlapRule::TerminateOther,
+                    reason: cancel_reason(rule, run_key),
+                }
+            }
+            _ => insert(false),
+        };
     };
     match rule {
         OverlapRule::Skip => Plan::Skip(format!(
             "overlap: previous run {} is not finished",
             last.run_key
         )),
-        OverlapRule::BufferOne => match earlier.iter().find(|e| e.status == RunStatus::Buffered) {
+        OverlapRule::BufferOne => match live.iter().find(|e| e.status == RunStatus::Buffered) {
             Some(b) => Plan::Skip(format!(
                 "overlap (buffer_one): run {} is already buffered",
                 b.run_key
@@ -137,23 +174,21 @@ pub(crate) fn plan(rule: Option<OverlapRule>, run_key: &str, earlier: &[Earlier]
             let immediate = rule == OverlapRule::TerminateOther;
             // Cancelling a running run only asks its worker: the new fire
             // waits for it to end, unless the rule starts it at once.
-            let running = earlier.iter().any(|e| e.status == RunStatus::Running);
+            let running = live.iter().any(|e| e.status == RunStatus::Running);
             Plan::Insert {
                 buffered: running && !immediate,
                 cancel: earlier.iter().map(|e| e.id).collect(),
                 immediate,
-                reason: format!(
-                    "cancelled by overlap policy {}: fire {run_key} replaced it",
-                    rule.as_str()
-                ),
+                reason: cancel_reason(rule, run_key),
             }
         }
     }
 }
 
 impl Ledger {
-    /// Releases buffered runs whose schedule has nothing unfinished: the
-    /// oldest buffered run of each such schedule becomes `claimed`, due at
+    /// Releases buffered runs whose schedule has nothing unfinished and is
+    /// not paused: the oldest buffered run of each such schedule becomes
+    /// `claimed`, due at
     /// once, for the outbox to publish (its `claimed_at` is the release, so
     /// the misfire handling of late claims does not take it for a fire
     /// that never reached the broker). At most `limit` schedules per call;
@@ -180,6 +215,7 @@ mod tests {
             id: Uuid::now_v7(),
             run_key: key.into(),
             status,
+            expired: false,
         }
     }
 
@@ -247,6 +283,22 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // A run whose worker is gone holds nothing back, but is cancelled.
+        let gone = vec![Earlier {
+            expired: true,
+            ..run(RunStatus::Running, "s@1")
+        }];
+        assert!(matches!(
+            plan(Some(OverlapRule::Skip), "s@3", &gone),
+            Plan::Insert {
+                buffered: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            plan(Some(OverlapRule::CancelOther), "s@3", &gone),
+            Plan::Insert { buffered: false, ref cancel, .. } if cancel.len() == 1
+        ));
         // Only waiting runs to cancel: they end at once, the fire starts.
         let waiting = vec![run(RunStatus::Dispatched, "s@1")];
         assert!(matches!(

@@ -79,18 +79,20 @@ pub async fn run_attempt(
         _ = cancel_signal.token().cancelled() => {
             cancel.cancel();
             let grace = if cancel_signal.immediate() { Duration::ZERO } else { cancel_grace };
-            // The grace ends early if the worker must stop now.
+            // The grace ends early if the worker must stop now, or an
+            // immediate cancel (terminate_other) follows this one.
             let waited = tokio::select! {
                 biased;
                 _ = hard_stop.cancelled() => None,
-                joined = tokio::time::timeout(grace, &mut task) => Some(joined),
+                _ = cancel_signal.abandon().cancelled() => Some(None),
+                joined = tokio::time::timeout(grace, &mut task) => Some(Some(joined)),
             };
             return match waited {
                 // Finished successfully before it could stop: its side
                 // effects happened, so the success is recorded.
-                Some(Ok(Ok(Ok(())))) => AttemptResult::Succeeded,
-                Some(Ok(_)) => AttemptResult::Cancelled,
-                Some(Err(_)) => {
+                Some(Some(Ok(Ok(Ok(()))))) => AttemptResult::Succeeded,
+                Some(Some(Ok(_))) => AttemptResult::Cancelled,
+                Some(Some(Err(_)) | None) => {
                     task.abort();
                     AttemptResult::Cancelled
                 }

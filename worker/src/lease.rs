@@ -113,6 +113,8 @@ const PENDING_CANCEL: Duration = Duration::from_secs(60);
 pub struct CancelSignal {
     token: CancellationToken,
     immediate: Arc<AtomicBool>,
+    /// Fired by an immediate cancel: ends a grace already running.
+    abandon: CancellationToken,
 }
 
 impl CancelSignal {
@@ -126,11 +128,18 @@ impl CancelSignal {
         self.immediate.load(Ordering::Relaxed)
     }
 
+    /// Cancelled by an immediate cancel, even one that comes while the
+    /// grace of an earlier cancel runs.
+    pub fn abandon(&self) -> &CancellationToken {
+        &self.abandon
+    }
+
     fn fire(&self, immediate: bool) {
-        // The flag first, then the token: whoever wakes on the token reads
+        // The flag first, then the tokens: whoever wakes on a token reads
         // the flag as set.
         if immediate {
             self.immediate.store(true, Ordering::Relaxed);
+            self.abandon.cancel();
         }
         self.token.cancel();
     }

@@ -12,7 +12,7 @@ use sqlx::Row;
 use super::PgStore;
 use crate::cancel::CancelRequest;
 use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::overlap::{plan, Earlier, Plan, RAN_OUT, RAN_OUT_NOTE};
+use crate::overlap::{plan, Earlier, EarlierRow, Plan, RAN_OUT, RAN_OUT_NOTE};
 use crate::runs::{run_columns_of, NewRun, RunRecord};
 use crate::store::FireHistoryStore;
 use crate::{LedgerError, OverlapRule};
@@ -68,10 +68,15 @@ impl FireHistoryStore for PgStore {
             tx.commit().await?;
             return Ok(ExclusiveClaim::Taken);
         }
-        // The counter of a bounded schedule, locked with the decision; only
-        // fires of the timetable count.
+        // The counter of a bounded schedule; only fires of the timetable
+        // count. A plain read: every decrement is made under the advisory
+        // lock held here. Not `FOR UPDATE`: the schedule's row is locked
+        // only by the decrement below, after any run row this decision
+        // cancels, the order a worker's failure takes too (its run's row,
+        // then the schedule's through the pause_after_failures trigger),
+        // so the two cannot deadlock.
         let left: Option<i64> = if is_live_claimer(&run.claimed_by) {
-            sqlx::query_scalar("SELECT remaining_runs FROM schedules WHERE name = $1 FOR UPDATE")
+            sqlx::query_scalar("SELECT remaining_runs FROM schedules WHERE name = $1")
                 .bind(&run.job_name)
                 .fetch_optional(self.route.on(&mut tx))
                 .await?
@@ -79,21 +84,33 @@ impl FireHistoryStore for PgStore {
         } else {
             None
         };
-        // Unfinished earlier runs, oldest first; a run whose worker is gone
-        // (running under an expired lease) does not hold the schedule back.
-        let rows: Vec<(uuid::Uuid, String, String)> = if rule.is_none() || left == Some(0) {
+        // Unfinished earlier runs. A policy that cancels locks them (in id
+        // order, as every batched statement locks run rows), so none
+        // starts or ends between this read and its cancel: the decision to
+        // hold the new fire stands on what the cancels find.
+        let locks = if matches!(
+            rule,
+            Some(OverlapRule::CancelOther | OverlapRule::TerminateOther)
+        ) {
+            " FOR UPDATE"
+        } else {
+            ""
+        };
+        let rows: Vec<EarlierRow> = if rule.is_none() || left == Some(0) {
             Vec::new()
         } else {
-            sqlx::query_as(
-            "SELECT id, run_key, status FROM job_runs WHERE job_name = $1 AND scheduled_at < $2 \
-                 AND status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
-                 AND NOT (status = 'running' AND lease_until < now()) \
-             ORDER BY scheduled_at",
-        )
-        .bind(&run.job_name)
-        .bind(run.scheduled_at)
-        .fetch_all(self.route.on(&mut tx))
-        .await?
+            sqlx::query_as(&format!(
+                "SELECT id, run_key, status, \
+                     (status = 'running' AND lease_until IS NOT NULL AND lease_until < now()), \
+                     scheduled_at \
+                 FROM job_runs WHERE job_name = $1 AND scheduled_at < $2 \
+                     AND status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
+                 ORDER BY id{locks}"
+            ))
+            .bind(&run.job_name)
+            .bind(run.scheduled_at)
+            .fetch_all(self.route.on(&mut tx))
+            .await?
         };
         let earlier = Earlier::parse(rows)?;
         let decided = if left == Some(0) {
@@ -130,7 +147,12 @@ impl FireHistoryStore for PgStore {
                 reason,
             } => (buffered, cancel, immediate, reason),
         };
-        for id in cancel {
+        let won =
+            !super::runs::claim_rows(self.route.on(&mut tx), std::slice::from_ref(run), buffered)
+                .await?
+                .is_empty();
+        // Only the claim that won cancels.
+        for id in cancel.into_iter().filter(|_| won) {
             let request = CancelRequest {
                 id,
                 reason: &reason,
@@ -138,10 +160,6 @@ impl FireHistoryStore for PgStore {
             };
             super::runs::cancel_in(&self.route, &mut tx, &request).await?;
         }
-        let won =
-            !super::runs::claim_rows(self.route.on(&mut tx), std::slice::from_ref(run), buffered)
-                .await?
-                .is_empty();
         if won && left.is_some() {
             // Every expression reads the counter as it was: the claim of
             // the last run pauses the schedule, saying why.
@@ -167,7 +185,8 @@ impl FireHistoryStore for PgStore {
     async fn release_buffered(&self, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {
         // The oldest buffered run of each schedule with nothing unfinished
         // (a run whose worker is gone does not count, as in the decision
-        // above). Two replicas releasing at once pick the same row; its
+        // above) that is not paused (a paused schedule's buffered fires
+        // wait for its resume). Two replicas releasing at once pick the same row; its
         // guard lets one update it, and the other's NOT EXISTS sees the
         // released run as unfinished from then on.
         Ok(sqlx::query_as(&format!(
@@ -177,6 +196,7 @@ impl FireHistoryStore for PgStore {
                    AND NOT EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = b.job_name \
                        AND r.status IN ('claimed', 'dispatched', 'running', 'retrying') \
                        AND NOT (r.status = 'running' AND r.lease_until < now())) \
+                   AND NOT EXISTS (SELECT 1 FROM schedules s WHERE s.name = b.job_name AND s.paused) \
                  ORDER BY b.job_name, b.scheduled_at LIMIT $1) \
              UPDATE job_runs j SET status = 'claimed', claimed_at = now(), next_dispatch_at = now(), \
                  updated_at = now() \

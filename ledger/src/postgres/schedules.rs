@@ -50,9 +50,13 @@ impl ScheduleStore for PgStore {
         row: &ScheduleRow,
         paused: Option<bool>,
     ) -> Result<bool, LedgerError> {
+        // Every expression reads the row as it was: a replace that resumes
+        // (paused → not) restarts the failure count and drops the note.
         let replace = sqlx::query(
             "UPDATE schedules SET cron = $2, every_ms = $3, timezone = $4, job_type = $5, \
-                 payload = $6, options = $7, spec = $8, paused = COALESCE($9, paused) \
+                 payload = $6, options = $7, spec = $8, paused = COALESCE($9, paused), \
+                 resumed_at = CASE WHEN paused AND NOT $9 THEN now() ELSE resumed_at END, \
+                 pause_note = CASE WHEN COALESCE($9, paused) THEN pause_note END \
              WHERE name = $1",
         );
         self.moved(row.bind_definition(replace).bind(paused)).await

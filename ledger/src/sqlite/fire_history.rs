@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use super::{now, now_minus, ts, SqliteLedger};
 use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::overlap::{plan, Earlier, Plan, RAN_OUT, RAN_OUT_NOTE};
+use crate::overlap::{plan, Earlier, EarlierRow, Plan, RAN_OUT, RAN_OUT_NOTE};
 use crate::runs::{NewRun, RunRecord, RUN_COLUMNS};
 use crate::store::FireHistoryStore;
 use crate::{LedgerError, OverlapRule};
@@ -102,14 +102,15 @@ impl FireHistoryStore for SqliteLedger {
         } else {
             None
         };
-        let rows: Vec<(Uuid, String, String)> = if rule.is_none() || left == Some(0) {
+        let rows: Vec<EarlierRow> = if rule.is_none() || left == Some(0) {
             Vec::new()
         } else {
             sqlx::query_as(
-            "SELECT id, run_key, status FROM job_runs WHERE job_name = ?1 AND scheduled_at < ?2 \
+            "SELECT id, run_key, status, \
+                 (status = 'running' AND lease_until IS NOT NULL AND lease_until < ?3), scheduled_at \
+             FROM job_runs WHERE job_name = ?1 AND scheduled_at < ?2 \
                  AND status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
-                 AND NOT (status = 'running' AND lease_until < ?3) \
-             ORDER BY scheduled_at",
+             ORDER BY id",
         )
         .bind(&run.job_name)
         .bind(ts(run.scheduled_at))
@@ -150,8 +151,12 @@ impl FireHistoryStore for SqliteLedger {
                 reason,
             } => (buffered, cancel, immediate, reason),
         };
+        let won = !super::runs::claim_in(&mut tx, std::slice::from_ref(run), &at, buffered)
+            .await?
+            .is_empty();
+        // Only the claim that won cancels.
         let mut requested = Vec::new();
-        for id in cancel {
+        for id in cancel.into_iter().filter(|_| won) {
             let request = CancelRequest {
                 id,
                 reason: &reason,
@@ -161,9 +166,6 @@ impl FireHistoryStore for SqliteLedger {
                 requested.push(id);
             }
         }
-        let won = !super::runs::claim_in(&mut tx, std::slice::from_ref(run), &at, buffered)
-            .await?
-            .is_empty();
         let paused = won && left == Some(1);
         if won && left.is_some() {
             sqlx::query(
@@ -209,6 +211,7 @@ impl FireHistoryStore for SqliteLedger {
              WHERE NOT EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = s.job_name \
                  AND r.status IN ('claimed', 'dispatched', 'running', 'retrying') \
                  AND NOT (r.status = 'running' AND r.lease_until < ?1)) \
+               AND NOT EXISTS (SELECT 1 FROM schedules p WHERE p.name = s.job_name AND p.paused) \
              LIMIT ?2",
         )
         .bind(&at)

@@ -60,7 +60,8 @@ const END: &str = "UPDATE job_runs SET \
          attempt_log = json_insert(attempt_log, '$[#]', json(?5)), \
          next_dispatch_at = CASE WHEN cancel_requested_at IS NULL THEN ?6 END, \
          lease_until = NULL, updated_at = ?8 \
-     WHERE id = ?1 AND status = 'running' AND attempts = ?7";
+     WHERE id = ?1 AND status = 'running' AND attempts = ?7 \
+     RETURNING job_name";
 
 /// Most runs [`claim_in`] inserts in one statement: 13 parameters each, far
 /// below SQLite's limit.
@@ -315,11 +316,12 @@ impl RunStore for SqliteLedger {
 
     async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
         let mut out = Vec::with_capacity(batch.len());
+        let mut failed_schedules = Vec::new();
         let mut tx = self.write_tx().await?;
         for r in batch {
             let entry = serde_json::to_string(&r.entry)
                 .map_err(|e| LedgerError::Corrupt(format!("attempt entry: {e}")))?;
-            let done = sqlx::query(END)
+            let done: Option<String> = sqlx::query_scalar(END)
                 .bind(r.id)
                 .bind(r.status.as_str())
                 .bind(r.last_error.as_deref())
@@ -328,11 +330,21 @@ impl RunStore for SqliteLedger {
                 .bind(r.redispatch_at.map(ts))
                 .bind(r.entry.attempt)
                 .bind(now())
-                .execute(&mut *tx)
+                .fetch_optional(&mut *tx)
                 .await?;
-            out.push(done.rows_affected() == 1);
+            out.push(done.is_some());
+            if matches!(r.status, RunStatus::Failed | RunStatus::Dead) {
+                failed_schedules.extend(done);
+            }
         }
         tx.commit().await?;
+        // A failure may have paused its schedule (the pause_after_failures
+        // trigger): the replicas of this process look at it again now,
+        // not at their next resync.
+        failed_schedules.dedup();
+        for name in &failed_schedules {
+            self.announce(name);
+        }
         Ok(out)
     }
 }

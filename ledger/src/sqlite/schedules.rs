@@ -81,7 +81,9 @@ impl ScheduleStore for SqliteLedger {
         let replace = sqlx::query(
             "UPDATE schedules SET cron = ?2, every_ms = ?3, timezone = ?4, job_type = ?5, \
                  payload = ?6, options = ?7, spec = ?8, paused = COALESCE(?9, paused), \
-                 updated_at = ?10 \
+                 updated_at = ?10, \
+                 resumed_at = CASE WHEN paused AND ?9 = 0 THEN ?10 ELSE resumed_at END, \
+                 pause_note = CASE WHEN COALESCE(?9, paused) THEN pause_note END \
              WHERE name = ?1",
         );
         let replace = row.bind_definition(replace).bind(paused).bind(now());

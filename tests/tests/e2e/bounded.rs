@@ -177,7 +177,7 @@ belfry_testkit::both_backends! {
         )
         .await;
         let replica = belfry_tests::replica(&env, "r", None).await;
-        let t = instants(4);
+        let t = instants(6);
         let fail = |at: DateTime<Utc>| {
             let (replica, schedule, env) = (&replica, &schedule, &env);
             async move {
@@ -203,6 +203,15 @@ belfry_testkit::both_backends! {
         fail(t[2]).await;
         assert!(!env.schedule("flaky").await.paused, "failures before the resume count");
         fail(t[3]).await;
+        assert!(env.schedule("flaky").await.paused);
+        // Resumed by a replace (PUT with "paused": false): the same.
+        let row = env.schedule("flaky").await;
+        assert!(env.ledger.replace_schedule(&row, Some(false)).await.unwrap());
+        let row = env.schedule("flaky").await;
+        assert!(!row.paused && row.pause_note.is_none(), "{row:?}");
+        fail(t[4]).await;
+        assert!(!env.schedule("flaky").await.paused, "failures before the replace count");
+        fail(t[5]).await;
         assert!(env.schedule("flaky").await.paused);
         running.stop().await;
     }
