@@ -233,3 +233,53 @@ async fn replicas_and_a_worker_behind_pgbouncer_fire_once_follow_changes_and_for
     }
     let _ = std::fs::remove_file(file);
 }
+
+/// A worker behind the pooler (with `BELFRY_DATABASE_DIRECT_URL`, as it
+/// must be configured there) running a 60 s `sleep`, which an operator
+/// cancels: the cancel reaches it through `LISTEN` on the direct URL at
+/// once, though its heartbeat (with a 60 s lease) is 15 s away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_reach_a_worker_behind_pgbouncer() {
+    if !pooler_up().await {
+        return;
+    }
+    let env = belfry_testkit::service_env!("sleep");
+    let pooled = through_pooler(&env.database_url);
+    let settings = [
+        ("DATABASE_URL", pooled.as_str()),
+        ("BELFRY_DATABASE_DIRECT_URL", env.database_url.as_str()),
+        ("BELFRY_LEASE", "60s"),
+    ];
+    let registry = belfry_worker::Registry::builder()
+        .job(belfry_worker::builtin::Sleep)
+        .build()
+        .unwrap();
+    let running = belfry_tests::RunningWorker::spawn(
+        belfry_tests::worker(&env, "pooled-w", "default", registry, &settings).await,
+    );
+    let m = env
+        .enqueue(
+            "nap",
+            "sleep",
+            serde_json::json!({"duration_ms": 60_000}),
+            Utc::now(),
+        )
+        .await;
+    belfry_testkit::wait_running(&env, &m, Duration::from_secs(15)).await;
+    let asked = std::time::Instant::now();
+    let outcome = env
+        .ledger
+        .cancel_run(&belfry_ledger::CancelRequest {
+            id: m.message_id,
+            reason: "cancelled by test",
+            immediate: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome, belfry_ledger::CancelOutcome::Requested);
+    let run = env.wait_terminal_of(&m, Duration::from_secs(30)).await;
+    let took = asked.elapsed();
+    assert_eq!(run.status_text, "cancelled");
+    assert!(took < Duration::from_secs(3), "through LISTEN: {took:?}");
+    running.stop().await;
+}
