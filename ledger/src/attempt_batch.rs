@@ -245,3 +245,19 @@ pub struct LeaseRenewal {
     /// The renewed runs with a cancel request.
     pub cancels: Vec<crate::cancel::CancelNotice>,
 }
+
+impl LeaseRenewal {
+    /// The heartbeat's answer from its rows `(id, attempt, cancel
+    /// requested, immediate)`: both backends read the same columns.
+    pub(crate) fn from_rows(rows: Vec<(Uuid, i32, bool, bool)>) -> Self {
+        let mut out = Self::default();
+        for (id, attempt, cancel, immediate) in rows {
+            out.renewed.insert((id, attempt));
+            if cancel {
+                out.cancels
+                    .push(crate::cancel::CancelNotice { id, immediate });
+            }
+        }
+        out
+    }
+}

@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::runs::RunRecord;
-use crate::{Ledger, LedgerError, RunStatus};
+use crate::{ExclusiveClaim, Ledger, LedgerError, RunStatus};
 
 /// Ran out: the fire of a schedule whose `remaining_runs` counter is at
 /// zero is not claimed (and recorded as skipped).
@@ -182,6 +182,40 @@ pub(crate) fn plan(rule: Option<OverlapRule>, run_key: &str, earlier: &[Earlier]
                 reason: cancel_reason(rule, run_key),
             }
         }
+    }
+}
+
+/// The decision for a fire of a schedule whose `remaining_runs` counter
+/// is `left` (`None`: unbounded, or a fire that does not count): skipped
+/// as ran out at zero, otherwise [`plan`].
+pub(crate) fn decide(
+    rule: Option<OverlapRule>,
+    run_key: &str,
+    left: Option<i64>,
+    earlier: &[Earlier],
+) -> Plan {
+    if left == Some(0) {
+        Plan::Skip(RAN_OUT.into())
+    } else {
+        plan(rule, run_key, earlier)
+    }
+}
+
+/// What a skipped fire of a schedule with counter `left` answers.
+pub(crate) fn skipped(left: Option<i64>) -> ExclusiveClaim {
+    if left == Some(0) {
+        ExclusiveClaim::RanOut
+    } else {
+        ExclusiveClaim::Overlapped
+    }
+}
+
+/// What an insert answers: taken unless it `won`, held when `buffered`.
+pub(crate) fn inserted(won: bool, buffered: bool) -> ExclusiveClaim {
+    match (won, buffered) {
+        (false, _) => ExclusiveClaim::Taken,
+        (true, true) => ExclusiveClaim::Buffered,
+        (true, false) => ExclusiveClaim::Won,
     }
 }
 

@@ -106,6 +106,15 @@ impl<'a> ScheduleLookup<'a> {
 }
 
 impl ScheduleRow {
+    /// `count`, or fewer when the schedule has fewer runs left
+    /// (`remaining_runs`): how many upcoming instants a preview shows.
+    pub fn capped_by_runs_left(&self, count: usize) -> usize {
+        match self.remaining_runs {
+            Some(left) => count.min(usize::try_from(left.max(0)).unwrap_or(usize::MAX)),
+            None => count,
+        }
+    }
+
     /// Binds the definition to `query`, the first eight parameters of both
     /// backends' writes: name, cron, every_ms, timezone, job_type, payload,
     /// options, spec. The paused flag, which a replace may keep, is the

@@ -41,20 +41,6 @@ pub enum ClaimOutcome {
     RanOut,
 }
 
-/// What an insert under an overlap policy did.
-enum Inserted {
-    /// The run is claimed.
-    Won,
-    /// The run is held `buffered`.
-    Buffered,
-    /// The run key was taken.
-    Taken,
-    /// The policy skipped the fire.
-    Skipped,
-    /// The schedule's `remaining_runs` is at zero.
-    RanOut,
-}
-
 /// Why a fire is being claimed: decides the lock, the run's `claimed_by`,
 /// and how misfire handling treats it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,19 +185,19 @@ impl Claimer {
             .instrument(span.clone())
             .await?
         {
-            Inserted::Won => {
+            ExclusiveClaim::Won => {
                 FireCounters::add(&self.counters.claims_won, 1);
                 ClaimOutcome::Won(Box::new(run))
             }
-            Inserted::Buffered => {
+            ExclusiveClaim::Buffered => {
                 FireCounters::add(&self.counters.claims_won, 1);
                 ClaimOutcome::Buffered(Box::new(run))
             }
             // A fresh uuid key cannot be taken; report it as a lost race all
             // the same rather than assume.
-            Inserted::Taken => ClaimOutcome::LostAtLedger,
-            Inserted::Skipped => ClaimOutcome::Overlapped,
-            Inserted::RanOut => ClaimOutcome::RanOut,
+            ExclusiveClaim::Taken => ClaimOutcome::LostAtLedger,
+            ExclusiveClaim::Overlapped => ClaimOutcome::Overlapped,
+            ExclusiveClaim::RanOut => ClaimOutcome::RanOut,
         };
         span.record("belfry.claim", claim_label(Some(&outcome)));
         Ok(outcome)
@@ -254,44 +240,39 @@ impl Claimer {
         overlap: OverlapPolicy,
         counted: bool,
         record_skip: bool,
-    ) -> Result<Inserted, belfry_ledger::LedgerError> {
+    ) -> Result<ExclusiveClaim, belfry_ledger::LedgerError> {
         let rule = overlap.rule();
         if rule.is_none() && !counted {
             return Ok(if self.ledger.claim(run).await? {
-                Inserted::Won
+                ExclusiveClaim::Won
             } else {
-                Inserted::Taken
+                ExclusiveClaim::Taken
             });
         }
         let label = rule.map_or("allow_all", |r| r.as_str());
-        Ok(
-            match self
-                .ledger
-                .claim_exclusive_with(run, rule, record_skip)
-                .await?
-            {
-                ExclusiveClaim::Won => Inserted::Won,
-                ExclusiveClaim::Taken => Inserted::Taken,
-                ExclusiveClaim::Buffered => {
-                    FireCounters::add(&self.counters.buffered, 1);
-                    tracing::info!(run_key = %run.run_key, overlap = label,
+        let decided = self
+            .ledger
+            .claim_exclusive_with(run, rule, record_skip)
+            .await?;
+        match decided {
+            ExclusiveClaim::Won | ExclusiveClaim::Taken => {}
+            ExclusiveClaim::Buffered => {
+                FireCounters::add(&self.counters.buffered, 1);
+                tracing::info!(run_key = %run.run_key, overlap = label,
                         "fire buffered: it starts when the previous run has ended");
-                    Inserted::Buffered
-                }
-                ExclusiveClaim::Overlapped => {
-                    FireCounters::add(&self.counters.skipped_overlap, 1);
-                    tracing::info!(run_key = %run.run_key, overlap = label,
+            }
+            ExclusiveClaim::Overlapped => {
+                FireCounters::add(&self.counters.skipped_overlap, 1);
+                tracing::info!(run_key = %run.run_key, overlap = label,
                         "fire skipped: the previous run is not finished");
-                    Inserted::Skipped
-                }
-                ExclusiveClaim::RanOut => {
-                    FireCounters::add(&self.counters.skipped_ran_out, 1);
-                    tracing::info!(run_key = %run.run_key,
+            }
+            ExclusiveClaim::RanOut => {
+                FireCounters::add(&self.counters.skipped_ran_out, 1);
+                tracing::info!(run_key = %run.run_key,
                         "fire skipped: the schedule has no runs left (remaining_runs)");
-                    Inserted::RanOut
-                }
-            },
-        )
+            }
+        }
+        Ok(decided)
     }
 
     /// Claims fires, one outcome per fire in order; every fire is claimed
@@ -365,11 +346,11 @@ impl Claimer {
         let (decided, batch) = tokio::join!(decided, self.claim_shared(&runs));
         for (i, inserted, run) in decided {
             outcomes[i] = Some(match inserted {
-                Ok(Inserted::Won) => Ok(self.claimed(run, true)),
-                Ok(Inserted::Taken) => Ok(self.claimed(run, false)),
-                Ok(Inserted::Buffered) => Ok(ClaimOutcome::Buffered(Box::new(run))),
-                Ok(Inserted::Skipped) => Ok(ClaimOutcome::Overlapped),
-                Ok(Inserted::RanOut) => Ok(ClaimOutcome::RanOut),
+                Ok(ExclusiveClaim::Won) => Ok(self.claimed(run, true)),
+                Ok(ExclusiveClaim::Taken) => Ok(self.claimed(run, false)),
+                Ok(ExclusiveClaim::Buffered) => Ok(ClaimOutcome::Buffered(Box::new(run))),
+                Ok(ExclusiveClaim::Overlapped) => Ok(ClaimOutcome::Overlapped),
+                Ok(ExclusiveClaim::RanOut) => Ok(ClaimOutcome::RanOut),
                 Err(e) => {
                     self.release(locked[i], &fires[i].0.name, &keys[i]).await;
                     Err(e.to_string())

@@ -443,11 +443,7 @@ impl Ops {
                 *id,
                 Some(format!(
                     "the previous run is unfinished: held by the overlap policy ({}) until it ends",
-                    row.spec
-                        .as_ref()
-                        .and_then(|s| s.get("overlap"))
-                        .and_then(|o| o.as_str())
-                        .unwrap_or("buffer")
+                    schedule.overlap.rule().map_or("allow_all", |r| r.as_str())
                 )),
             ),
             FireOutcome::Skipped {
@@ -585,10 +581,7 @@ impl Ops {
         let row = self.schedule(name).await?;
         // Inside its start_at/end_at window, and no more than it has runs
         // left (none once it ran out).
-        let count = match row.remaining_runs {
-            Some(left) => count.min(usize::try_from(left.max(0)).unwrap_or(usize::MAX)),
-            None => count,
-        };
+        let count = row.capped_by_runs_left(count);
         let next = Self::compiled(&row)?.upcoming(self.replica.clock().now(), count);
         Ok((row, next))
     }

@@ -234,7 +234,7 @@ impl RunStore for PgStore {
         .bind(lease.as_secs_f64())
         .fetch_all(pool)
         .await?;
-        Ok(renewal(rows))
+        Ok(LeaseRenewal::from_rows(rows))
     }
 
     async fn state_of(&self, message: &JobMessage) -> Result<Option<RunState>, LedgerError> {
@@ -364,19 +364,6 @@ where
     .fetch_all(executor)
     .await?;
     Ok(won.into_iter().collect())
-}
-
-/// The heartbeat's answer from its rows `(id, attempt, cancel requested,
-/// immediate)`: both backends read the same columns.
-pub(crate) fn renewal(rows: Vec<(Uuid, i32, bool, bool)>) -> LeaseRenewal {
-    let mut out = LeaseRenewal::default();
-    for (id, attempt, cancel, immediate) in rows {
-        out.renewed.insert((id, attempt));
-        if cancel {
-            out.cancels.push(CancelNotice { id, immediate });
-        }
-    }
-    out
 }
 
 /// Cancels a run inside the open transaction on `conn` (see

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use super::{now, now_minus, ts, SqliteLedger};
 use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::overlap::{plan, Earlier, EarlierRow, Plan, RAN_OUT, RAN_OUT_NOTE};
+use crate::overlap::{decide, inserted, skipped, Earlier, EarlierRow, Plan, RAN_OUT_NOTE};
 use crate::runs::{NewRun, RunRecord, RUN_COLUMNS};
 use crate::store::FireHistoryStore;
 use crate::{LedgerError, OverlapRule};
@@ -119,11 +119,7 @@ impl FireHistoryStore for SqliteLedger {
         .await?
         };
         let earlier = Earlier::parse(rows)?;
-        let decided = if left == Some(0) {
-            Plan::Skip(RAN_OUT.into())
-        } else {
-            plan(rule, &run.run_key, &earlier)
-        };
+        let decided = decide(rule, &run.run_key, left, &earlier);
         let (buffered, cancel, immediate, reason) = match decided {
             Plan::Skip(reason) => {
                 if record_skip {
@@ -138,11 +134,7 @@ impl FireHistoryStore for SqliteLedger {
                     .await?;
                 }
                 tx.commit().await?;
-                return Ok(if left == Some(0) {
-                    ExclusiveClaim::RanOut
-                } else {
-                    ExclusiveClaim::Overlapped
-                });
+                return Ok(skipped(left));
             }
             Plan::Insert {
                 buffered,
@@ -193,11 +185,7 @@ impl FireHistoryStore for SqliteLedger {
                 immediate,
             });
         }
-        Ok(match (won, buffered) {
-            (false, _) => ExclusiveClaim::Taken,
-            (true, true) => ExclusiveClaim::Buffered,
-            (true, false) => ExclusiveClaim::Won,
-        })
+        Ok(inserted(won, buffered))
     }
 
     async fn release_buffered(&self, limit: i64) -> Result<Vec<RunRecord>, LedgerError> {

@@ -311,7 +311,7 @@ impl RunStore for SqliteLedger {
             rows.extend(row);
         }
         tx.commit().await?;
-        Ok(crate::postgres::runs::renewal(rows))
+        Ok(LeaseRenewal::from_rows(rows))
     }
 
     async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {

@@ -92,10 +92,7 @@ pub(super) fn upcoming(
     count: usize,
 ) -> Result<Vec<DateTime<Utc>>, belfry_scheduler::schedule_sync::StoredScheduleError> {
     // No more than it has runs left (as the API's preview).
-    let count = match row.remaining_runs {
-        Some(left) => count.min(usize::try_from(left.max(0)).unwrap_or(usize::MAX)),
-        None => count,
-    };
+    let count = row.capped_by_runs_left(count);
     schedule_of_row(row, &mut CronCache::default()).map(|s| s.upcoming(Utc::now(), count))
 }
 
