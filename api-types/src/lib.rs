@@ -16,6 +16,7 @@
 
 #[macro_use]
 mod wire_enum;
+pub mod alerts;
 pub mod error;
 pub mod health;
 pub mod jobs;
@@ -23,6 +24,9 @@ pub mod runs;
 pub mod schedules;
 pub mod url_component;
 
+pub use alerts::{
+    AlertChannel, AlertDelivery, AlertList, AlertQuery, DeliveryStatus, TestAlert, TestAlertQueued,
+};
 pub use error::{ErrorBody, ErrorCode};
 pub use health::{
     Liveness, LivenessStatus, Mode, Readiness, ReadinessStatus, RedisState, ServiceState,

@@ -278,6 +278,12 @@ schedule_types! {
     /// Pause after this many consecutive runs ended `failed` or `dead`.
     #[schema(minimum = 1, maximum = 1000)]
     pause_after_failures: u32,
+    /// A run not finished this long after its scheduled instant (e.g.
+    /// `"15m"`) raises a `run.late` alert.
+    deadline: String,
+    /// Alert channels (of `BELFRY_ALERTS`) that get every alert of this
+    /// schedule.
+    alerts: Vec<String>,
 }
 
 /// `GET /v1/schedules`: one page of schedules, by name.

@@ -38,6 +38,9 @@ pub enum Command {
     /// Ad-hoc jobs.
     #[command(subcommand)]
     Jobs(JobCommand),
+    /// Alerts: channels and recent deliveries; a test alert.
+    #[command(subcommand)]
+    Alerts(AlertCommand),
     /// Runs a whole belfry in this process (scheduler, worker with the
     /// built-in job types, REST API and web view) on an embedded SQLite
     /// database (`.belfry/dev.db`, or `DATABASE_URL=sqlite:...`); with a
@@ -266,5 +269,27 @@ pub enum JobCommand {
         /// Run after this delay, e.g. 10m.
         #[arg(long)]
         delay: Option<String>,
+    },
+}
+
+/// Alert commands.
+#[derive(Debug, Subcommand)]
+pub enum AlertCommand {
+    /// The configured channels and the latest deliveries, newest first.
+    Ls {
+        /// Only deliveries in this status: pending, sent, failed or folded.
+        #[arg(long)]
+        status: Option<String>,
+        /// How many deliveries.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Send a test alert to one channel (it shows in `alerts ls` once sent).
+    Test {
+        /// The channel's name in BELFRY_ALERTS.
+        channel: String,
+        /// Text to put in it.
+        #[arg(long)]
+        note: Option<String>,
     },
 }

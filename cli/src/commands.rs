@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+use belfry_api_types::{AlertList, AlertQuery, TestAlert, TestAlertQueued};
 use belfry_api_types::{
     Backfill, BackfillOutcome, BackfillRequest, CancelAnswer, CancelResult, CancelRun, Enqueued,
     JobRequest, Page, PauseRequest, Preview, Run, RunDetail, RunList, RunQuery, Schedule,
@@ -14,7 +15,9 @@ use belfry_api_types::{
 };
 
 use crate::api_client::{ApiClient, CliError, NONE};
-use crate::args::{Cli, Command, JobCommand, RunCommand, ScheduleCommand, ScheduleFields};
+use crate::args::{
+    AlertCommand, Cli, Command, JobCommand, RunCommand, ScheduleCommand, ScheduleFields,
+};
 use crate::table::{cell, instant, maybe, render_each};
 use belfry_api_types::encode_url_component as encode;
 
@@ -30,6 +33,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Schedules(c) => schedules(&api, &out, c).await,
         Command::Runs(c) => runs(&api, &out, c).await,
         Command::Jobs(c) => jobs(&api, &out, c).await,
+        Command::Alerts(c) => alerts(&api, &out, c).await,
         // A server, not an API call: the binary starts it (see main.rs).
         Command::Dev => Err(CliError::Usage(
             "`belfry dev` runs a server; start it from the belfry binary".into(),
@@ -566,5 +570,78 @@ async fn jobs(api: &ApiClient, out: &Output, c: &JobCommand) -> Result<(), CliEr
             maybe(e.status.as_ref())
         )
     });
+    Ok(())
+}
+
+/// The human form of `GET /v1/alerts`: the channels, then the deliveries.
+fn alert_list(a: &AlertList) -> String {
+    let mut s = String::new();
+    if !a.configured {
+        s.push_str("alerts are not configured (BELFRY_ALERTS is unset on the replica)\n");
+    } else {
+        s.push_str(&render_each(
+            &["CHANNEL", "TYPE", "TARGET"],
+            &a.channels,
+            |c| vec![cell(&c.name), cell(&c.kind), cell(&c.target)],
+        ));
+    }
+    s.push('\n');
+    let headers = [
+        "OCCURRED",
+        "KIND",
+        "SUBJECT",
+        "CHANNEL",
+        "STATUS",
+        "TRIES",
+        "FOLDED",
+        "DETAIL / ERROR",
+    ];
+    s.push_str(&render_each(&headers, &a.deliveries, |d| {
+        let text = match (&d.last_error, d.status.as_str()) {
+            (Some(e), "failed" | "pending") => format!("error: {e}"),
+            _ => d.detail.clone(),
+        };
+        vec![
+            instant(&d.occurred_at),
+            cell(&d.kind),
+            cell(&d.subject),
+            cell(&d.channel),
+            d.status.to_string(),
+            d.attempts.to_string(),
+            d.folded.to_string(),
+            cell(&text.chars().take(120).collect::<String>()),
+        ]
+    }));
+    s
+}
+
+async fn alerts(api: &ApiClient, out: &Output, c: &AlertCommand) -> Result<(), CliError> {
+    match c {
+        AlertCommand::Ls { status, limit } => {
+            let query = AlertQuery {
+                status: status.clone(),
+                limit: Some(*limit),
+            };
+            let a: AlertList = api
+                .call(Method::GET, "/v1/alerts", Some(&query), NONE)
+                .await?;
+            out.show(&a, alert_list);
+        }
+        AlertCommand::Test { channel, note } => {
+            let body = TestAlert {
+                channel: channel.clone(),
+                note: note.clone(),
+            };
+            let a: TestAlertQueued = api
+                .call(Method::POST, "/v1/alerts/test", NONE, Some(&body))
+                .await?;
+            out.show(&a, |a| {
+                format!(
+                    "test alert to {} queued; `belfry alerts ls` shows its delivery\n",
+                    a.channel
+                )
+            });
+        }
+    }
     Ok(())
 }

@@ -21,6 +21,7 @@
 //! database also holds the job queue ([`JobQueue`]) that replaces RabbitMQ
 //! in embedded mode.
 
+mod alerts;
 mod attempt_batch;
 mod cancel;
 mod change_listener;
@@ -49,6 +50,9 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
+pub use alerts::{
+    AlertEvent, AlertKind, AlertRoute, DeliveryRecord, DeliveryResult, DueDelivery, NewAlertEvent,
+};
 pub use attempt_batch::{AttemptBatcher, BeginRequest, EndRequest, LeaseRenewal};
 pub use cancel::{CancelNotice, CancelOutcome, CancelRequest, CANCEL_CHANNEL};
 pub use change_listener::ChangeListener;

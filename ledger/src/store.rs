@@ -26,6 +26,9 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::alerts::{
+    AlertEvent, AlertRoute, DeliveryRecord, DeliveryResult, DueDelivery, NewAlertEvent,
+};
 use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
 use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::change_listener::ChangeListener;
@@ -49,6 +52,7 @@ pub(crate) trait Store:
     + OutboxStore
     + ScheduleStore
     + ViewStore
+    + AlertStore
     + std::fmt::Debug
     + Send
     + Sync
@@ -301,4 +305,58 @@ pub(crate) trait ViewStore {
 
     /// [`crate::Ledger::record_skipped_ranges`].
     async fn record_skipped_ranges(&self, ranges: &[SkippedRange]) -> Result<(), LedgerError>;
+}
+
+#[async_trait]
+/// Alert events and their deliveries (`crate::alerts`).
+pub(crate) trait AlertStore {
+    /// [`crate::Ledger::record_alert`] (the detail already storable).
+    async fn record_alert(&self, event: &NewAlertEvent) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::unrouted_alerts`].
+    async fn unrouted_alerts(&self, limit: i64) -> Result<Vec<AlertEvent>, LedgerError>;
+
+    /// [`crate::Ledger::route_alert`], `routes` sorted by channel, unique,
+    /// their windows already zero for unthrottled kinds.
+    async fn route_alert(
+        &self,
+        event: Uuid,
+        subject: &str,
+        routes: &[AlertRoute],
+    ) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::take_alert_deliveries`].
+    async fn take_alert_deliveries(
+        &self,
+        owner: &str,
+        limit: i64,
+        lease: Duration,
+    ) -> Result<Vec<DueDelivery>, LedgerError>;
+
+    /// [`crate::Ledger::finish_alert_delivery`] (errors already storable).
+    async fn finish_alert_delivery(
+        &self,
+        id: Uuid,
+        owner: &str,
+        result: &DeliveryResult,
+    ) -> Result<bool, LedgerError>;
+
+    /// [`crate::Ledger::alert_deliveries`].
+    async fn alert_deliveries(
+        &self,
+        status: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRecord>, LedgerError>;
+
+    /// [`crate::Ledger::alert_events`].
+    async fn alert_events(&self, limit: i64) -> Result<Vec<AlertEvent>, LedgerError>;
+
+    /// [`crate::Ledger::schedule_deadlines`].
+    async fn schedule_deadlines(&self) -> Result<Vec<(String, String)>, LedgerError>;
+
+    /// [`crate::Ledger::record_late_runs`] (never empty).
+    async fn record_late_runs(&self, deadlines: &[(String, Duration)]) -> Result<u64, LedgerError>;
+
+    /// [`crate::Ledger::prune_alerts`].
+    async fn prune_alerts(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, LedgerError>;
 }

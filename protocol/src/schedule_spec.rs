@@ -98,6 +98,14 @@ pub struct ScheduleSpec {
     /// keeps the nominal instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<String>,
+    /// A run not finished this long after its scheduled instant (e.g.
+    /// `"15m"`) raises a `run.late` alert, once per run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    /// Alert channels (names of `BELFRY_ALERTS` channels) that get every
+    /// alert of this schedule, beside the file's routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<Vec<String>>,
 }
 
 /// A schedule's retry override as written in the file: durations as

@@ -9,14 +9,16 @@
 //! round trip), and while the difference exceeds the threshold fires are not
 //! claimed here (other replicas claim them; missed ones go through the
 //! misfire policy once the clock is back). An error is logged at every check
-//! while it lasts.
+//! while it lasts, and each time the guard starts refusing a
+//! `replica.clock_guard` alert event is recorded (retried at the next check
+//! while the ledger cannot take it).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use belfry_ledger::{Ledger, LedgerError};
+use belfry_ledger::{AlertKind, Ledger, LedgerError, NewAlertEvent};
 use belfry_runtime::SharedClock;
 
 /// Compares this replica's clock with the database's.
@@ -25,6 +27,10 @@ pub struct ClockGuard {
     threshold: chrono::Duration,
     skewed: AtomicBool,
     last_skew_ms: AtomicI64,
+    /// The replica's name, for its alert.
+    instance: String,
+    /// A `replica.clock_guard` alert event is still to be recorded.
+    alert_due: AtomicBool,
 }
 
 impl ClockGuard {
@@ -34,6 +40,16 @@ impl ClockGuard {
             threshold: chrono::Duration::from_std(threshold).unwrap_or(chrono::Duration::MAX),
             skewed: AtomicBool::new(false),
             last_skew_ms: AtomicI64::new(0),
+            instance: String::new(),
+            alert_due: AtomicBool::new(false),
+        }
+    }
+
+    /// The same guard, naming replica `instance` in its alerts.
+    pub fn for_instance(self, instance: &str) -> Self {
+        Self {
+            instance: instance.to_owned(),
+            ..self
         }
     }
 
@@ -87,7 +103,38 @@ impl ClockGuard {
                 "clock back within the threshold; claiming again"
             );
         }
+        if too_far && !was {
+            self.alert_due.store(true, Ordering::Relaxed);
+        }
+        if self.alert_due.load(Ordering::Relaxed) {
+            self.record_alert(ledger, skew).await;
+        }
         Ok(skew)
+    }
+
+    /// Records the `replica.clock_guard` event of the refusal that began;
+    /// on failure it stays due for the next check.
+    async fn record_alert(&self, ledger: &Ledger, skew: chrono::Duration) {
+        let event = NewAlertEvent {
+            kind: AlertKind::ReplicaClockGuard,
+            subject: format!("replica:{}", self.instance),
+            job_name: None,
+            detail: format!(
+                "replica {} stopped claiming fires: its clock differs from the database's by {} ms \
+                 (threshold {} ms); other replicas claim them meanwhile (check NTP on its host)",
+                self.instance,
+                skew.num_milliseconds(),
+                self.threshold.num_milliseconds()
+            ),
+            channel: None,
+            dedupe_key: None,
+        };
+        match ledger.record_alert(&event).await {
+            Ok(_) => self.alert_due.store(false, Ordering::Relaxed),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record the clock guard's alert yet; retrying at the next check")
+            }
+        }
     }
 
     /// Checks every `interval` until `cancel`.

@@ -1,4 +1,5 @@
-//! Retention: prunes finished runs (and records of skipped fires) older than
+//! Retention: prunes finished runs (and records of skipped fires, and alert
+//! events whose deliveries are all final) older than
 //! `BELFRY_RETENTION`, so `job_runs` stays the size of its useful history.
 //!
 //! Every replica runs the pruner; batches use `SKIP LOCKED`, so replicas
@@ -26,6 +27,8 @@ pub struct Pruned {
     pub runs: u64,
     /// Skipped-fire records deleted.
     pub skipped_fires: u64,
+    /// Alert events deleted (with their deliveries).
+    pub alerts: u64,
 }
 
 /// Prunes one ledger's old history.
@@ -70,11 +73,15 @@ impl Retention {
                 .ledger
                 .prune_skipped_ranges(cutoff, PRUNE_BATCH)
                 .await?;
+            // Alert events whose deliveries are all final (with them).
+            let alerts = self.ledger.prune_alerts(cutoff, PRUNE_BATCH).await?;
             pruned.runs += runs;
             pruned.skipped_fires += skipped + spans;
+            pruned.alerts += alerts;
             let full = runs >= PRUNE_BATCH as u64
                 || skipped >= PRUNE_BATCH as u64
-                || spans >= PRUNE_BATCH as u64;
+                || spans >= PRUNE_BATCH as u64
+                || alerts >= PRUNE_BATCH as u64;
             if !full || cancel.is_cancelled() {
                 return Ok(pruned);
             }

@@ -82,6 +82,41 @@ pub struct Schedule {
     pub counted: bool,
     /// Pause after this many consecutive `failed`/`dead` runs.
     pub pause_after_failures: Option<u32>,
+    /// A run not finished this long after its instant is reported late
+    /// (`deadline`; the replicas' late-run pass reads it from the stored
+    /// definition).
+    pub deadline: Option<std::time::Duration>,
+}
+
+/// Most channels a schedule's `alerts` may name.
+const MAX_ALERT_CHANNELS: usize = 20;
+
+/// The checked `alerts` of a definition: channel names as the alerts file
+/// writes them (whether each is configured is the alert deliverer's to
+/// say: a schedule naming an unknown one gets failed deliveries that say
+/// so).
+fn alert_channels(alerts: Option<&[String]>) -> Result<(), String> {
+    let Some(alerts) = alerts else {
+        return Ok(());
+    };
+    if alerts.len() > MAX_ALERT_CHANNELS {
+        return Err(format!(
+            "{} channels named; at most {MAX_ALERT_CHANNELS}",
+            alerts.len()
+        ));
+    }
+    match alerts.iter().find(|a| {
+        a.is_empty()
+            || a.len() > 64
+            || !a
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    }) {
+        Some(bad) => Err(format!(
+            "{bad:?} is not a channel name (1 to 64 letters, digits, '-', '_' or '.')"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What happens to a fire while the schedule's previous run is unfinished
@@ -285,6 +320,7 @@ impl Schedule {
                 offset
             }
         };
+        alert_channels(spec.alerts.as_deref()).map_err(|message| err("alerts", message))?;
         Ok(Self {
             name: spec.name.clone(),
             job_type: spec.job_type.clone(),
@@ -321,6 +357,13 @@ impl Schedule {
                         format!("pause_after_failures {n} is not from 1 to 1000"),
                     ))
                 }
+            },
+            deadline: match &spec.deadline {
+                None => None,
+                Some(raw) => Some(std::time::Duration::from_millis(
+                    option_ms("deadline", raw, std::time::Duration::from_secs(1))
+                        .map_err(|(field, message)| err(field, message))?,
+                )),
             },
         })
     }

@@ -7,6 +7,7 @@
 //! | `BELFRY_API_ADDR` | `127.0.0.1:8080` | `host:port` of the REST API; port `0` picks a free one (logged); `off` disables it |
 //! | `BELFRY_API_ADMIN_TOKENS` | unset | comma-separated `name:secret` bearer tokens that may change things (secrets ≥ 16 characters) |
 //! | `BELFRY_API_READ_TOKENS` | unset | the same for read-only tokens; with neither set the API is open and only listens on loopback |
+//! | `BELFRY_ALERTS` | unset (no alerts sent; events still recorded) | path of the alerts file: channels (webhook, Slack, e-mail), routes, throttling (see `belfry_alert::config` and the README's Alerts section) |
 //! | `BELFRY_TRACE_UI_URL` | unset | link for trace ids in the web view, `{trace_id}` replaced (e.g. `http://127.0.0.1:16686/trace/{trace_id}`) |
 
 use belfry_runtime::{SettingError, Settings};
@@ -28,6 +29,8 @@ pub struct ServerConfig {
     pub api_tokens: Tokens,
     /// The trace UI link template of the web view (`BELFRY_TRACE_UI_URL`).
     pub trace_ui: Option<String>,
+    /// The alert channels and routes (`BELFRY_ALERTS`); `None`: unset.
+    pub alerts: Option<belfry_alert::AlertsConfig>,
 }
 
 impl ServerConfig {
@@ -38,7 +41,15 @@ impl ServerConfig {
     /// [`SettingError`] naming the variable whose value is invalid (a
     /// token's secret is never echoed back).
     pub fn from_settings(settings: &Settings) -> Result<Self, SettingError> {
+        let alerts = belfry_alert::AlertsConfig::from_settings(settings).map_err(|e| {
+            SettingError::Invalid {
+                var: belfry_alert::ALERTS_VAR.into(),
+                value: settings.string(belfry_alert::ALERTS_VAR, ""),
+                reason: e.to_string(),
+            }
+        })?;
         Ok(Self {
+            alerts,
             scheduler: SchedulerConfig::from_settings(settings)?,
             api_addr: match settings.string("BELFRY_API_ADDR", DEFAULT_API_ADDR).trim() {
                 "off" | "-" => None,

@@ -15,4 +15,7 @@ pub enum ServerError {
     /// The metrics endpoint could not listen.
     #[error(transparent)]
     Metrics(#[from] belfry_runtime::metrics_server::MetricsError),
+    /// An alert channel could not be set up.
+    #[error(transparent)]
+    Alerts(#[from] belfry_alert::AlertError),
 }

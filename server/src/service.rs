@@ -11,7 +11,11 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use belfry_alert::AlertDeliverer;
 use belfry_runtime::start_retry::retry_start;
+
+/// How often a replica routes new alert events and sends due alerts.
+pub const ALERT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 use belfry_scheduler::retention::Retention;
 use belfry_scheduler::{Replica, Schedule, ScheduleSync, Timer};
@@ -28,6 +32,8 @@ pub struct Service {
     /// The replica itself.
     pub replica: Arc<Replica>,
     running: JoinHandle<()>,
+    /// Routes and sends this replica's share of the alerts.
+    pub alerts: Arc<AlertDeliverer>,
 }
 
 /// Starts a replica of `config`; it stops when `cancel` fires.
@@ -82,15 +88,23 @@ async fn run(
 ) -> Result<Service, ServerError> {
     let engine = &config.scheduler;
     let replica = Arc::new(replica);
+    // Every replica routes and sends alerts: the ledger's leases make each
+    // delivery one replica's at a time.
+    let alerts = Arc::new(AlertDeliverer::new(
+        replica.ledger().clone(),
+        config.alerts.clone(),
+        &engine.namespace,
+        replica.instance(),
+    )?);
     let metrics_addr = match &engine.metrics_addr {
-        Some(addr) => Some(
-            belfry_runtime::metrics_server::serve(
-                addr,
-                Arc::new(replica.metrics_registry()),
-                cancel.clone(),
+        Some(addr) => {
+            let mut registry = replica.metrics_registry();
+            registry.register_collector(Box::new(alerts.counters().clone()));
+            Some(
+                belfry_runtime::metrics_server::serve(addr, Arc::new(registry), cancel.clone())
+                    .await?,
             )
-            .await?,
-        ),
+        }
         None => None,
     };
     let api_addr = match &config.api_addr {
@@ -99,7 +113,8 @@ async fn run(
                 addr,
                 ApiState::new(replica.clone(), config.api_tokens.clone())
                     .with_retention(engine.retention)
-                    .with_trace_ui(config.trace_ui.clone()),
+                    .with_trace_ui(config.trace_ui.clone())
+                    .with_alerts(alerts.clone()),
                 cancel.clone(),
             )
             .await?,
@@ -120,6 +135,7 @@ async fn run(
                 .run(engine.retention_interval, cancel.clone()),
         )
     });
+    let alerting = tokio::spawn(alerts.clone().run(ALERT_INTERVAL, cancel.clone()));
     let looping = replica.clone();
     let running = tokio::spawn(async move {
         looping
@@ -128,6 +144,7 @@ async fn run(
         // Both end at the same cancel; waited for so nothing outlives the
         // service.
         let _ = following.await;
+        let _ = alerting.await;
         if let Some(p) = pruning {
             let _ = p.await;
         }
@@ -137,6 +154,7 @@ async fn run(
         metrics_addr,
         replica,
         running,
+        alerts,
     })
 }
 

@@ -2,6 +2,7 @@
 //! replicas and workers wired to a [`TestEnv`], each replica with its own
 //! connections, as separate processes would have.
 
+pub mod alert_sink;
 pub mod fault;
 pub mod fire_window;
 pub mod held_link;

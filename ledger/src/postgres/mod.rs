@@ -12,6 +12,7 @@
 //! periods. [`pooler`] routes statements through a transaction pooler;
 //! [`primary`] follows the primary among several hosts.
 
+mod alerts;
 mod fire_history;
 mod outbox;
 pub(crate) mod pooler;

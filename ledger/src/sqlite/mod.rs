@@ -23,6 +23,7 @@
 //!   before the commit returns); only a power loss can take the last
 //!   commits back.
 
+mod alerts;
 mod fire_history;
 mod outbox;
 mod runs;

@@ -357,7 +357,7 @@ impl Replica {
                 500,
             ),
             ledger,
-            guard: ClockGuard::new(timing.max_clock_skew),
+            guard: ClockGuard::new(timing.max_clock_skew).for_instance(instance),
             missed: std::sync::Mutex::new(std::collections::VecDeque::new()),
             lock_losses: std::sync::Mutex::new(std::collections::VecDeque::new()),
             pending_skips: std::sync::Mutex::new(std::collections::VecDeque::new()),

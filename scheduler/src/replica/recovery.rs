@@ -67,6 +67,36 @@ impl Replica {
         Ok(stuck.len())
     }
 
+    /// Records a `run.late` alert event for each run of a schedule with a
+    /// `deadline` that is not finished that long after its scheduled
+    /// instant; once per run across replicas (the event's dedupe key).
+    /// Returns how many were recorded now.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
+    pub async fn report_late_once(&self) -> Result<u64, SchedulerError> {
+        let deadlines: Vec<(String, std::time::Duration)> = self
+            .ledger
+            .schedule_deadlines()
+            .await?
+            .into_iter()
+            .filter_map(|(name, raw)| {
+                // Checked when stored; a hand-edited value that does not
+                // read is left out (the schedule itself refuses to load).
+                humantime::parse_duration(raw.trim())
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .map(|d| (name, d))
+            })
+            .collect();
+        let late = self.ledger.record_late_runs(&deadlines).await?;
+        if late > 0 {
+            tracing::warn!(late, "runs past their schedule's deadline");
+        }
+        Ok(late)
+    }
+
     /// Checks the fires this replica lost at the Redis lock at least
     /// `after` ago: any that no replica recorded in the ledger (the lock
     /// holder died between the lock and the insert) is treated as missed

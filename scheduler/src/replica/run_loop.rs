@@ -235,7 +235,7 @@ impl Replica {
     }
 
     /// Fires missed while every replica was down, then, every few seconds
-    /// until `cancel`: stuck runs, fires lost at the lock, fires this
+    /// until `cancel`: stuck runs, late runs, fires lost at the lock, fires this
     /// replica could not claim, and spans the timer skipped.
     async fn recovery_loop(
         self: Arc<Self>,
@@ -254,6 +254,9 @@ impl Replica {
             }
             if let Err(e) = self.report_stuck_once().await {
                 tracing::warn!(error = %e, "cannot look for stuck runs; retrying");
+            }
+            if let Err(e) = self.report_late_once().await {
+                tracing::warn!(error = %e, "cannot look for late runs; retrying");
             }
             if let Err(e) = self.verify_lock_losses_once(LOCK_LOSS_CHECK_AFTER).await {
                 tracing::warn!(error = %e, "cannot check fires lost at the lock; retrying");

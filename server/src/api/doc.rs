@@ -23,7 +23,7 @@ use utoipa::{Modify, OpenApi};
 
 use belfry_api_types::ErrorBody;
 
-use super::{health, input, jobs, runs, schedules};
+use super::{alerts, health, input, jobs, runs, schedules};
 
 /// The API's description, from the handlers and the API types.
 #[derive(OpenApi)]
@@ -51,6 +51,8 @@ use super::{health, input, jobs, runs, schedules};
         runs::get_one,
         runs::cancel,
         jobs::enqueue,
+        alerts::list,
+        alerts::test,
     ),
     components(schemas(ErrorBody)),
     security(("bearer" = [])),

@@ -8,6 +8,7 @@
 //! `schedules` table's notifications. Errors share one shape
 //! ([`error::ApiError`]); tokens and roles are in [`auth`].
 
+pub mod alerts;
 pub mod auth;
 pub mod doc;
 pub mod error;
@@ -43,6 +44,7 @@ struct Inner {
     client: Client,
     tokens: Tokens,
     trace_ui: Option<String>,
+    alerts: Option<Arc<belfry_alert::AlertDeliverer>>,
 }
 
 impl ApiState {
@@ -59,6 +61,7 @@ impl ApiState {
                 client,
                 tokens,
                 trace_ui: None,
+                alerts: None,
             }),
         }
     }
@@ -86,6 +89,19 @@ impl ApiState {
             inner.trace_ui = template;
         }
         self
+    }
+
+    /// Lets the API list alert channels and send test alerts through
+    /// `deliverer` (the replica's own).
+    pub fn with_alerts(mut self, deliverer: Arc<belfry_alert::AlertDeliverer>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.alerts = Some(deliverer);
+        }
+        self
+    }
+
+    pub(crate) fn alerts(&self) -> Option<&belfry_alert::AlertDeliverer> {
+        self.inner.alerts.as_deref()
     }
 
     pub(crate) fn trace_ui(&self) -> Option<&str> {
@@ -134,6 +150,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/runs/{id}", get(runs::get_one))
         .route("/v1/runs/{id}/cancel", post(runs::cancel))
         .route("/v1/jobs", post(jobs::enqueue))
+        .route("/v1/alerts", get(alerts::list))
+        .route("/v1/alerts/test", post(alerts::test))
         .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("no such path; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })

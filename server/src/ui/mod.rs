@@ -1,4 +1,5 @@
-//! The web view under `/ui` on the API listener: an overview, schedules,
+//! The web view under `/ui` on the API listener: an overview (with recent
+//! alerts and failed alert deliveries), schedules,
 //! one schedule with its actions, runs and one run.
 //!
 //! Server-rendered HTML from the same ledger queries the API uses, plus one
@@ -40,6 +41,7 @@ pub fn routes() -> Router<ApiState> {
         .route("/ui/runs", get(pages::runs))
         .route("/ui/runs/{id}", get(pages::run))
         .route("/ui/runs/{id}/cancel", post(pages::cancel))
+        .route("/ui/alerts/test", post(pages::test_alert))
         .route("/ui/login", get(pages::login_form).post(pages::login))
         .route("/ui/logout", post(pages::logout))
         .route(

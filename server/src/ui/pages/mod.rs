@@ -1,11 +1,13 @@
 //! The pages and actions of the web view, a file per page family, and
 //! what they share: the page frame, error pages, run tables and paging.
 
+mod alerts;
 mod login;
 mod overview;
 mod runs;
 mod schedules;
 
+pub use alerts::test_alert;
 pub use login::{login, login_form, logout};
 pub use overview::overview;
 pub use runs::{cancel, run, runs};

@@ -2,21 +2,25 @@
 
 use std::fmt::Write as _;
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::Extension;
 use chrono::{DateTime, Duration, DurationRound, Utc};
 
+use crate::api::input::QueryParams;
 use crate::api::{ApiState, Caller};
 use crate::ui::html::{esc, table, when, Section};
 
 use super::*;
 
 /// `GET /ui`: fires per minute and outcomes, in-flight and stuck runs,
-/// dead letters, the replicas and workers seen lately.
+/// dead letters, the replicas and workers seen lately, recent alerts and
+/// failed alert deliveries.
 pub async fn overview(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
+    RawQuery(query): RawQuery,
 ) -> PageResult {
+    let q = QueryParams::parse(query.as_deref(), &["msg", "err"]).map_err(error_page)?;
     let now = Utc::now();
     let ledger = state.ledger();
     let (numbers, minutes) = tokio::try_join!(
@@ -24,7 +28,7 @@ pub async fn overview(
         ledger.runs_per_minute(chart_start(now)),
     )
     .map_err(|e| error_page(e.into()))?;
-    let mut body = String::from("<h1>Overview</h1><div class=\"cards\">");
+    let mut body = format!("<h1>Overview</h1>{}<div class=\"cards\">", flashes(&q));
     for (label, n, href) in [
         (
             "runs in flight",
@@ -76,6 +80,11 @@ pub async fn overview(
         "<h2>Scheduler replicas (claims in the last 15 min)</h2>{}<h2>Workers (attempts in the last 15 min)</h2>{}",
         seen(&numbers.replicas),
         seen(&numbers.workers)
+    );
+    body.push_str(
+        &super::alerts::sections(&state, &caller)
+            .await
+            .map_err(error_page)?,
     );
     Ok(html("Overview", Section::Overview, &caller, true, &body))
 }

@@ -1,0 +1,123 @@
+-- Alerts (issue 20): the same tables and triggers as the Postgres
+-- migration (read it for why), in the embedded database's types: ids are
+-- 16-byte BLOBs, instants fixed-width UTC text.
+
+CREATE TABLE alert_events (
+    id          BLOB    PRIMARY KEY,
+    kind        TEXT    NOT NULL,
+    subject     TEXT    NOT NULL,
+    job_name    TEXT,
+    job_type    TEXT,
+    run_id      BLOB,
+    run_key     TEXT,
+    count       INTEGER NOT NULL DEFAULT 1,
+    detail      TEXT    NOT NULL DEFAULT '',
+    channel     TEXT,
+    dedupe_key  TEXT    UNIQUE,
+    occurred_at TEXT    NOT NULL,
+    routed_at   TEXT
+);
+CREATE INDEX alert_events_unrouted_idx ON alert_events (occurred_at) WHERE routed_at IS NULL;
+CREATE INDEX alert_events_occurred_idx ON alert_events (occurred_at);
+
+CREATE TABLE alert_deliveries (
+    id          BLOB    PRIMARY KEY,
+    event_id    BLOB    NOT NULL REFERENCES alert_events (id) ON DELETE CASCADE,
+    channel     TEXT    NOT NULL,
+    status      TEXT    NOT NULL CHECK (status IN ('pending', 'sent', 'failed', 'folded')),
+    due_at      TEXT    NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    folded      INTEGER NOT NULL DEFAULT 0,
+    lease_owner TEXT,
+    lease_until TEXT,
+    last_error  TEXT,
+    created_at  TEXT    NOT NULL,
+    sent_at     TEXT,
+    UNIQUE (event_id, channel)
+);
+CREATE INDEX alert_deliveries_due_idx ON alert_deliveries (due_at) WHERE status = 'pending';
+CREATE INDEX alert_deliveries_created_idx ON alert_deliveries (created_at);
+
+CREATE TABLE alert_throttles (
+    channel      TEXT NOT NULL,
+    subject      TEXT NOT NULL,
+    window_start TEXT NOT NULL,
+    carrier      BLOB,
+    folded       INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (channel, subject)
+);
+
+ALTER TABLE schedules ADD COLUMN failing INTEGER NOT NULL DEFAULT 0;
+
+-- A run's end (see the Postgres migration). SQLite triggers have no
+-- variables: the recovered event is recorded while the schedule is still
+-- marked failing, then the mark is cleared.
+CREATE TRIGGER job_runs_alert_recovered_update AFTER UPDATE OF status ON job_runs
+    WHEN NEW.status = 'succeeded'
+BEGIN
+    INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key, occurred_at)
+    SELECT randomblob(16), 'schedule.recovered', NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
+           'succeeded again', 'schedule.recovered:' || hex(NEW.id), strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z'
+    WHERE EXISTS (SELECT 1 FROM schedules WHERE name = NEW.job_name AND failing = 1);
+    UPDATE schedules SET failing = 0 WHERE name = NEW.job_name AND failing = 1;
+END;
+
+CREATE TRIGGER job_runs_alert_end_update AFTER UPDATE OF status ON job_runs
+    WHEN NEW.status IN ('failed', 'dead', 'cancelled')
+BEGIN
+    UPDATE schedules SET failing = 1
+    WHERE name = NEW.job_name AND failing = 0 AND NEW.status IN ('failed', 'dead') AND NEW.attempts > 0;
+    INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key, occurred_at)
+    VALUES (randomblob(16), 'run.' || NEW.status, NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
+            substr(COALESCE(NEW.last_error, ''), 1, 2000), 'run.' || NEW.status || ':' || hex(NEW.id),
+            strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+END;
+
+CREATE TRIGGER job_runs_alert_end_insert AFTER INSERT ON job_runs
+    WHEN NEW.status IN ('failed', 'dead', 'cancelled')
+BEGIN
+    UPDATE schedules SET failing = 1
+    WHERE name = NEW.job_name AND failing = 0 AND NEW.status IN ('failed', 'dead') AND NEW.attempts > 0;
+    INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key, occurred_at)
+    VALUES (randomblob(16), 'run.' || NEW.status, NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
+            substr(COALESCE(NEW.last_error, ''), 1, 2000), 'run.' || NEW.status || ':' || hex(NEW.id),
+            strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+END;
+
+CREATE TRIGGER job_runs_alert_run_stuck AFTER UPDATE OF last_error ON job_runs
+    WHEN NEW.last_error LIKE 'stuck:%' AND OLD.last_error IS NOT NEW.last_error
+BEGIN
+    INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key, occurred_at)
+    VALUES (randomblob(16), 'run.stuck', NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
+            substr(NEW.last_error, 1, 2000), 'run.stuck:' || hex(NEW.id),
+            strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+END;
+
+CREATE TRIGGER skipped_fires_alert AFTER INSERT ON skipped_fires
+BEGIN
+    INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, run_key, detail, dedupe_key, occurred_at)
+    VALUES (randomblob(16), 'fire.skipped', NEW.job_name, NEW.job_name,
+            (SELECT job_type FROM schedules WHERE name = NEW.job_name), NEW.run_key,
+            substr(NEW.reason, 1, 2000), 'fire.skipped:' || NEW.job_name || ':' || NEW.run_key,
+            strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+END;
+
+CREATE TRIGGER skipped_ranges_alert AFTER INSERT ON skipped_ranges
+BEGIN
+    INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, count, detail, dedupe_key, occurred_at)
+    VALUES (randomblob(16), 'fire.skipped', NEW.job_name, NEW.job_name,
+            (SELECT job_type FROM schedules WHERE name = NEW.job_name), NEW.skipped,
+            NEW.skipped || ' fires missed from ' || substr(NEW.after_at, 1, 19) || 'Z to '
+                || substr(NEW.until_at, 1, 19) || 'Z: ' || substr(NEW.reason, 1, 1000),
+            'fire.skipped:' || NEW.job_name || ':' || NEW.after_at || ':' || NEW.until_at,
+            strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+END;
+
+CREATE TRIGGER schedules_alert_paused AFTER UPDATE OF paused ON schedules
+    WHEN NEW.paused = 1 AND OLD.paused = 0
+         AND (NEW.pause_note LIKE 'paused after %' OR NEW.pause_note LIKE 'ran out%')
+BEGIN
+    INSERT INTO alert_events (id, kind, subject, job_name, job_type, detail, occurred_at)
+    VALUES (randomblob(16), 'schedule.paused', NEW.name, NEW.name, NEW.job_type,
+            substr(NEW.pause_note, 1, 2000), strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+END;
