@@ -81,7 +81,7 @@ impl AlertDeliverer {
             channels,
             namespace: namespace.to_owned(),
             owner: owner.to_owned(),
-            lease: slowest * 2 + Duration::from_secs(30),
+            lease: slowest * 2 + Duration::from_secs(5),
             counters: Arc::default(),
         })
     }

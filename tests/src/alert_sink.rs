@@ -31,6 +31,7 @@ pub struct WebhookSink {
     pub addr: SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
     rejected: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
     status: Arc<AtomicU16>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -76,12 +77,19 @@ impl WebhookSink {
         let key = secret.map(belfry_alert::signature::key_of);
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
         let rejected = Arc::new(AtomicUsize::new(0));
+        let answered = Arc::new(AtomicUsize::new(0));
         let status = Arc::new(AtomicU16::new(200));
         let (kept, refused, answer) = (received.clone(), rejected.clone(), status.clone());
+        let counted = answered.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (key, kept, refused, answer) =
-                    (key.clone(), kept.clone(), refused.clone(), answer.clone());
+                let (key, kept, refused, answer, counted) = (
+                    key.clone(),
+                    kept.clone(),
+                    refused.clone(),
+                    answer.clone(),
+                    counted.clone(),
+                );
                 tokio::spawn(async move {
                     let mut stream = BufReader::new(stream);
                     while let Some(request) = read_request(&mut stream).await {
@@ -97,6 +105,7 @@ impl WebhookSink {
                                 &header("webhook-signature"),
                             )
                         });
+                        counted.fetch_add(1, Ordering::SeqCst);
                         let code = if !signed {
                             refused.fetch_add(1, Ordering::SeqCst);
                             401
@@ -128,6 +137,7 @@ impl WebhookSink {
             addr,
             received,
             rejected,
+            answered,
             status,
             task,
         }
@@ -144,6 +154,11 @@ impl WebhookSink {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Requests answered, whatever the answer.
+    pub fn requests(&self) -> usize {
+        self.answered.load(Ordering::SeqCst)
     }
 
     /// Requests refused for a bad signature.

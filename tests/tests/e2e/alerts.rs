@@ -524,3 +524,162 @@ fn a_bad_alerts_file_is_refused_with_what_to_fix() {
     .unwrap();
     assert!(!format!("{ok:?}").contains("hunter2"));
 }
+
+/// Starts a real `belfry-scheduler` of `env` as `instance`, alerting
+/// through `alerts_file`, logging JSON to `log`; its API address.
+async fn scheduler_process(
+    env: &TestEnv,
+    instance: &str,
+    schedules: &Path,
+    alerts_file: &Path,
+    log: &Path,
+) -> (std::process::Child, String) {
+    let child = std::process::Command::new(belfry_tests::fault::fleet::bin_dir().join("belfry-scheduler"))
+        .envs(env.process_env())
+        .env("BELFRY_SCHEDULES", schedules)
+        .env("BELFRY_INSTANCE", instance)
+        .env("BELFRY_ALERTS", alerts_file)
+        .env("OPS_SECRET", SECRET)
+        .env("BELFRY_API_ADDR", "127.0.0.1:0")
+        .env("BELFRY_API_ADMIN_TOKENS", "ops:admin-token-0123456789abcdef")
+        .env("BELFRY_API_READ_TOKENS", "grafana:read-token-0123456789abcdef")
+        .env("BELFRY_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stdout(std::fs::File::create(log).unwrap())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let addr = eventually("the API address in the log", Duration::from_secs(30), || async {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find_map(|v| {
+                v["message"]
+                    .as_str()?
+                    .starts_with("API listening")
+                    .then(|| v["addr"].as_str().map(str::to_owned))?
+            })
+    })
+    .await;
+    (child, format!("http://{addr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_killed_between_a_failure_and_its_alert_loses_nothing() {
+    let env = belfry_testkit::service_env!();
+    let dir = std::env::temp_dir().join(format!("belfry-alerts-{}", env.namespace));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A one-shot fire of a type no worker group serves: the replica
+    // that claims it records it dead (unroutable), the event with it.
+    let schedules = dir.join("schedules.toml");
+    std::fs::write(
+        &schedules,
+        "[[schedule]]\nname = \"orphan\"\nafter = \"1s\"\njob_type = \"nobody-serves-this\"\n",
+    )
+    .unwrap();
+    let sink = WebhookSink::start(SECRET).await;
+    // The receiver refuses at first: the first replica's attempts fail,
+    // then it is killed (-9) with the alert unsent (holding its lease if
+    // the kill comes mid-attempt: the second replica waits it out).
+    sink.answer(503);
+    let alerts_file = dir.join("alerts.toml");
+    std::fs::write(
+        &alerts_file,
+        format!(
+            "retry_initial = \"1s\"\nretry_max = \"1s\"\n\
+             [channels.ops]\ntype = \"webhook\"\nurl = \"{}\"\nsecret_env = \"OPS_SECRET\"\ntimeout = \"1s\"\n\
+             [[routes]]\nchannels = [\"ops\"]\n",
+            sink.url()
+        ),
+    )
+    .unwrap();
+    let (mut first, _) =
+        scheduler_process(&env, "alerts-a", &schedules, &alerts_file, &dir.join("a.log")).await;
+    eventually("the replica tried to send the alert", Duration::from_secs(30), || async {
+        (sink.requests() >= 1).then_some(())
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let events = env.ledger.alert_events(10).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].alert_kind(), Some(AlertKind::RunDead));
+    // The receiver is back; another replica starts and sends it, once.
+    sink.answer(200);
+    let (second, api) =
+        scheduler_process(&env, "alerts-b", &schedules, &alerts_file, &dir.join("b.log")).await;
+    let got = eventually("the alert arrives", Duration::from_secs(30), || async {
+        sink.received().first().cloned()
+    })
+    .await;
+    assert_eq!(got.body["type"], "run.dead");
+    assert_eq!(got.body["data"]["schedule"], "orphan");
+    assert_eq!(got.body["data"]["event_id"], events[0].id.to_string());
+
+    // The API and the web view of the running replica.
+    let http = reqwest::Client::new();
+    let admin = "admin-token-0123456789abcdef";
+    let read = "read-token-0123456789abcdef";
+    let test = |token: &'static str, body: Value| {
+        let (http, api) = (http.clone(), api.clone());
+        async move {
+            http.post(format!("{api}/v1/alerts/test"))
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(test(read, serde_json::json!({"channel": "ops"})).await.status(), 403);
+    let unknown = test(admin, serde_json::json!({"channel": "pager"})).await;
+    assert_eq!(unknown.status(), 422);
+    let unknown: Value = unknown.json().await.unwrap();
+    assert_eq!(unknown["field"], "channel", "{unknown}");
+    let queued = test(admin, serde_json::json!({"channel": "ops", "note": "hello from the test"})).await;
+    assert_eq!(queued.status(), 202);
+    let tested = eventually("the test alert arrives", Duration::from_secs(15), || async {
+        sink.received().into_iter().find(|r| r.body["type"] == "alert.test")
+    })
+    .await;
+    assert!(tested.body["data"]["detail"].as_str().unwrap().contains("hello from the test"));
+    let list: Value = http
+        .get(format!("{api}/v1/alerts?limit=10"))
+        .bearer_auth(read)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["configured"], true);
+    assert_eq!(list["channels"][0]["name"], "ops");
+    assert_eq!(list["channels"][0]["type"], "webhook");
+    let kinds: Vec<&str> = list["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"run.dead") && kinds.contains(&"alert.test"), "{list}");
+    assert!(list["deliveries"].as_array().unwrap().iter().all(|d| d["status"] == "sent"), "{list}");
+    let page = http
+        .get(format!("{api}/ui"))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("Recent alerts") && page.contains("send a test alert"), "{page}");
+    assert!(page.contains("run.dead") && page.contains("Failed alert deliveries"));
+    // Exactly once each, whatever else ran meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dead = sink.received().iter().filter(|r| r.body["type"] == "run.dead").count();
+    assert_eq!(dead, 1);
+    let exit = belfry_testkit::terminate(second).await;
+    assert!(exit.success(), "{exit:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
