@@ -534,33 +534,44 @@ async fn scheduler_process(
     alerts_file: &Path,
     log: &Path,
 ) -> (std::process::Child, String) {
-    let child = std::process::Command::new(belfry_tests::fault::fleet::bin_dir().join("belfry-scheduler"))
-        .envs(env.process_env())
-        .env("BELFRY_SCHEDULES", schedules)
-        .env("BELFRY_INSTANCE", instance)
-        .env("BELFRY_ALERTS", alerts_file)
-        .env("OPS_SECRET", SECRET)
-        .env("BELFRY_API_ADDR", "127.0.0.1:0")
-        .env("BELFRY_API_ADMIN_TOKENS", "ops:admin-token-0123456789abcdef")
-        .env("BELFRY_API_READ_TOKENS", "grafana:read-token-0123456789abcdef")
-        .env("BELFRY_LOG_FORMAT", "json")
-        .env("RUST_LOG", "info")
-        .stdout(std::fs::File::create(log).unwrap())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let addr = eventually("the API address in the log", Duration::from_secs(30), || async {
-        std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find_map(|v| {
-                v["message"]
-                    .as_str()?
-                    .starts_with("API listening")
-                    .then(|| v["addr"].as_str().map(str::to_owned))?
-            })
-    })
+    let child =
+        std::process::Command::new(belfry_tests::fault::fleet::bin_dir().join("belfry-scheduler"))
+            .envs(env.process_env())
+            .env("BELFRY_SCHEDULES", schedules)
+            .env("BELFRY_INSTANCE", instance)
+            .env("BELFRY_ALERTS", alerts_file)
+            .env("OPS_SECRET", SECRET)
+            .env("BELFRY_API_ADDR", "127.0.0.1:0")
+            .env(
+                "BELFRY_API_ADMIN_TOKENS",
+                "ops:admin-token-0123456789abcdef",
+            )
+            .env(
+                "BELFRY_API_READ_TOKENS",
+                "grafana:read-token-0123456789abcdef",
+            )
+            .env("BELFRY_LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .stdout(std::fs::File::create(log).unwrap())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+    let addr = eventually(
+        "the API address in the log",
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find_map(|v| {
+                    v["message"]
+                        .as_str()?
+                        .starts_with("API listening")
+                        .then(|| v["addr"].as_str().map(str::to_owned))?
+                })
+        },
+    )
     .await;
     (child, format!("http://{addr}"))
 }
@@ -594,11 +605,19 @@ async fn a_scheduler_killed_between_a_failure_and_its_alert_loses_nothing() {
         ),
     )
     .unwrap();
-    let (mut first, _) =
-        scheduler_process(&env, "alerts-a", &schedules, &alerts_file, &dir.join("a.log")).await;
-    eventually("the replica tried to send the alert", Duration::from_secs(30), || async {
-        (sink.requests() >= 1).then_some(())
-    })
+    let (mut first, _) = scheduler_process(
+        &env,
+        "alerts-a",
+        &schedules,
+        &alerts_file,
+        &dir.join("a.log"),
+    )
+    .await;
+    eventually(
+        "the replica tried to send the alert",
+        Duration::from_secs(30),
+        || async { (sink.requests() >= 1).then_some(()) },
+    )
     .await;
     first.kill().unwrap();
     first.wait().unwrap();
@@ -607,8 +626,14 @@ async fn a_scheduler_killed_between_a_failure_and_its_alert_loses_nothing() {
     assert_eq!(events[0].alert_kind(), Some(AlertKind::RunDead));
     // The receiver is back; another replica starts and sends it, once.
     sink.answer(200);
-    let (second, api) =
-        scheduler_process(&env, "alerts-b", &schedules, &alerts_file, &dir.join("b.log")).await;
+    let (second, api) = scheduler_process(
+        &env,
+        "alerts-b",
+        &schedules,
+        &alerts_file,
+        &dir.join("b.log"),
+    )
+    .await;
     let got = eventually("the alert arrives", Duration::from_secs(30), || async {
         sink.received().first().cloned()
     })
@@ -632,18 +657,36 @@ async fn a_scheduler_killed_between_a_failure_and_its_alert_loses_nothing() {
                 .unwrap()
         }
     };
-    assert_eq!(test(read, serde_json::json!({"channel": "ops"})).await.status(), 403);
+    assert_eq!(
+        test(read, serde_json::json!({"channel": "ops"}))
+            .await
+            .status(),
+        403
+    );
     let unknown = test(admin, serde_json::json!({"channel": "pager"})).await;
     assert_eq!(unknown.status(), 422);
     let unknown: Value = unknown.json().await.unwrap();
     assert_eq!(unknown["field"], "channel", "{unknown}");
-    let queued = test(admin, serde_json::json!({"channel": "ops", "note": "hello from the test"})).await;
-    assert_eq!(queued.status(), 202);
-    let tested = eventually("the test alert arrives", Duration::from_secs(15), || async {
-        sink.received().into_iter().find(|r| r.body["type"] == "alert.test")
-    })
+    let queued = test(
+        admin,
+        serde_json::json!({"channel": "ops", "note": "hello from the test"}),
+    )
     .await;
-    assert!(tested.body["data"]["detail"].as_str().unwrap().contains("hello from the test"));
+    assert_eq!(queued.status(), 202);
+    let tested = eventually(
+        "the test alert arrives",
+        Duration::from_secs(15),
+        || async {
+            sink.received()
+                .into_iter()
+                .find(|r| r.body["type"] == "alert.test")
+        },
+    )
+    .await;
+    assert!(tested.body["data"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("hello from the test"));
     let list: Value = http
         .get(format!("{api}/v1/alerts?limit=10"))
         .bearer_auth(read)
@@ -662,8 +705,18 @@ async fn a_scheduler_killed_between_a_failure_and_its_alert_loses_nothing() {
         .iter()
         .map(|d| d["kind"].as_str().unwrap())
         .collect();
-    assert!(kinds.contains(&"run.dead") && kinds.contains(&"alert.test"), "{list}");
-    assert!(list["deliveries"].as_array().unwrap().iter().all(|d| d["status"] == "sent"), "{list}");
+    assert!(
+        kinds.contains(&"run.dead") && kinds.contains(&"alert.test"),
+        "{list}"
+    );
+    assert!(
+        list["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["status"] == "sent"),
+        "{list}"
+    );
     let page = http
         .get(format!("{api}/ui"))
         .bearer_auth(admin)
@@ -673,11 +726,18 @@ async fn a_scheduler_killed_between_a_failure_and_its_alert_loses_nothing() {
         .text()
         .await
         .unwrap();
-    assert!(page.contains("Recent alerts") && page.contains("send a test alert"), "{page}");
+    assert!(
+        page.contains("Recent alerts") && page.contains("send a test alert"),
+        "{page}"
+    );
     assert!(page.contains("run.dead") && page.contains("Failed alert deliveries"));
     // Exactly once each, whatever else ran meanwhile.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let dead = sink.received().iter().filter(|r| r.body["type"] == "run.dead").count();
+    let dead = sink
+        .received()
+        .iter()
+        .filter(|r| r.body["type"] == "run.dead")
+        .count();
     assert_eq!(dead, 1);
     let exit = belfry_testkit::terminate(second).await;
     assert!(exit.success(), "{exit:?}");
