@@ -28,6 +28,9 @@ CREATE TABLE IF NOT EXISTS alert_events (
     detail      TEXT        NOT NULL DEFAULT '',
     -- With alert.test: the one channel it goes to.
     channel     TEXT,
+    -- fire.skipped of a span: the instants it covers, (from, until].
+    covers_from  TIMESTAMPTZ,
+    covers_until TIMESTAMPTZ,
     dedupe_key  TEXT        UNIQUE,
     occurred_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     -- When a replica gave it its deliveries (NULL: not yet).
@@ -36,6 +39,8 @@ CREATE TABLE IF NOT EXISTS alert_events (
 CREATE INDEX IF NOT EXISTS alert_events_unrouted_idx ON alert_events (occurred_at)
     WHERE routed_at IS NULL;
 CREATE INDEX IF NOT EXISTS alert_events_occurred_idx ON alert_events (occurred_at);
+CREATE INDEX IF NOT EXISTS alert_events_covers_idx ON alert_events (job_name, covers_until)
+    WHERE covers_from IS NOT NULL;
 
 -- One row per (event, channel): the unique pair is what makes two replicas
 -- routing the same event give it one delivery per channel.
@@ -100,6 +105,12 @@ BEGIN
     IF NEW.status IN ('failed', 'dead') AND NEW.attempts > 0 THEN
         UPDATE schedules SET failing = true WHERE name = NEW.job_name AND NOT failing;
     END IF;
+    -- A claim the misfire policy skipped (dead, never attempted): its
+    -- skipped_fires row, written in the same transaction, is the event.
+    IF NEW.status = 'dead' AND NEW.attempts = 0
+       AND NEW.last_error LIKE 'skipped by misfire policy%' THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO alert_events (kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key)
     VALUES ('run.' || NEW.status, NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
             left(COALESCE(NEW.last_error, ''), 2000), 'run.' || NEW.status || ':' || NEW.id)
@@ -148,17 +159,31 @@ CREATE TRIGGER skipped_fires_alert AFTER INSERT ON skipped_fires
 
 -- Fires missed while every replica was down (or the ledger unreachable)
 -- and skipped by the misfire policy: one event for the span, with the
--- number of instants in it.
+-- number of instants in it. Each replica records the span it saw, so the
+-- same outage can arrive as several overlapping spans: only the first
+-- becomes an event (its instants were told; the others overlap them).
+-- The schedule's lock (key 20, its own: the claim path's is key 7)
+-- serialises the check with a concurrent insert of an overlapping span;
+-- record_skipped_ranges inserts in name order, so two replicas take
+-- these locks in one order.
 CREATE OR REPLACE FUNCTION belfry_alert_range_skipped() RETURNS trigger AS $$
 BEGIN
-    INSERT INTO alert_events (kind, subject, job_name, job_type, count, detail, dedupe_key)
+    PERFORM pg_advisory_xact_lock(hashtextextended(NEW.job_name, 20));
+    IF EXISTS (SELECT 1 FROM alert_events
+               WHERE job_name = NEW.job_name AND covers_from IS NOT NULL
+                 AND covers_from < NEW.until_at AND covers_until > NEW.after_at) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO alert_events (kind, subject, job_name, job_type, count, detail, dedupe_key,
+                              covers_from, covers_until)
     VALUES ('fire.skipped', NEW.job_name, NEW.job_name,
             (SELECT job_type FROM schedules WHERE name = NEW.job_name), NEW.skipped,
             format('%s fires missed from %s to %s: %s', NEW.skipped,
                    to_char(NEW.after_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
                    to_char(NEW.until_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
                    left(NEW.reason, 1000)),
-            'fire.skipped:' || NEW.job_name || ':' || NEW.after_at || ':' || NEW.until_at)
+            'fire.skipped:' || NEW.job_name || ':' || NEW.after_at || ':' || NEW.until_at,
+            NEW.after_at, NEW.until_at)
     ON CONFLICT (dedupe_key) DO NOTHING;
     RETURN NULL;
 END;

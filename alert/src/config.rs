@@ -693,6 +693,8 @@ mod tests {
             detail: String::new(),
             channel: None,
             occurred_at: Utc::now(),
+            covers_from: None,
+            covers_until: None,
         }
     }
 

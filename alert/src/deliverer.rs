@@ -195,6 +195,7 @@ impl AlertDeliverer {
             (delivery, outcome)
         });
         let mut report = PassReport::default();
+        let mut results = Vec::with_capacity(due.len());
         for (delivery, outcome) in futures::future::join_all(sends).await {
             let result = self.result_of(config, delivery, outcome);
             match &result {
@@ -219,19 +220,44 @@ impl AlertDeliverer {
                         attempt = delivery.attempts, %error, "alert given up");
                 }
             }
+            results.push((delivery, result));
+        }
+        // Concurrently: one result waiting out a ledger restart does not
+        // hold the others past their leases.
+        futures::future::join_all(results.iter().map(|(d, r)| self.record(d, r))).await;
+        Ok(report)
+    }
+
+    /// Records `result` of `delivery`, trying again for a while when the
+    /// ledger does not answer (a restart takes seconds): a result not
+    /// recorded before the lease ends means another replica sends the
+    /// alert again.
+    async fn record(&self, delivery: &DueDelivery, result: &DeliveryResult) {
+        let mut pause = Duration::from_millis(250);
+        let give_up = std::time::Instant::now() + self.lease / 2;
+        loop {
             match self
                 .ledger
-                .finish_alert_delivery(delivery.id, &self.owner, &result)
+                .finish_alert_delivery(delivery.id, &self.owner, result)
                 .await
             {
-                Ok(true) => {}
-                Ok(false) => tracing::warn!(delivery = %delivery.id,
-                    "an alert's lease ran out before its result was recorded; another replica may send it again"),
-                Err(e) => tracing::warn!(delivery = %delivery.id, error = %e,
-                    "cannot record an alert's result; it is sent again after its lease"),
+                Ok(true) => return,
+                Ok(false) => {
+                    tracing::warn!(delivery = %delivery.id,
+                        "an alert's lease ran out before its result was recorded; another replica may send it again");
+                    return;
+                }
+                Err(e) if std::time::Instant::now() + pause > give_up => {
+                    tracing::warn!(delivery = %delivery.id, error = %e,
+                        "cannot record an alert's result; it is sent again after its lease");
+                    return;
+                }
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
             }
         }
-        Ok(report)
     }
 
     /// What `outcome` means for `delivery`: retried with back-off (the

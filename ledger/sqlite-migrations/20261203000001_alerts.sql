@@ -13,12 +13,15 @@ CREATE TABLE alert_events (
     count       INTEGER NOT NULL DEFAULT 1,
     detail      TEXT    NOT NULL DEFAULT '',
     channel     TEXT,
+    covers_from  TEXT,
+    covers_until TEXT,
     dedupe_key  TEXT    UNIQUE,
     occurred_at TEXT    NOT NULL,
     routed_at   TEXT
 );
 CREATE INDEX alert_events_unrouted_idx ON alert_events (occurred_at) WHERE routed_at IS NULL;
 CREATE INDEX alert_events_occurred_idx ON alert_events (occurred_at);
+CREATE INDEX alert_events_covers_idx ON alert_events (job_name, covers_until) WHERE covers_from IS NOT NULL;
 
 CREATE TABLE alert_deliveries (
     id          BLOB    PRIMARY KEY,
@@ -64,6 +67,8 @@ END;
 
 CREATE TRIGGER job_runs_alert_end_update AFTER UPDATE OF status ON job_runs
     WHEN NEW.status IN ('failed', 'dead', 'cancelled')
+         AND NOT (NEW.status = 'dead' AND NEW.attempts = 0
+                  AND COALESCE(NEW.last_error, '') LIKE 'skipped by misfire policy%')
 BEGIN
     UPDATE schedules SET failing = 1
     WHERE name = NEW.job_name AND failing = 0 AND NEW.status IN ('failed', 'dead') AND NEW.attempts > 0;
@@ -75,6 +80,8 @@ END;
 
 CREATE TRIGGER job_runs_alert_end_insert AFTER INSERT ON job_runs
     WHEN NEW.status IN ('failed', 'dead', 'cancelled')
+         AND NOT (NEW.status = 'dead' AND NEW.attempts = 0
+                  AND COALESCE(NEW.last_error, '') LIKE 'skipped by misfire policy%')
 BEGIN
     UPDATE schedules SET failing = 1
     WHERE name = NEW.job_name AND failing = 0 AND NEW.status IN ('failed', 'dead') AND NEW.attempts > 0;
@@ -102,15 +109,21 @@ BEGIN
             strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
 END;
 
+-- One event per overlapping set of spans (see the Postgres migration);
+-- the one writer makes the check and the insert one step.
 CREATE TRIGGER skipped_ranges_alert AFTER INSERT ON skipped_ranges
 BEGIN
-    INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, count, detail, dedupe_key, occurred_at)
-    VALUES (randomblob(16), 'fire.skipped', NEW.job_name, NEW.job_name,
-            (SELECT job_type FROM schedules WHERE name = NEW.job_name), NEW.skipped,
-            NEW.skipped || ' fires missed from ' || substr(NEW.after_at, 1, 19) || 'Z to '
-                || substr(NEW.until_at, 1, 19) || 'Z: ' || substr(NEW.reason, 1, 1000),
-            'fire.skipped:' || NEW.job_name || ':' || NEW.after_at || ':' || NEW.until_at,
-            strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+    INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, count, detail, dedupe_key,
+                                        occurred_at, covers_from, covers_until)
+    SELECT randomblob(16), 'fire.skipped', NEW.job_name, NEW.job_name,
+           (SELECT job_type FROM schedules WHERE name = NEW.job_name), NEW.skipped,
+           NEW.skipped || ' fires missed from ' || substr(NEW.after_at, 1, 19) || 'Z to '
+               || substr(NEW.until_at, 1, 19) || 'Z: ' || substr(NEW.reason, 1, 1000),
+           'fire.skipped:' || NEW.job_name || ':' || NEW.after_at || ':' || NEW.until_at,
+           strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z', NEW.after_at, NEW.until_at
+    WHERE NOT EXISTS (SELECT 1 FROM alert_events
+                      WHERE job_name = NEW.job_name AND covers_from IS NOT NULL
+                        AND covers_from < NEW.until_at AND covers_until > NEW.after_at);
 END;
 
 CREATE TRIGGER schedules_alert_paused AFTER UPDATE OF paused ON schedules

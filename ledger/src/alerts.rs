@@ -131,6 +131,10 @@ pub struct AlertEvent {
     pub channel: Option<String>,
     /// When it was recorded.
     pub occurred_at: DateTime<Utc>,
+    /// A skipped span's instants: after this (exclusive) ...
+    pub covers_from: Option<DateTime<Utc>>,
+    /// ... up to this (inclusive).
+    pub covers_until: Option<DateTime<Utc>>,
 }
 
 impl AlertEvent {
@@ -258,7 +262,8 @@ pub(crate) const DELIVERY_COLUMNS: &str = "d.id, d.channel, d.status, d.attempts
 
 /// The columns of [`AlertEvent`], for `alert_events e`.
 pub(crate) const EVENT_COLUMNS: &str = "e.id, e.kind, e.subject, e.job_name, e.job_type, \
-     e.run_id, e.run_key, e.count, e.detail, e.channel, e.occurred_at";
+     e.run_id, e.run_key, e.count, e.detail, e.channel, e.occurred_at, e.covers_from, \
+     e.covers_until";
 
 /// Throttling: at most one alert per (channel, subject) per window, the
 /// events in between folded into one summary sent when the window ends.

@@ -118,10 +118,14 @@ impl ViewStore for PgStore {
             .map(|r| crate::storable(&r.reason).into_owned())
             .collect();
         let by: Vec<&str> = ranges.iter().map(|r| r.recorded_by.as_str()).collect();
+        // In name order: the alert trigger of each row takes its
+        // schedule's lock (see the alerts migration), so two replicas
+        // recording ranges of the same schedules lock them in one order.
         sqlx::query(
             "INSERT INTO skipped_ranges (job_name, after_at, until_at, skipped, reason, recorded_by) \
              SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], \
-                                  $5::text[], $6::text[]) \
+                                  $5::text[], $6::text[]) AS r(job_name, a, u, n, why, who) \
+             ORDER BY job_name \
              ON CONFLICT DO NOTHING",
         )
         .bind(&names)

@@ -16,7 +16,12 @@
 //! each failpoint (a process restarted with it armed until it aborts), a
 //! restart of RabbitMQ, Redis and Postgres (`scripts/service-bounce`), and a
 //! replica started with its clock 5 s ahead (it must claim nothing).
+//!
+//! Alerts: the schedulers send every alert event to a webhook receiver of
+//! the suite, and the report counts them ([`alert_tally`]): every event
+//! alerted, none recorded twice.
 
+pub mod alert_tally;
 pub mod fleet;
 pub mod probe;
 pub mod report;
@@ -197,6 +202,10 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     let probe = Probe::start(config.seed, 80).await;
     let dir = std::env::temp_dir().join(format!("belfry-fault-{}", env.namespace));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let alert_sink = crate::alert_sink::WebhookSink::start(alert_tally::SECRET).await;
+    let alerts_file = dir.join("alerts.toml");
+    std::fs::write(&alerts_file, alert_tally::alerts_file(&alert_sink.url()))
+        .unwrap_or_else(|e| panic!("{}: {e}", alerts_file.display()));
     let schedule_file = dir.join("schedules.toml");
     std::fs::write(&schedule_file, schedule_file_text(config, &probe.url()))
         .unwrap_or_else(|e| panic!("{}: {e}", schedule_file.display()));
@@ -238,6 +247,8 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
             ("BELFRY_CLOCK_CHECK_INTERVAL", "1s".into()),
             ("BELFRY_MAX_INFLIGHT_FIRES", "256".into()),
             ("BELFRY_LATE_CLAIM_PAGE", LATE_CLAIM_PAGE.to_string()),
+            ("BELFRY_ALERTS", alerts_file.display().to_string()),
+            (alert_tally::SECRET_VAR, alert_tally::SECRET.to_owned()),
         ]),
         pairs(&[
             ("BELFRY_WORKER_GROUP", "default".into()),
@@ -343,6 +354,7 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     for i in fleet.of(Role::Worker) {
         fleet.stop(i, Duration::from_secs(30)).await;
     }
+    let alerts = alert_tally::settle_and_count(&env, &alert_sink, Duration::from_secs(60)).await;
     let mut report = Report::collect(
         &env,
         config,
@@ -353,6 +365,7 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
         &observed,
     )
     .await;
+    report.alerts = alerts;
     report.unexpected_exits = fleet.unexpected_exits.clone();
     report.unclean_stops = fleet.unclean_stops.clone();
     report.settled = drained && all_done;

@@ -157,6 +157,8 @@ pub struct Report {
     pub settled: bool,
     /// Log tails, when the run failed.
     pub log_tails: String,
+    /// What became of the alert events of the run.
+    pub alerts: super::alert_tally::AlertTally,
 }
 
 /// Waits until every fire of the window has a row or a policy skip and
@@ -509,6 +511,7 @@ impl Report {
             && self.unexpected_exits.is_empty()
             && self.unclean_stops.is_empty()
             && self.settled
+            && self.alerts.passed()
     }
 }
 
@@ -668,6 +671,40 @@ impl fmt::Display for Report {
             f,
             "| settled within the drain deadline | {} | yes |",
             if self.settled { "yes" } else { "no" }
+        )?;
+        let a = &self.alerts;
+        let kinds: Vec<String> = a.by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        writeln!(
+            f,
+            "| alert events ({}) | {} | |",
+            if kinds.is_empty() {
+                "none".to_owned()
+            } else {
+                kinds.join(", ")
+            },
+            a.events
+        )?;
+        writeln!(
+            f,
+            "| alert events recorded twice | {} | 0 |",
+            a.duplicate_events
+        )?;
+        writeln!(f, "| alert events never alerted | {} | 0 |", a.missing)?;
+        writeln!(
+            f,
+            "| alerts received twice (a replica died between the send and its record) | {} | |",
+            a.repeated
+        )?;
+        writeln!(
+            f,
+            "| alerts received three times or more | {} | 0 |",
+            a.repeated_more
+        )?;
+        writeln!(f, "| alert deliveries given up | {} | 0 |", a.given_up)?;
+        writeln!(
+            f,
+            "| alerts settled within 60 s of the end | {} | yes |",
+            if a.settled { "yes" } else { "no" }
         )?;
         writeln!(f)?;
         for i in &self.injected {

@@ -743,3 +743,56 @@ async fn a_scheduler_killed_between_a_failure_and_its_alert_loses_nothing() {
     assert!(exit.success(), "{exit:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+belfry_testkit::both_backends! {
+    async fn one_outage_seen_by_several_replicas_is_one_skip_alert(env: TestEnv) {
+        let t = Utc::now().trunc_subsecs(0) - chrono::Duration::hours(1);
+        let span = |by: &str, after: i64, until: i64| belfry_ledger::SkippedRange {
+            job_name: "every-second".into(),
+            after: t + chrono::Duration::seconds(after),
+            until: t + chrono::Duration::seconds(until),
+            skipped: u64::try_from(until - after).unwrap(),
+            reason: "skipped by misfire policy \"skip\"".into(),
+            recorded_by: by.into(),
+        };
+        // Three replicas saw the same outage with slightly different ends.
+        env.ledger.record_skipped_ranges(&[span("a", 0, 30)]).await.unwrap();
+        env.ledger.record_skipped_ranges(&[span("b", 1, 31)]).await.unwrap();
+        env.ledger.record_skipped_ranges(&[span("c", 0, 29), span("c", 100, 110)]).await.unwrap();
+        let events = env.ledger.alert_events(10).await.unwrap();
+        let counts: Vec<i64> = events.iter().rev().map(|e| e.count).collect();
+        assert_eq!(counts, vec![30, 10], "one event per outage: {events:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_skipped_by_the_misfire_policy_is_one_skip_alert_not_a_dead_letter() {
+    let env = belfry_testkit::service_env!("noop");
+    let at = Utc::now().trunc_subsecs(0) - chrono::Duration::minutes(5);
+    let message = env.enqueue("late", "noop", serde_json::json!({}), at).await;
+    // Claimed on time, never published, now late: the policy skips it.
+    sqlx::query(
+        "UPDATE job_runs SET next_dispatch_at = now() - interval '1 minute', \
+             claimed_at = now() - interval '1 minute' WHERE id = $1",
+    )
+    .bind(message.message_id)
+    .execute(env.ledger.pg_pool().unwrap())
+    .await
+    .unwrap();
+    let skipped = env
+        .ledger
+        .skip_claimed(
+            &[message.message_id],
+            "skipped by misfire policy \"fire_once\": claimed on time but not published before it was late",
+            "r1",
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    assert_eq!(skipped, 1);
+    let events = env.ledger.alert_events(10).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].alert_kind(), Some(AlertKind::FireSkipped));
+    assert_eq!(events[0].run_key.as_deref(), Some(message.run_key.as_str()));
+    env.teardown(&["default"]).await;
+}
