@@ -358,3 +358,52 @@ async fn tokens_and_unreachable_apis_have_their_own_exit_codes() {
     drop(api);
     env.teardown(&[]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_commands_list_channels_and_deliveries_and_send_a_test() {
+    use std::sync::Arc;
+
+    let (env, _) = setup().await;
+    let sink = belfry_tests::alert_sink::WebhookSink::start("cli-alert-secret").await;
+    let config = belfry_alert::AlertsConfig::parse(
+        &format!(
+            "[channels.ops]\ntype = \"webhook\"\nurl = \"{}\"\nsecret_env = \"S\"\n\
+             [[routes]]\nchannels = [\"ops\"]\n",
+            sink.url()
+        ),
+        std::path::Path::new("alerts.toml"),
+        &belfry_runtime::Settings::from_pairs([("S", "cli-alert-secret")]),
+    )
+    .unwrap();
+    let alerts = Arc::new(
+        belfry_alert::AlertDeliverer::new(env.ledger.clone(), Some(config), &env.namespace, "cli")
+            .unwrap(),
+    );
+    let replica = Arc::new(belfry_tests::replica(&env, "cli-alerts", None).await);
+    let api = TestApi::serve_state(
+        belfry_server::api::ApiState::new(replica, Tokens::default()).with_alerts(alerts.clone()),
+    )
+    .await;
+    let cli = Cli { api: &api.base };
+    let out = cli.ok("alerts test ops --note 'from the cli'").await;
+    assert!(out.contains("test alert to ops queued"), "{out}");
+    alerts.pass_once().await.unwrap();
+    assert_eq!(sink.received().len(), 1);
+    let out = cli.ok("alerts ls").await;
+    for needle in [
+        "CHANNEL",
+        "ops",
+        "webhook",
+        "alert.test",
+        "sent",
+        "from the cli",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let json: Value =
+        serde_json::from_str(&cli.ok("--json alerts ls --status sent").await).unwrap();
+    assert_eq!(json["deliveries"].as_array().unwrap().len(), 1);
+    cli.fails("alerts test pager", 5, "no alert channel").await;
+    cli.fails("alerts ls --status lost", 5, "not a delivery status")
+        .await;
+}

@@ -18,6 +18,9 @@ use belfry_testkit::TestEnv;
 
 use crate::alert_sink::WebhookSink;
 
+/// A skipped span: after (exclusive), until (inclusive).
+type Span = (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>);
+
 /// The variable the schedulers read the receiver's secret from.
 pub const SECRET_VAR: &str = "BELFRY_FAULT_ALERT_SECRET";
 /// The receiver's secret.
@@ -54,6 +57,8 @@ pub struct AlertTally {
     pub given_up: usize,
     /// Whether every event was routed and sent within the deadline.
     pub settled: bool,
+    /// The first few events recorded twice, described.
+    pub duplicate_examples: Vec<String>,
 }
 
 impl AlertTally {
@@ -123,17 +128,40 @@ pub async fn settle_and_count(env: &TestEnv, sink: &WebhookSink, within: Duratio
         ..AlertTally::default()
     };
     let mut seen = HashSet::new();
+    let mut spans: HashMap<String, Vec<Span>> = HashMap::new();
     for e in &events {
         *tally.by_kind.entry(e.kind.clone()).or_default() += 1;
         let identity = (
             e.kind.clone(),
+            e.subject.clone(),
             e.run_id,
             e.run_key.clone(),
             e.detail.clone(),
             e.count,
         );
-        if !seen.insert(identity) {
+        let mut twice = !seen.insert(identity);
+        // A skipped span overlapping another of its schedule's tells of
+        // the same instants again.
+        if let (Some(from), Some(until)) = (e.covers_from, e.covers_until) {
+            let theirs = spans.entry(e.subject.clone()).or_default();
+            twice |= theirs.iter().any(|(f, u)| *f < until && *u > from);
+            theirs.push((from, until));
+        }
+        if twice {
             tally.duplicate_events += 1;
+            if tally.duplicate_examples.len() < 6 {
+                tally.duplicate_examples.push(format!(
+                    "{} {} run {:?} key {:?} count {} span {:?}..{:?}: {}",
+                    e.kind,
+                    e.subject,
+                    e.run_id,
+                    e.run_key,
+                    e.count,
+                    e.covers_from,
+                    e.covers_until,
+                    e.detail
+                ));
+            }
         }
     }
     let mut received: HashMap<String, usize> = HashMap::new();

@@ -18,8 +18,9 @@
 //! replica started with its clock 5 s ahead (it must claim nothing).
 //!
 //! Alerts: the schedulers send every alert event to a webhook receiver of
-//! the suite, and the report counts them ([`alert_tally`]): every event
-//! alerted, none recorded twice.
+//! the suite, which is down (503) for a minute early in the window, and
+//! the report counts them ([`alert_tally`]): every event alerted, none
+//! recorded twice.
 
 pub mod alert_tally;
 pub mod fleet;
@@ -37,6 +38,11 @@ use belfry_testkit::TestEnv;
 use fleet::{Fleet, Role};
 use probe::Probe;
 use report::Report;
+
+/// When the alert receiver goes down, in seconds after the window opens.
+const ALERT_RECEIVER_DOWN_AT: f64 = 5.0;
+/// How long it stays down.
+const ALERT_RECEIVER_DOWN_FOR: f64 = 60.0;
 
 /// Lock TTL of the replicas under test: short, so a SIGSTOP outlives it.
 pub const LOCK_TTL: Duration = Duration::from_secs(2);
@@ -202,7 +208,8 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     let probe = Probe::start(config.seed, 80).await;
     let dir = std::env::temp_dir().join(format!("belfry-fault-{}", env.namespace));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let alert_sink = crate::alert_sink::WebhookSink::start(alert_tally::SECRET).await;
+    let alert_sink =
+        std::sync::Arc::new(crate::alert_sink::WebhookSink::start(alert_tally::SECRET).await);
     let alerts_file = dir.join("alerts.toml");
     std::fs::write(&alerts_file, alert_tally::alerts_file(&alert_sink.url()))
         .unwrap_or_else(|e| panic!("{}: {e}", alerts_file.display()));
@@ -296,6 +303,18 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     .await;
     let window_start = whole_second(Utc::now()) + chrono::Duration::seconds(2);
     sleep_until(window_start).await;
+    // The alert receiver is down for a minute early in the window (it
+    // answers 503): the alerts of that minute must arrive after, once each.
+    let receiver_down = {
+        let sink = alert_sink.clone();
+        tokio::spawn(async move {
+            sleep_until(window_start + secs(ALERT_RECEIVER_DOWN_AT)).await;
+            sink.answer(503);
+            sleep_until(window_start + secs(ALERT_RECEIVER_DOWN_AT + ALERT_RECEIVER_DOWN_FOR))
+                .await;
+            sink.answer(200);
+        })
+    };
 
     let mut plan: Vec<Fault> = (0..config.rounds)
         .flat_map(|_| Fault::ALL)
@@ -328,6 +347,11 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
         println!("fault suite: t+{at:>6.1}s ({took:>4.1}s) {what}");
         injected.push(Injected { at, took, what });
     }
+    injected.push(Injected {
+        at: ALERT_RECEIVER_DOWN_AT,
+        took: ALERT_RECEIVER_DOWN_FOR,
+        what: format!("alert receiver answering 503 for {ALERT_RECEIVER_DOWN_FOR} s (beside the faults above)"),
+    });
     // The window closes at the planned end, or 5 s after the last fault.
     let planned_end =
         window_start + chrono::Duration::seconds(i64::try_from(config.seconds).unwrap_or(60));
@@ -354,6 +378,7 @@ pub async fn run_suite(config: &FaultConfig) -> Report {
     for i in fleet.of(Role::Worker) {
         fleet.stop(i, Duration::from_secs(30)).await;
     }
+    let _ = receiver_down.await;
     let alerts = alert_tally::settle_and_count(&env, &alert_sink, Duration::from_secs(60)).await;
     let mut report = Report::collect(
         &env,

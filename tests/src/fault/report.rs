@@ -716,6 +716,9 @@ impl fmt::Display for Report {
         for e in self.other_dead_letters.iter().filter(|e| !e.is_empty()) {
             writeln!(f, "- other dead letter: {e}")?;
         }
+        for e in &self.alerts.duplicate_examples {
+            writeln!(f, "- alert event recorded twice: {e}")?;
+        }
         for (_, pair) in &self.overlapping_executions {
             writeln!(f, "- overlapping executions: {pair}")?;
         }
