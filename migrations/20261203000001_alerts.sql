@@ -81,29 +81,54 @@ CREATE TABLE IF NOT EXISTS alert_throttles (
     folded       BIGINT      NOT NULL DEFAULT 0,
     PRIMARY KEY (channel, subject)
 );
+CREATE INDEX IF NOT EXISTS alert_throttles_carrier_idx ON alert_throttles (carrier)
+    WHERE carrier IS NOT NULL;
 
--- Whether the schedule's latest attempted run ended failed or dead: a
--- success that flips it back is a schedule.recovered event.
-ALTER TABLE schedules ADD COLUMN IF NOT EXISTS failing BOOLEAN NOT NULL DEFAULT false;
+-- The attempted failures of each schedule not yet followed by a success:
+-- a success that clears some is a schedule.recovered event. A table of its
+-- own rather than a flag on `schedules`: writing `schedules` would touch
+-- updated_at and notify every replica that the schedule changed, and
+-- would lock its row on the workers' path. Rows are only inserted (on a
+-- failure) and deleted with SKIP LOCKED (on a success), so no worker ever
+-- waits here: outcomes of many schedules ending in several batches at once
+-- cannot deadlock on it. A success that finds the rows locked by another
+-- success leaves the notice to that one.
+CREATE TABLE IF NOT EXISTS alert_failing (
+    run_id   UUID PRIMARY KEY,
+    job_name TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS alert_failing_job_idx ON alert_failing (job_name);
 
 -- A run's end: failed, dead or cancelled is an event; a success after a
 -- failure of the same schedule is schedule.recovered. A success of a
--- schedule that was not failing touches nothing (the UPDATE matches no
--- row), so the workers' hot path pays one index probe.
+-- schedule that is not failing costs one index probe of an (almost
+-- always) empty table.
 CREATE OR REPLACE FUNCTION belfry_alert_run_end() RETURNS trigger AS $$
+DECLARE
+    cleared bigint;
 BEGIN
     IF NEW.status = 'succeeded' THEN
-        UPDATE schedules SET failing = false WHERE name = NEW.job_name AND failing;
-        IF FOUND THEN
-            INSERT INTO alert_events (kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key)
-            VALUES ('schedule.recovered', NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
-                    'succeeded again', 'schedule.recovered:' || NEW.id)
-            ON CONFLICT (dedupe_key) DO NOTHING;
+        IF EXISTS (SELECT 1 FROM alert_failing WHERE job_name = NEW.job_name) THEN
+            WITH gone AS (
+                DELETE FROM alert_failing WHERE run_id IN (
+                    SELECT run_id FROM alert_failing WHERE job_name = NEW.job_name
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING 1)
+            SELECT count(*) INTO cleared FROM gone;
+            IF cleared > 0 THEN
+                INSERT INTO alert_events (kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key)
+                VALUES ('schedule.recovered', NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
+                        format('succeeded again after %s failed run(s)', cleared),
+                        'schedule.recovered:' || NEW.id)
+                ON CONFLICT (dedupe_key) DO NOTHING;
+            END IF;
         END IF;
         RETURN NULL;
     END IF;
-    IF NEW.status IN ('failed', 'dead') AND NEW.attempts > 0 THEN
-        UPDATE schedules SET failing = true WHERE name = NEW.job_name AND NOT failing;
+    IF NEW.status IN ('failed', 'dead') AND NEW.attempts > 0
+       AND EXISTS (SELECT 1 FROM schedules WHERE name = NEW.job_name) THEN
+        INSERT INTO alert_failing (run_id, job_name) VALUES (NEW.id, NEW.job_name)
+        ON CONFLICT DO NOTHING;
     END IF;
     -- A claim the misfire policy skipped (dead, never attempted): its
     -- skipped_fires row, written in the same transaction, is the event.
@@ -119,9 +144,17 @@ BEGIN
 END;
 $$ LANGUAGE plpgsql;
 
+-- Only a status that changed: statements that write `status` back
+-- unchanged (marking a run dispatched that a fast worker already
+-- finished) are not ends.
 DROP TRIGGER IF EXISTS job_runs_alert_run_end ON job_runs;
-CREATE TRIGGER job_runs_alert_run_end AFTER INSERT OR UPDATE OF status ON job_runs
-    FOR EACH ROW WHEN (NEW.status IN ('failed', 'dead', 'cancelled', 'succeeded'))
+CREATE TRIGGER job_runs_alert_run_end AFTER UPDATE OF status ON job_runs
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status
+                       AND NEW.status IN ('failed', 'dead', 'cancelled', 'succeeded'))
+    EXECUTE FUNCTION belfry_alert_run_end();
+DROP TRIGGER IF EXISTS job_runs_alert_run_insert ON job_runs;
+CREATE TRIGGER job_runs_alert_run_insert AFTER INSERT ON job_runs
+    FOR EACH ROW WHEN (NEW.status IN ('failed', 'dead', 'cancelled'))
     EXECUTE FUNCTION belfry_alert_run_end();
 
 -- A run the stuck-run scan marked (last_error 'stuck: ...', set once).

@@ -2,13 +2,15 @@
 //! and what one attempt at sending came to.
 //!
 //! What is retried and what is given up at once: a receiver that answers
-//! that it will never take this message (HTTP 400, 404, 405, 410, 413,
-//! 422; an SMTP 5xx) gets it given up with the answer as the reason; a
-//! timeout, a refused connection, an HTTP 401/403/408/429/5xx or an SMTP
-//! 4xx is retried with back-off (a `Retry-After` is honoured) until
-//! `give_up_after`, so a receiver that is down or a secret being rotated
-//! gets its alerts once it is back. (Slack answers 403 and 404 for hooks
-//! that were revoked or deleted: permanent there.)
+//! that it will never take this message (an HTTP 3xx, since redirects are
+//! not followed, or a 4xx other than 401, 403, 408 and 429; an SMTP 5xx)
+//! gets it given up with the answer as the reason; a timeout, a refused
+//! connection, an HTTP 401/403/408/429/5xx or an SMTP 4xx is retried with
+//! back-off (a `Retry-After` is honoured) until `give_up_after`, so a
+//! receiver that is down or a secret being rotated gets its alerts once it
+//! is back. (Slack answers 403 for hooks that were revoked: permanent
+//! there.) Each attempt is bounded by the channel's `timeout` as a whole
+//! (an SMTP exchange is several commands, each with its own timeout).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,13 +43,14 @@ pub enum SendOutcome {
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// The outcome of an HTTP answer with `status`, for a receiver whose
-/// permanent refusals are `permanent`; `retry_after` is the header's
-/// value; `body` the start of the answer (for the reason).
+/// 4xx answers other than `retried_4xx` are permanent refusals;
+/// `retry_after` is the header's value; `body` the start of the answer
+/// (for the reason).
 pub(crate) fn http_outcome(
     status: reqwest::StatusCode,
     retry_after: Option<&str>,
     body: &str,
-    permanent: &[u16],
+    retried_4xx: &[u16],
 ) -> SendOutcome {
     if status.is_success() {
         return SendOutcome::Delivered;
@@ -57,7 +60,9 @@ pub(crate) fn http_outcome(
         if body.is_empty() { "" } else { ": " },
         crate::message::clip(body.trim(), 300)
     );
-    if permanent.contains(&status.as_u16()) {
+    let permanent = status.is_redirection()
+        || (status.is_client_error() && !retried_4xx.contains(&status.as_u16()));
+    if permanent {
         return SendOutcome::Permanent(error);
     }
     let after = retry_after
@@ -66,12 +71,11 @@ pub(crate) fn http_outcome(
     SendOutcome::Retry { after, error }
 }
 
-/// The outcome of an HTTP request's `answer` for a receiver whose
-/// permanent refusals are `permanent` (see [`http_outcome`]); a request
-/// that got no answer is retried.
+/// The outcome of an HTTP request's `answer` (see [`http_outcome`]); a
+/// request that got no answer is retried.
 pub(crate) async fn http_result(
     answer: Result<reqwest::Response, reqwest::Error>,
-    permanent: &[u16],
+    retried_4xx: &[u16],
 ) -> SendOutcome {
     match answer {
         Err(e) => SendOutcome::Retry {
@@ -86,7 +90,7 @@ pub(crate) async fn http_result(
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
             let text = answer.text().await.unwrap_or_default();
-            http_outcome(status, retry_after.as_deref(), &text, permanent)
+            http_outcome(status, retry_after.as_deref(), &text, retried_4xx)
         }
     }
 }
@@ -122,7 +126,7 @@ enum Sender {
 /// Every configured channel, ready to send.
 #[derive(Debug)]
 pub struct Channels {
-    senders: BTreeMap<String, Sender>,
+    senders: BTreeMap<String, (Sender, Duration)>,
 }
 
 impl Channels {
@@ -135,7 +139,7 @@ impl Channels {
     pub fn new(config: &AlertsConfig) -> Result<Self, AlertError> {
         let mut senders = BTreeMap::new();
         for (name, channel) in &config.channels {
-            senders.insert(name.clone(), Self::sender(channel)?);
+            senders.insert(name.clone(), (Self::sender(channel)?, channel.timeout));
         }
         Ok(Self { senders })
     }
@@ -147,7 +151,7 @@ impl Channels {
         };
         Ok(match &channel.kind {
             ChannelKind::Webhook { url, secret } => Sender::Webhook(
-                WebhookSender::new(url, secret.expose(), channel.timeout).map_err(wrong)?,
+                WebhookSender::new(url.clone(), secret.expose(), channel.timeout).map_err(wrong)?,
             ),
             ChannelKind::Slack { url } => {
                 Sender::Slack(SlackSender::new(url.clone(), channel.timeout).map_err(wrong)?)
@@ -156,16 +160,29 @@ impl Channels {
         })
     }
 
-    /// Sends `message` on channel `name`.
+    /// Sends `message` on channel `name`, within the channel's timeout.
     pub async fn send(&self, name: &str, message: &AlertMessage) -> SendOutcome {
-        match self.senders.get(name) {
-            None => SendOutcome::Permanent(format!(
-                "no channel {name:?} in BELFRY_ALERTS (a schedule's alerts list or an older \
-                 configuration names it): define it, or remove the name"
-            )),
-            Some(Sender::Webhook(w)) => w.send(message).await,
-            Some(Sender::Slack(s)) => s.send(message).await,
-            Some(Sender::Email(e)) => e.send(message).await,
+        let Some((sender, timeout)) = self.senders.get(name) else {
+            return SendOutcome::Permanent(format!(
+                "no channel {name:?} in BELFRY_ALERTS: define it, or remove the name"
+            ));
+        };
+        let sending = async {
+            match sender {
+                Sender::Webhook(w) => w.send(message).await,
+                Sender::Slack(s) => s.send(message).await,
+                Sender::Email(e) => e.send(message).await,
+            }
+        };
+        match tokio::time::timeout(*timeout, sending).await {
+            Ok(outcome) => outcome,
+            Err(_) => SendOutcome::Retry {
+                after: None,
+                error: format!(
+                    "no answer within the channel's timeout ({})",
+                    humantime::format_duration(*timeout)
+                ),
+            },
         }
     }
 

@@ -106,8 +106,8 @@ pub enum SmtpTls {
 pub enum ChannelKind {
     /// A generic webhook: JSON body, signed (Standard Webhooks).
     Webhook {
-        /// Where to `POST`.
-        url: String,
+        /// Where to `POST` (may hold a token: shown without its path).
+        url: Secret,
         /// The signing key (whsec_ base64 decoded, or the text's bytes).
         secret: Secret,
     },
@@ -156,10 +156,19 @@ impl ChannelConfig {
         }
     }
 
-    /// Where it sends, without secrets (for listings).
+    /// Where it sends, without secrets (for listings): a webhook's
+    /// scheme and host only, since its path or query may hold a token.
     pub fn target(&self) -> String {
         match &self.kind {
-            ChannelKind::Webhook { url, .. } => url.clone(),
+            ChannelKind::Webhook { url, .. } => match url::Url::parse(url.expose()) {
+                Ok(u) => format!(
+                    "{}://{}{}/…",
+                    u.scheme(),
+                    u.host_str().unwrap_or(""),
+                    u.port().map(|p| format!(":{p}")).unwrap_or_default()
+                ),
+                Err(_) => "(webhook)".into(),
+            },
             ChannelKind::Slack { .. } => "(Slack incoming webhook)".into(),
             ChannelKind::Email { host, port, to, .. } => {
                 format!("{} via {host}:{port}", to.join(", "))
@@ -386,6 +395,7 @@ impl AlertsConfig {
             return vec![AlertRoute {
                 channel: channel.clone(),
                 window: Duration::ZERO,
+                refusal: None,
             }];
         }
         let mut out: Vec<AlertRoute> = Vec::new();
@@ -395,6 +405,7 @@ impl AlertsConfig {
                 None => out.push(AlertRoute {
                     channel: channel.to_owned(),
                     window,
+                    refusal: None,
                 }),
             };
         for route in self.routes.iter().filter(|r| r.takes(event)) {
@@ -407,7 +418,22 @@ impl AlertsConfig {
                 add(channel, self.throttle);
             }
         }
+        for route in &mut out {
+            if !self.channels.contains_key(&route.channel) {
+                route.refusal = Some(format!(
+                    "no channel {:?} in BELFRY_ALERTS ({}), which the schedule's alerts name: \
+                     define it, or remove the name from the schedule",
+                    route.channel,
+                    self.path.display()
+                ));
+            }
+        }
         out
+    }
+
+    /// The names of the channels.
+    pub fn channel_names(&self) -> Vec<String> {
+        self.channels.keys().cloned().collect()
     }
 }
 
@@ -482,11 +508,20 @@ fn channel_config(
     let (kind, default_timeout) = match file.kind.as_str() {
         "webhook" => {
             refuse(&http_only, "webhook")?;
-            refuse(&[("url_env", file.url_env.is_some())], "webhook")?;
-            let url = file
-                .url
-                .ok_or_else(|| wrong("a webhook channel needs url = \"https://...\"".into()))?;
-            http_url(&url)?;
+            // A URL with a token in it is a secret: url_env keeps it out
+            // of the file.
+            let url = match (file.url, file.url_env) {
+                (Some(_), Some(_)) => return Err(wrong("give url or url_env, not both".into())),
+                (Some(url), None) => Secret(url),
+                (None, Some(var)) => secret(settings, name, "url_env", &var)?,
+                (None, None) => {
+                    return Err(wrong(
+                        "a webhook channel needs url = \"https://...\" (or url_env = \"VAR\")"
+                            .into(),
+                    ))
+                }
+            };
+            http_url(url.expose())?;
             let var = file.secret_env.ok_or_else(|| {
                 wrong(
                     "a webhook channel needs secret_env = \"VAR\": the environment variable holding \
@@ -495,24 +530,35 @@ fn channel_config(
                 )
             })?;
             let secret = secret(settings, name, "secret_env", &var)?;
+            if let Some(b64) = secret.expose().strip_prefix("whsec_") {
+                use base64::Engine as _;
+                if base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .is_err()
+                {
+                    return Err(wrong(format!(
+                        "the secret in {var} starts with whsec_ but what follows is not base64; \
+                         a Standard Webhooks secret is whsec_ followed by the base64 of the key"
+                    )));
+                }
+            }
             (ChannelKind::Webhook { url, secret }, DEFAULT_HTTP_TIMEOUT)
         }
         "slack" => {
             refuse(&http_only, "slack")?;
             refuse(&[("secret_env", file.secret_env.is_some())], "slack")?;
-            let url = match (file.url, file.url_env) {
-                (Some(_), Some(_)) => {
-                    return Err(wrong("give url or url_env, not both".into()));
-                }
-                (Some(url), None) => Secret(url),
-                (None, Some(var)) => secret(settings, name, "url_env", &var)?,
-                (None, None) => {
-                    return Err(wrong(
-                        "a slack channel needs url_env = \"VAR\" (the incoming-webhook URL is a secret)"
-                            .into(),
-                    ))
-                }
-            };
+            // The hook's URL is its secret: only ever named here.
+            if file.url.is_some() {
+                return Err(wrong(
+                    "a Slack hook's URL is a secret: put it in an environment variable and \
+                     write url_env = \"VAR\" instead of url"
+                        .into(),
+                ));
+            }
+            let var = file.url_env.ok_or_else(|| {
+                wrong("a slack channel needs url_env = \"VAR\" (the incoming-webhook URL is a secret)".into())
+            })?;
+            let url = secret(settings, name, "url_env", &var)?;
             http_url(url.expose())?;
             (ChannelKind::Slack { url }, DEFAULT_HTTP_TIMEOUT)
         }

@@ -121,13 +121,19 @@ impl AlertDeliverer {
         Ok(())
     }
 
-    /// Routes the events no replica has routed yet (a page of them).
+    /// Routes the events no replica has routed yet (a page of them). A
+    /// replica without `BELFRY_ALERTS` routes nothing: it leaves the
+    /// events to a replica that has it (an event routed with no channel
+    /// would be lost for every replica).
     ///
     /// # Errors
     ///
     /// [`AlertError::Ledger`] when the ledger fails; what was routed
     /// stays routed.
     pub async fn route_once(&self) -> Result<usize, AlertError> {
+        if self.config.is_none() {
+            return Ok(0);
+        }
         let events = self.ledger.unrouted_alerts(ROUTE_PAGE).await?;
         // The channels each schedule names, read once per pass.
         let mut named: HashMap<String, Vec<String>> = HashMap::new();
@@ -187,7 +193,12 @@ impl AlertDeliverer {
         };
         let due = self
             .ledger
-            .take_alert_deliveries(&self.owner, DELIVERY_PAGE, self.lease)
+            .take_alert_deliveries(
+                &self.owner,
+                &config.channel_names(),
+                DELIVERY_PAGE,
+                self.lease,
+            )
             .await?;
         let sends = due.iter().map(|delivery| async move {
             let message = AlertMessage::of(delivery, &self.namespace, config.public_url.as_deref());
@@ -238,7 +249,7 @@ impl AlertDeliverer {
         loop {
             match self
                 .ledger
-                .finish_alert_delivery(delivery.id, &self.owner, result)
+                .finish_alert_delivery(delivery.id, &self.owner, delivery.attempts, result)
                 .await
             {
                 Ok(true) => return,
@@ -261,8 +272,9 @@ impl AlertDeliverer {
     }
 
     /// What `outcome` means for `delivery`: retried with back-off (the
-    /// receiver's `Retry-After` if it gave one) until `give_up_after`
-    /// from the event, then given up.
+    /// receiver's `Retry-After` if it gave one, never sooner than
+    /// `retry_initial`) until `give_up_after` from the event, then given
+    /// up.
     fn result_of(
         &self,
         config: &AlertsConfig,
@@ -280,13 +292,16 @@ impl AlertDeliverer {
                     .retry_initial
                     .saturating_mul(2u32.saturating_pow(exponent))
                     .min(config.retry_max);
-                let delay = after.unwrap_or(backoff);
-                let now = Utc::now();
-                let at =
-                    now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX / 2);
-                let give_up = delivery.event.occurred_at
-                    + chrono::Duration::from_std(config.give_up_after)
-                        .unwrap_or(chrono::Duration::MAX / 2);
+                let delay = after.map_or(backoff, |a| a.max(config.retry_initial));
+                // Saturating: an absurd setting means "never", not a panic.
+                let later = |t: chrono::DateTime<Utc>, d: Duration| {
+                    chrono::Duration::from_std(d)
+                        .ok()
+                        .and_then(|d| t.checked_add_signed(d))
+                        .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC)
+                };
+                let at = later(Utc::now(), delay);
+                let give_up = later(delivery.event.occurred_at, config.give_up_after);
                 if at > give_up {
                     DeliveryResult::Failed {
                         error: format!(
@@ -302,16 +317,20 @@ impl AlertDeliverer {
         }
     }
 
-    /// One pass: routes, then sends what is due.
+    /// One pass: routes, then sends what is due (a routing failure does
+    /// not hold up what is already due).
     ///
     /// # Errors
     ///
     /// As [`AlertDeliverer::route_once`] and
-    /// [`AlertDeliverer::deliver_once`].
+    /// [`AlertDeliverer::deliver_once`]: the first error, after both ran.
     pub async fn pass_once(&self) -> Result<PassReport, AlertError> {
-        let routed = self.route_once().await?;
-        let report = self.deliver_once().await?;
-        Ok(PassReport { routed, ..report })
+        let routed = self.route_once().await;
+        let report = self.deliver_once().await;
+        match (routed, report) {
+            (Ok(routed), Ok(report)) => Ok(PassReport { routed, ..report }),
+            (Err(e), Ok(_)) | (_, Err(e)) => Err(e),
+        }
     }
 
     /// Passes every `interval` until `cancel`. A pass in progress when
@@ -323,7 +342,7 @@ impl AlertDeliverer {
                 // A full page: go on at once, unless stopping.
                 Ok(r)
                     if r.routed as i64 >= ROUTE_PAGE
-                        || (r.sent + r.retried + r.failed) as i64 >= DELIVERY_PAGE =>
+                        || (r.sent + r.failed) as i64 >= DELIVERY_PAGE =>
                 {
                     if cancel.is_cancelled() {
                         return;

@@ -19,8 +19,10 @@ use crate::config::Secret;
 use crate::message::{clip, AlertMessage};
 use crate::webhook::http_client;
 
-/// Answers after which a Slack hook is given up at once.
-const PERMANENT: [u16; 4] = [400, 403, 404, 410];
+/// The 4xx answers a Slack hook is retried after; every other one (400
+/// `invalid_payload`, 403 a revoked hook, 404 a deleted one, 410 an
+/// archived channel) and a 3xx is final.
+const RETRIED_4XX: [u16; 2] = [408, 429];
 
 /// A Slack channel's sender.
 #[derive(Debug)]
@@ -93,6 +95,6 @@ impl SlackSender {
             .json(&slack_body(message))
             .send()
             .await;
-        http_result(answer, &PERMANENT).await
+        http_result(answer, &RETRIED_4XX).await
     }
 }

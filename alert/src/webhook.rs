@@ -11,15 +11,17 @@
 use std::time::Duration;
 
 use crate::channel::{http_result, SendOutcome};
+use crate::config::Secret;
 use crate::message::AlertMessage;
 use crate::signature;
 
-/// Answers after which a webhook is given up at once.
-const PERMANENT: [u16; 6] = [400, 404, 405, 410, 413, 422];
+/// The 4xx answers a webhook is retried after (a secret being rotated, a
+/// receiver asking to slow down); every other 4xx, and a 3xx, is final.
+const RETRIED_4XX: [u16; 4] = [401, 403, 408, 429];
 
 /// A webhook channel's sender.
 pub struct WebhookSender {
-    url: String,
+    url: Secret,
     key: Vec<u8>,
     client: reqwest::Client,
 }
@@ -51,9 +53,9 @@ impl WebhookSender {
     /// # Errors
     ///
     /// The reason, when the HTTP client cannot be built.
-    pub fn new(url: &str, secret: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn new(url: Secret, secret: &str, timeout: Duration) -> Result<Self, String> {
         Ok(Self {
-            url: url.to_owned(),
+            url,
             key: signature::key_of(secret),
             client: http_client(timeout)?,
         })
@@ -70,7 +72,7 @@ impl WebhookSender {
         let signed = signature::sign(&self.key, &id, timestamp, &body);
         let answer = self
             .client
-            .post(&self.url)
+            .post(self.url.expose())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header("webhook-id", &id)
             .header("webhook-timestamp", timestamp.to_string())
@@ -80,6 +82,6 @@ impl WebhookSender {
             .body(body)
             .send()
             .await;
-        http_result(answer, &PERMANENT).await
+        http_result(answer, &RETRIED_4XX).await
     }
 }

@@ -50,45 +50,56 @@ CREATE TABLE alert_throttles (
     PRIMARY KEY (channel, subject)
 );
 
-ALTER TABLE schedules ADD COLUMN failing INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX alert_throttles_carrier_idx ON alert_throttles (carrier) WHERE carrier IS NOT NULL;
 
--- A run's end (see the Postgres migration). SQLite triggers have no
--- variables: the recovered event is recorded while the schedule is still
--- marked failing, then the mark is cleared.
+CREATE TABLE alert_failing (
+    run_id   BLOB PRIMARY KEY,
+    job_name TEXT NOT NULL
+);
+CREATE INDEX alert_failing_job_idx ON alert_failing (job_name);
+
+-- A run's end (see the Postgres migration); only a status that changed.
+-- The one writer makes each trigger's steps one decision.
 CREATE TRIGGER job_runs_alert_recovered_update AFTER UPDATE OF status ON job_runs
-    WHEN NEW.status = 'succeeded'
+    WHEN NEW.status = 'succeeded' AND OLD.status IS NOT NEW.status
 BEGIN
     INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key, occurred_at)
     SELECT randomblob(16), 'schedule.recovered', NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
-           'succeeded again', 'schedule.recovered:' || hex(NEW.id), strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z'
-    WHERE EXISTS (SELECT 1 FROM schedules WHERE name = NEW.job_name AND failing = 1);
-    UPDATE schedules SET failing = 0 WHERE name = NEW.job_name AND failing = 1;
+           'succeeded again after ' || (SELECT count(*) FROM alert_failing WHERE job_name = NEW.job_name)
+               || ' failed run(s)',
+           'schedule.recovered:' || hex(NEW.id), strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z'
+    WHERE EXISTS (SELECT 1 FROM alert_failing WHERE job_name = NEW.job_name);
+    DELETE FROM alert_failing WHERE job_name = NEW.job_name;
 END;
 
 CREATE TRIGGER job_runs_alert_end_update AFTER UPDATE OF status ON job_runs
-    WHEN NEW.status IN ('failed', 'dead', 'cancelled')
-         AND NOT (NEW.status = 'dead' AND NEW.attempts = 0
-                  AND COALESCE(NEW.last_error, '') LIKE 'skipped by misfire policy%')
+    WHEN NEW.status IN ('failed', 'dead', 'cancelled') AND OLD.status IS NOT NEW.status
 BEGIN
-    UPDATE schedules SET failing = 1
-    WHERE name = NEW.job_name AND failing = 0 AND NEW.status IN ('failed', 'dead') AND NEW.attempts > 0;
+    INSERT OR IGNORE INTO alert_failing (run_id, job_name)
+    SELECT NEW.id, NEW.job_name
+    WHERE NEW.status IN ('failed', 'dead') AND NEW.attempts > 0
+      AND EXISTS (SELECT 1 FROM schedules WHERE name = NEW.job_name);
     INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key, occurred_at)
-    VALUES (randomblob(16), 'run.' || NEW.status, NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
-            substr(COALESCE(NEW.last_error, ''), 1, 2000), 'run.' || NEW.status || ':' || hex(NEW.id),
-            strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+    SELECT randomblob(16), 'run.' || NEW.status, NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
+           substr(COALESCE(NEW.last_error, ''), 1, 2000), 'run.' || NEW.status || ':' || hex(NEW.id),
+           strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z'
+    WHERE NOT (NEW.status = 'dead' AND NEW.attempts = 0
+               AND COALESCE(NEW.last_error, '') LIKE 'skipped by misfire policy%');
 END;
 
 CREATE TRIGGER job_runs_alert_end_insert AFTER INSERT ON job_runs
     WHEN NEW.status IN ('failed', 'dead', 'cancelled')
-         AND NOT (NEW.status = 'dead' AND NEW.attempts = 0
-                  AND COALESCE(NEW.last_error, '') LIKE 'skipped by misfire policy%')
 BEGIN
-    UPDATE schedules SET failing = 1
-    WHERE name = NEW.job_name AND failing = 0 AND NEW.status IN ('failed', 'dead') AND NEW.attempts > 0;
+    INSERT OR IGNORE INTO alert_failing (run_id, job_name)
+    SELECT NEW.id, NEW.job_name
+    WHERE NEW.status IN ('failed', 'dead') AND NEW.attempts > 0
+      AND EXISTS (SELECT 1 FROM schedules WHERE name = NEW.job_name);
     INSERT OR IGNORE INTO alert_events (id, kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key, occurred_at)
-    VALUES (randomblob(16), 'run.' || NEW.status, NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
-            substr(COALESCE(NEW.last_error, ''), 1, 2000), 'run.' || NEW.status || ':' || hex(NEW.id),
-            strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z');
+    SELECT randomblob(16), 'run.' || NEW.status, NEW.job_name, NEW.job_name, NEW.job_type, NEW.id, NEW.run_key,
+           substr(COALESCE(NEW.last_error, ''), 1, 2000), 'run.' || NEW.status || ':' || hex(NEW.id),
+           strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z'
+    WHERE NOT (NEW.status = 'dead' AND NEW.attempts = 0
+               AND COALESCE(NEW.last_error, '') LIKE 'skipped by misfire policy%');
 END;
 
 CREATE TRIGGER job_runs_alert_run_stuck AFTER UPDATE OF last_error ON job_runs

@@ -170,6 +170,10 @@ pub struct AlertRoute {
     pub channel: String,
     /// At most one alert per subject per window on this channel.
     pub window: Duration,
+    /// Why it cannot be sent at all (a schedule names a channel the
+    /// configuration lacks): the delivery is recorded `failed` with this
+    /// reason, where the lists show it, instead of waiting forever.
+    pub refusal: Option<String>,
 }
 
 /// A delivery taken to be sent ([`Ledger::take_alert_deliveries`]).
@@ -385,11 +389,15 @@ impl Ledger {
             .iter()
             .map(|r| AlertRoute {
                 channel: r.channel.clone(),
-                window: if unthrottled {
+                window: if unthrottled || r.refusal.is_some() {
                     Duration::ZERO
                 } else {
                     r.window
                 },
+                refusal: r
+                    .refusal
+                    .as_deref()
+                    .map(|e| crate::storable(e).into_owned()),
             })
             .collect();
         // Throttle rows are locked in channel order: two replicas routing
@@ -401,7 +409,9 @@ impl Ledger {
             .await
     }
 
-    /// Takes at most `limit` due deliveries for `owner` for `lease`
+    /// Takes at most `limit` due deliveries to `channels` (the ones this
+    /// replica can send to: a replica whose configuration lacks a channel
+    /// leaves its deliveries to the others) for `owner` for `lease`
     /// (counting an attempt on each), oldest due first; a carrier of a
     /// throttling window gets the count of what was folded into it, and
     /// its window restarts.
@@ -412,14 +422,22 @@ impl Ledger {
     pub async fn take_alert_deliveries(
         &self,
         owner: &str,
+        channels: &[String],
         limit: i64,
         lease: Duration,
     ) -> Result<Vec<DueDelivery>, LedgerError> {
-        self.store.take_alert_deliveries(owner, limit, lease).await
+        if channels.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.store
+            .take_alert_deliveries(owner, channels, limit, lease)
+            .await
     }
 
-    /// Records what sending delivery `id` came to, if `owner` still holds
-    /// its lease (whether it did).
+    /// Records what attempt `attempt` of delivery `id` came to, if
+    /// `owner` still holds that attempt's lease (whether it did: a later
+    /// attempt by anyone, this replica included, fences an earlier one
+    /// out).
     ///
     /// # Errors
     ///
@@ -428,6 +446,7 @@ impl Ledger {
         &self,
         id: Uuid,
         owner: &str,
+        attempt: i32,
         result: &DeliveryResult,
     ) -> Result<bool, LedgerError> {
         let result = match result {
@@ -440,7 +459,9 @@ impl Ledger {
                 error: crate::storable(error).into_owned(),
             },
         };
-        self.store.finish_alert_delivery(id, owner, &result).await
+        self.store
+            .finish_alert_delivery(id, owner, attempt, &result)
+            .await
     }
 
     /// The latest deliveries, newest event first, at most `limit`;
@@ -494,7 +515,9 @@ impl Ledger {
     }
 
     /// Deletes events recorded before `before` whose deliveries are all
-    /// final (sent, failed, folded), at most `limit`; how many.
+    /// final (sent, failed, folded; an event no replica routed in all that
+    /// time goes too), at most `limit`, and throttling windows that closed
+    /// before it; how many events.
     ///
     /// # Errors
     ///

@@ -329,6 +329,7 @@ pub(crate) trait AlertStore {
     async fn take_alert_deliveries(
         &self,
         owner: &str,
+        channels: &[String],
         limit: i64,
         lease: Duration,
     ) -> Result<Vec<DueDelivery>, LedgerError>;
@@ -338,6 +339,7 @@ pub(crate) trait AlertStore {
         &self,
         id: Uuid,
         owner: &str,
+        attempt: i32,
         result: &DeliveryResult,
     ) -> Result<bool, LedgerError>;
 

@@ -31,6 +31,10 @@ pub struct ClockGuard {
     instance: String,
     /// A `replica.clock_guard` alert event is still to be recorded.
     alert_due: AtomicBool,
+    /// When (this clock, ms) the refusal the event is about began: its
+    /// dedupe key, so a retried insert whose first try did commit is
+    /// recorded once.
+    refused_since_ms: AtomicI64,
 }
 
 impl ClockGuard {
@@ -42,6 +46,7 @@ impl ClockGuard {
             last_skew_ms: AtomicI64::new(0),
             instance: String::new(),
             alert_due: AtomicBool::new(false),
+            refused_since_ms: AtomicI64::new(0),
         }
     }
 
@@ -104,6 +109,8 @@ impl ClockGuard {
             );
         }
         if too_far && !was {
+            self.refused_since_ms
+                .store(before.timestamp_millis(), Ordering::Relaxed);
             self.alert_due.store(true, Ordering::Relaxed);
         }
         if self.alert_due.load(Ordering::Relaxed) {
@@ -127,7 +134,11 @@ impl ClockGuard {
                 self.threshold.num_milliseconds()
             ),
             channel: None,
-            dedupe_key: None,
+            dedupe_key: Some(format!(
+                "replica.clock_guard:{}:{}",
+                self.instance,
+                self.refused_since_ms.load(Ordering::Relaxed)
+            )),
         };
         match ledger.record_alert(&event).await {
             Ok(_) => self.alert_due.store(false, Ordering::Relaxed),

@@ -95,6 +95,20 @@ impl AlertStore for PgStore {
         };
         for route in routes {
             let delivery = Uuid::now_v7();
+            if let Some(refusal) = &route.refusal {
+                sqlx::query(
+                    "INSERT INTO alert_deliveries (id, event_id, channel, status, due_at, last_error) \
+                     VALUES ($1, $2, $3, 'failed', $4, $5) ON CONFLICT (event_id, channel) DO NOTHING",
+                )
+                .bind(delivery)
+                .bind(event)
+                .bind(&route.channel)
+                .bind(now)
+                .bind(refusal)
+                .execute(self.route.on(&mut tx))
+                .await?;
+                continue;
+            }
             let decision = if route.window.is_zero() {
                 None
             } else {
@@ -180,6 +194,7 @@ impl AlertStore for PgStore {
     async fn take_alert_deliveries(
         &self,
         owner: &str,
+        channels: &[String],
         limit: i64,
         lease: Duration,
     ) -> Result<Vec<DueDelivery>, LedgerError> {
@@ -188,7 +203,7 @@ impl AlertStore for PgStore {
             "WITH picked AS ( \
                  SELECT id FROM alert_deliveries \
                  WHERE status = 'pending' AND due_at <= now() \
-                   AND (lease_until IS NULL OR lease_until < now()) \
+                   AND (lease_until IS NULL OR lease_until < now()) AND channel = ANY($4) \
                  ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
              UPDATE alert_deliveries d SET lease_owner = $2, \
                  lease_until = now() + make_interval(secs => $3), attempts = d.attempts + 1 \
@@ -197,6 +212,7 @@ impl AlertStore for PgStore {
         .bind(limit)
         .bind(owner)
         .bind(lease.as_secs_f64())
+        .bind(channels)
         .fetch_all(self.route.on(&mut tx))
         .await?;
         if ids.is_empty() {
@@ -205,11 +221,12 @@ impl AlertStore for PgStore {
         }
         // Carriers of throttling windows among them: the count folded into
         // each moves onto it, and its window restarts now (the carrier is
-        // the window's one alert).
+        // the window's one alert). Locked in (channel, subject) order, the
+        // order routing locks them in.
         sqlx::query(
             "WITH old AS ( \
                  SELECT channel, subject, carrier, folded FROM alert_throttles \
-                 WHERE carrier = ANY($1) FOR UPDATE), \
+                 WHERE carrier = ANY($1) ORDER BY channel, subject FOR UPDATE), \
              detached AS ( \
                  UPDATE alert_throttles t SET carrier = NULL, window_start = now(), folded = 0 \
                  FROM old WHERE t.channel = old.channel AND t.subject = old.subject \
@@ -237,6 +254,7 @@ impl AlertStore for PgStore {
         &self,
         id: Uuid,
         owner: &str,
+        attempt: i32,
         result: &DeliveryResult,
     ) -> Result<bool, LedgerError> {
         let (status, due, error) = result.columns();
@@ -246,13 +264,14 @@ impl AlertStore for PgStore {
                      last_error = COALESCE($5, last_error), \
                      sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END, \
                      lease_owner = NULL, lease_until = NULL \
-                 WHERE id = $1 AND lease_owner = $2 AND status = 'pending'",
+                 WHERE id = $1 AND lease_owner = $2 AND attempts = $6 AND status = 'pending'",
             )
             .bind(id)
             .bind(owner)
             .bind(status)
             .bind(due)
-            .bind(error),
+            .bind(error)
+            .bind(attempt),
         )
         .await
     }
@@ -296,7 +315,15 @@ impl AlertStore for PgStore {
         let names: Vec<&str> = deadlines.iter().map(|(n, _)| n.as_str()).collect();
         let secs: Vec<f64> = deadlines.iter().map(|(_, d)| d.as_secs_f64()).collect();
         let done = sqlx::query(
-            "INSERT INTO alert_events (kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key) \
+            // The unfinished runs through their partial indexes (a read of
+            // what is in flight), not every past run of the schedules.
+            "WITH unfinished AS MATERIALIZED ( \
+                 SELECT id, job_name, job_type, run_key, status, attempts, scheduled_at FROM job_runs \
+                 WHERE status IN ('claimed', 'dispatched', 'running', 'retrying') \
+                 UNION ALL \
+                 SELECT id, job_name, job_type, run_key, status, attempts, scheduled_at FROM job_runs \
+                 WHERE status = 'buffered') \
+             INSERT INTO alert_events (kind, subject, job_name, job_type, run_id, run_key, detail, dedupe_key) \
              SELECT 'run.late', r.job_name, r.job_name, r.job_type, r.id, r.run_key, \
                  format('%s %s s after its scheduled instant %s (status %s)', \
                         CASE WHEN r.attempts = 0 THEN 'not started' ELSE 'not finished' END, \
@@ -305,9 +332,9 @@ impl AlertStore for PgStore {
                         r.status), \
                  'run.late:' || r.id \
              FROM unnest($1::text[], $2::float8[]) AS d(name, secs) \
-             JOIN job_runs r ON r.job_name = d.name \
-             WHERE r.status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
-               AND r.scheduled_at < now() - make_interval(secs => d.secs) \
+             JOIN unfinished r ON r.job_name = d.name \
+             WHERE r.scheduled_at < now() - make_interval(secs => d.secs) \
+             ORDER BY r.id \
              ON CONFLICT (dedupe_key) DO NOTHING",
         )
         .bind(&names)
@@ -318,12 +345,22 @@ impl AlertStore for PgStore {
     }
 
     async fn prune_alerts(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, LedgerError> {
+        // Windows that closed long ago: a new event opens a new one.
+        sqlx::query(
+            "DELETE FROM alert_throttles WHERE ctid IN ( \
+                 SELECT ctid FROM alert_throttles WHERE carrier IS NULL AND window_start < $1 \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(before)
+        .bind(limit)
+        .execute(&self.route)
+        .await?;
         // Deliveries go with their event (ON DELETE CASCADE); an event with
         // a delivery still to send is kept.
         let done = sqlx::query(
             "DELETE FROM alert_events WHERE id IN ( \
                  SELECT e.id FROM alert_events e \
-                 WHERE e.occurred_at < $1 AND e.routed_at IS NOT NULL \
+                 WHERE e.occurred_at < $1 \
                    AND NOT EXISTS (SELECT 1 FROM alert_deliveries d \
                                    WHERE d.event_id = e.id AND d.status = 'pending') \
                  ORDER BY e.occurred_at LIMIT $2 FOR UPDATE SKIP LOCKED)",

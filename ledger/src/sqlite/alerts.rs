@@ -70,6 +70,21 @@ impl AlertStore for SqliteLedger {
         let now = Utc::now();
         for route in routes {
             let delivery = Uuid::now_v7();
+            if let Some(refusal) = &route.refusal {
+                sqlx::query(
+                    "INSERT OR IGNORE INTO alert_deliveries \
+                         (id, event_id, channel, status, due_at, created_at, last_error) \
+                     VALUES (?1, ?2, ?3, 'failed', ?4, ?4, ?5)",
+                )
+                .bind(delivery)
+                .bind(event)
+                .bind(&route.channel)
+                .bind(ts(now))
+                .bind(refusal)
+                .execute(&mut *tx)
+                .await?;
+                continue;
+            }
             let decision = if route.window.is_zero() {
                 None
             } else {
@@ -149,18 +164,23 @@ impl AlertStore for SqliteLedger {
     async fn take_alert_deliveries(
         &self,
         owner: &str,
+        channels: &[String],
         limit: i64,
         lease: Duration,
     ) -> Result<Vec<DueDelivery>, LedgerError> {
+        let channels = serde_json::to_string(channels)
+            .map_err(|e| LedgerError::Query(sqlx::Error::Encode(Box::new(e))))?;
         let mut tx = self.write_tx().await?;
         let at = ts(Utc::now());
         let ids: Vec<Uuid> = sqlx::query_scalar(
             "SELECT id FROM alert_deliveries \
              WHERE status = 'pending' AND due_at <= ?1 AND (lease_until IS NULL OR lease_until < ?1) \
+               AND channel IN (SELECT value FROM json_each(?3)) \
              ORDER BY due_at LIMIT ?2",
         )
         .bind(&at)
         .bind(limit)
+        .bind(&channels)
         .fetch_all(&mut *tx)
         .await?;
         let mut taken = Vec::with_capacity(ids.len());
@@ -223,6 +243,7 @@ impl AlertStore for SqliteLedger {
         &self,
         id: Uuid,
         owner: &str,
+        attempt: i32,
         result: &DeliveryResult,
     ) -> Result<bool, LedgerError> {
         let (status, due, error) = result.columns();
@@ -233,14 +254,15 @@ impl AlertStore for SqliteLedger {
                      last_error = COALESCE(?5, last_error), \
                      sent_at = CASE WHEN ?3 = 'sent' THEN ?6 ELSE sent_at END, \
                      lease_owner = NULL, lease_until = NULL \
-                 WHERE id = ?1 AND lease_owner = ?2 AND status = 'pending'",
+                 WHERE id = ?1 AND lease_owner = ?2 AND attempts = ?7 AND status = 'pending'",
             )
             .bind(id)
             .bind(owner)
             .bind(status)
             .bind(due.map(ts))
             .bind(error)
-            .bind(at),
+            .bind(at)
+            .bind(attempt),
         )
         .await
     }
@@ -292,10 +314,12 @@ impl AlertStore for SqliteLedger {
                          || ' ' || ?3 || ' s after its scheduled instant ' \
                          || substr(r.scheduled_at, 1, 19) || 'Z (status ' || r.status || ')', \
                      'run.late:' || hex(r.id), ?4 \
-                 FROM job_runs r \
-                 WHERE r.job_name = ?1 \
-                   AND r.status IN ('buffered', 'claimed', 'dispatched', 'running', 'retrying') \
-                   AND r.scheduled_at < ?2",
+                 FROM (SELECT * FROM job_runs INDEXED BY job_runs_unfinished_idx \
+                       WHERE status IN ('claimed', 'dispatched', 'running', 'retrying') \
+                         AND job_name = ?1 AND scheduled_at < ?2 \
+                       UNION ALL \
+                       SELECT * FROM job_runs INDEXED BY job_runs_buffered_idx \
+                       WHERE status = 'buffered' AND job_name = ?1 AND scheduled_at < ?2) r",
             )
             .bind(name)
             .bind(now_minus(*deadline))
@@ -310,8 +334,16 @@ impl AlertStore for SqliteLedger {
 
     async fn prune_alerts(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, LedgerError> {
         let mut tx = self.write_tx().await?;
+        sqlx::query(
+            "DELETE FROM alert_throttles WHERE rowid IN ( \
+                 SELECT rowid FROM alert_throttles WHERE carrier IS NULL AND window_start < ?1 LIMIT ?2)",
+        )
+        .bind(ts(before))
+        .bind(limit)
+        .execute(&mut *tx)
+        .await?;
         let doomed = "SELECT e.id FROM alert_events e \
-             WHERE e.occurred_at < ?1 AND e.routed_at IS NOT NULL \
+             WHERE e.occurred_at < ?1 \
                AND NOT EXISTS (SELECT 1 FROM alert_deliveries d \
                                WHERE d.event_id = e.id AND d.status = 'pending') \
              ORDER BY e.occurred_at LIMIT ?2";

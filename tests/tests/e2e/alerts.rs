@@ -26,10 +26,17 @@ const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
 /// An alerts configuration from `toml`, with `OPS_SECRET` = [`SECRET`].
 fn alerts(toml: &str) -> AlertsConfig {
+    alerts_with(toml, &[])
+}
+
+/// [`alerts`] with more environment variables.
+fn alerts_with(toml: &str, vars: &[(&str, String)]) -> AlertsConfig {
+    let mut env = vec![("OPS_SECRET".to_owned(), SECRET.to_owned())];
+    env.extend(vars.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
     AlertsConfig::parse(
         toml,
         Path::new("alerts-test.toml"),
-        &Settings::from_pairs([("OPS_SECRET", SECRET), ("OTHER_SECRET", "not-the-secret")]),
+        &Settings::from_pairs(env),
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -158,6 +165,36 @@ belfry_testkit::both_backends! {
 }
 
 belfry_testkit::both_backends! {
+    async fn a_replica_without_channels_leaves_alerts_to_one_with_them(env: TestEnv) {
+        env.declare_default_group(&["noop"]).await;
+        let sink = WebhookSink::start(SECRET).await;
+        // A schedule naming a channel the file lacks: that delivery fails
+        // with a reason saying so; the configured one is sent.
+        let spec = ScheduleSpec {
+            name: "nightly".into(),
+            every: Some("1h".into()),
+            job_type: "noop".into(),
+            alerts: Some(vec!["pager".into()]),
+            ..ScheduleSpec::default()
+        };
+        let schedule = belfry_scheduler::Schedule::from_spec(&spec).unwrap();
+        env.ledger.upsert_schedule(&schedule.to_stored_row(&spec)).await.unwrap();
+        ended(&env, "nightly", 60, RunStatus::Failed).await;
+        let bare = AlertDeliverer::new(env.ledger.clone(), None, &env.namespace, "bare").unwrap();
+        assert_eq!(bare.pass_once().await.unwrap(), belfry_alert::PassReport::default());
+        assert_eq!(env.ledger.unrouted_alerts(10).await.unwrap().len(), 1, "left to others");
+        let d = deliverer(&env, one_webhook(&sink.url()), "r1");
+        d.pass_once().await.unwrap();
+        assert_eq!(sink.received().len(), 1);
+        let rows = deliveries(&env).await;
+        let pager = rows.iter().find(|r| r.channel == "pager").unwrap();
+        assert_eq!(pager.status, "failed");
+        assert!(pager.last_error.as_deref().unwrap_or("").contains("no channel \"pager\""), "{pager:?}");
+        env.teardown(&["default"]).await;
+    }
+}
+
+belfry_testkit::both_backends! {
     async fn three_replicas_racing_send_each_alert_once(env: TestEnv) {
         env.declare_default_group(&["noop"]).await;
         let sink = WebhookSink::start(SECRET).await;
@@ -234,7 +271,7 @@ belfry_testkit::both_backends! {
         // A replica takes it and dies before sending or recording anything.
         let taken = env
             .ledger
-            .take_alert_deliveries("dead-replica", 10, Duration::from_secs(2))
+            .take_alert_deliveries("dead-replica", &["ops".to_owned()], 10, Duration::from_secs(2))
             .await
             .unwrap();
         assert_eq!(taken.len(), 1);
@@ -247,7 +284,12 @@ belfry_testkit::both_backends! {
         assert_eq!(report.sent, 1, "{report:?}");
         assert!(!env
             .ledger
-            .finish_alert_delivery(taken[0].id, "dead-replica", &belfry_ledger::DeliveryResult::Sent)
+            .finish_alert_delivery(
+                taken[0].id,
+                "dead-replica",
+                taken[0].attempts,
+                &belfry_ledger::DeliveryResult::Sent,
+            )
             .await
             .unwrap());
         assert_eq!(sink.received().len(), 1);
@@ -302,6 +344,13 @@ belfry_testkit::both_backends! {
         ended(&env, "nightly", 20, RunStatus::Succeeded).await;
         d.pass_once().await.unwrap();
         assert_eq!(sink.received().len(), 3);
+        // Statements that write a finished run's status back unchanged
+        // (the outbox marking runs dispatched that a fast worker already
+        // finished) are not ends: no failure, no recovery again.
+        let ids: Vec<uuid::Uuid> = env.all_runs().await.iter().map(|r| r.id).collect();
+        env.ledger.mark_dispatched_many(&ids).await.unwrap();
+        d.pass_once().await.unwrap();
+        assert_eq!(sink.received().len(), 3, "{:?}", env.ledger.alert_events(20).await.unwrap());
         env.teardown(&["default"]).await;
     }
 }
@@ -310,12 +359,12 @@ belfry_testkit::both_backends! {
     async fn slack_gets_its_documented_shape_and_a_revoked_hook_is_given_up(env: TestEnv) {
         env.declare_default_group(&["noop"]).await;
         let slack = WebhookSink::start_unsigned().await;
-        let config = alerts(&format!(
+        let config = alerts_with(
             "public_url = \"https://belfry.example.com/\"\n\
-             [channels.team]\ntype = \"slack\"\nurl = \"{}\"\n\
+             [channels.team]\ntype = \"slack\"\nurl_env = \"TEAM_HOOK\"\n\
              [[routes]]\nchannels = [\"team\"]\nthrottle = \"0s\"\n",
-            slack.url()
-        ));
+            &[("TEAM_HOOK", slack.url())],
+        );
         let d = deliverer(&env, config, "r1");
         let at = Utc::now().trunc_subsecs(0) - chrono::Duration::seconds(60);
         let message = env.enqueue("report", "noop", serde_json::json!({}), at).await;
@@ -494,7 +543,7 @@ belfry_testkit::both_backends! {
 
 #[test]
 fn a_bad_alerts_file_is_refused_with_what_to_fix() {
-    let settings = Settings::from_pairs([("OPS_SECRET", "s")]);
+    let settings = Settings::from_pairs([("OPS_SECRET", "s"), ("BAD_WHSEC", "whsec_!!!")]);
     let refused = |toml: &str| {
         AlertsConfig::parse(toml, Path::new("a.toml"), &settings)
             .unwrap_err()
@@ -510,6 +559,8 @@ fn a_bad_alerts_file_is_refused_with_what_to_fix() {
         ("[[routes]]\nchannels = [\"missing\"]\n", "not defined"),
         ("[channels.x]\ntype = \"webhook\"\nurl = \"https://h/x\"\nsecret_env = \"OPS_SECRET\"\n[[routes]]\nchannels = [\"x\"]\nevents = [\"run.exploded\"]\n", "not an event kind"),
         ("throttle = \"soon\"\n", "throttle"),
+        ("[channels.x]\ntype = \"slack\"\nurl = \"https://hooks.slack.com/x\"\n", "url_env"),
+        ("[channels.x]\ntype = \"webhook\"\nurl = \"https://h/x\"\nsecret_env = \"BAD_WHSEC\"\n", "not base64"),
         ("colour = \"red\"\n", "unknown field"),
     ] {
         let e = refused(toml);

@@ -969,7 +969,7 @@ async fn probes_report_services_and_every_documented_route_exists() {
             );
         }
     }
-    assert_eq!(operations, 17, "documented operations");
+    assert_eq!(operations, 19, "documented operations");
     drop((api, degraded_api));
     env.teardown(&[]).await;
 }
