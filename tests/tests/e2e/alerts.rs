@@ -64,6 +64,19 @@ async fn ended(env: &TestEnv, job: &str, at_secs_ago: i64, status: RunStatus) ->
     message
 }
 
+/// Runs `statement` on `env`'s database, whichever backend.
+async fn execute(env: &TestEnv, statement: &str) {
+    match (env.ledger.pg_pool(), env.ledger.embedded_file()) {
+        (Some(pool), _) => {
+            sqlx::query(statement).execute(pool).await.unwrap();
+        }
+        (None, Some(file)) => {
+            sqlx::query(statement).execute(&file.writer).await.unwrap();
+        }
+        (None, None) => unreachable!("a ledger is Postgres or embedded"),
+    }
+}
+
 async fn deliveries(env: &TestEnv) -> Vec<DeliveryRecord> {
     env.ledger.alert_deliveries(None, 500).await.unwrap()
 }
@@ -347,8 +360,17 @@ belfry_testkit::both_backends! {
         // Statements that write a finished run's status back unchanged
         // (the outbox marking runs dispatched that a fast worker already
         // finished) are not ends: no failure, no recovery again.
-        let ids: Vec<uuid::Uuid> = env.all_runs().await.iter().map(|r| r.id).collect();
-        env.ledger.mark_dispatched_many(&ids).await.unwrap();
+        execute(&env, "UPDATE job_runs SET dispatched_at = NULL").await;
+        let failed: Vec<uuid::Uuid> = env
+            .all_runs()
+            .await
+            .iter()
+            .filter(|r| r.status_text == "failed")
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(failed.len(), 4);
+        assert_eq!(env.ledger.mark_dispatched_many(&failed).await.unwrap(), 4);
+        ended(&env, "nightly", 10, RunStatus::Succeeded).await;
         d.pass_once().await.unwrap();
         assert_eq!(sink.received().len(), 3, "{:?}", env.ledger.alert_events(20).await.unwrap());
         env.teardown(&["default"]).await;
