@@ -199,17 +199,19 @@ mod tests {
 
     #[test]
     fn answers_are_delivered_retried_or_given_up() {
-        let permanent = [400, 404, 410];
+        let retried = [401, 403, 408, 429];
         let o = |code: u16, retry_after: Option<&str>| {
             http_outcome(
                 StatusCode::from_u16(code).unwrap(),
                 retry_after,
                 "no",
-                &permanent,
+                &retried,
             )
         };
         assert_eq!(o(204, None), SendOutcome::Delivered);
         assert!(matches!(o(410, None), SendOutcome::Permanent(e) if e.contains("410")));
+        assert!(matches!(o(415, None), SendOutcome::Permanent(_)));
+        assert!(matches!(o(301, None), SendOutcome::Permanent(_)));
         assert!(matches!(
             o(503, None),
             SendOutcome::Retry { after: None, .. }
