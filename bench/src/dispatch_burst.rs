@@ -379,7 +379,7 @@ impl LedgerRoute {
     }
 }
 
-async fn start_replicas(
+pub(crate) async fn start_replicas(
     env: &TestEnv,
     count: usize,
     schedules: &[Arc<Schedule>],
@@ -415,7 +415,11 @@ async fn start_replicas(
 }
 
 /// Waits until `expected` runs are dispatched (at most `within`).
-async fn wait_dispatched(env: &TestEnv, expected: i64, within: Duration) -> anyhow::Result<()> {
+pub(crate) async fn wait_dispatched(
+    env: &TestEnv,
+    expected: i64,
+    within: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     loop {
         let done: i64 =
@@ -487,7 +491,10 @@ impl Measured {
 }
 
 /// `n` validated schedules from `spec(i)`.
-fn many(n: usize, spec: impl Fn(usize) -> ScheduleSpec) -> anyhow::Result<Vec<Arc<Schedule>>> {
+pub(crate) fn many(
+    n: usize,
+    spec: impl Fn(usize) -> ScheduleSpec,
+) -> anyhow::Result<Vec<Arc<Schedule>>> {
     (0..n)
         .map(|i| Ok(Arc::new(Schedule::from_spec(&spec(i))?)))
         .collect()

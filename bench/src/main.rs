@@ -10,10 +10,12 @@
 //! cargo run --release -p belfry-bench -- ui [--schedules 1000] [--runs 1000000] [--rounds 20]
 //! cargo run --release -p belfry-bench -- embedded [--fires 2000] [--jobs 5000] [--rounds 3]
 //! cargo run --release -p belfry-bench -- pooler [--fires 2000] [--rounds 5]   # scripts/pgbouncer up first
+//! cargo run --release -p belfry-bench -- fire-cost [--fires 2000] [--rounds 3]
 //! ```
 
 mod dispatch_burst;
 mod embedded_mode;
+mod fire_cost;
 mod pooler_cost;
 mod sample;
 mod timer_lateness;
@@ -63,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
             )
             .await
         }
+        Some("fire-cost") => fire_cost::run(flag("--fires", 2000)?, flag("--rounds", 3)?).await,
         Some("pooler") => pooler_cost::run(flag("--fires", 2000)?, flag("--rounds", 5)?).await,
         Some("traces") => trace_export::run(flag("--fires", 3000)?, flag("--rounds", 5)?).await,
         Some("dispatch") => {
@@ -82,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Some("traces-child") => trace_export::child(flag("--fires", 3000)?).await,
         _ => {
-            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]\n       belfry-bench ui [--schedules N] [--runs N] [--rounds N]\n       belfry-bench embedded [--fires N] [--jobs N] [--rounds N]\n       belfry-bench pooler [--fires N] [--rounds N]");
+            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]\n       belfry-bench ui [--schedules N] [--runs N] [--rounds N]\n       belfry-bench embedded [--fires N] [--jobs N] [--rounds N]\n       belfry-bench pooler [--fires N] [--rounds N]\n       belfry-bench fire-cost [--fires N] [--rounds N]");
             std::process::exit(2);
         }
     }
