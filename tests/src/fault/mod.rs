@@ -182,6 +182,11 @@ pub struct Observations {
     /// When each service restart began and ended: a run cannot be taken
     /// over while the ledger or the broker is down.
     pub outages: Vec<(DateTime<Utc>, DateTime<Utc>)>,
+    /// When each worker was frozen (SIGSTOP) and thawed: the runs of a
+    /// worker killed meanwhile can be redelivered into the frozen one's
+    /// prefetch, where they wait for the thaw (with two workers, the only
+    /// other consumer).
+    pub worker_freezes: Vec<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 /// A fault as it happened.
@@ -536,7 +541,10 @@ async fn inject(
         Fault::StopWorker => {
             let i = pick(fleet, Role::Worker, rng);
             let stopped = LEASE + Duration::from_secs(5);
-            freeze(fleet, i, "", stopped, &format!("lease {LEASE:?}")).await
+            let began = Utc::now();
+            let what = freeze(fleet, i, "", stopped, &format!("lease {LEASE:?}")).await;
+            observed.worker_freezes.push((began, Utc::now()));
+            what
         }
         Fault::PoisonStorm => {
             let storm = storm::publish_storm(env, &probe.url(), 5).await;

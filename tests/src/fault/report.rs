@@ -142,7 +142,8 @@ pub struct Report {
     /// Seconds from a worker's `kill -9` to the next attempt of each of its
     /// runs starting, sorted.
     pub takeover_secs: Vec<f64>,
-    /// Runs of killed workers not timed: a service restart began within
+    /// Runs of killed workers not timed: a service restart or a freeze of a
+    /// worker (the other consumer) began within
     /// 30 s after the kill (nothing can be taken over while the ledger or
     /// the broker is down), or no later attempt started (the outcome was
     /// recorded just before the kill).
@@ -422,9 +423,16 @@ impl Report {
     /// just before the kill).
     fn takeovers(&mut self, executions: &[Execution], observed: &Observations) {
         for (killed_at, running) in &observed.worker_kills {
-            let blocked = observed.outages.iter().any(|(began, ended)| {
-                *ended >= *killed_at && *began <= *killed_at + chrono::Duration::seconds(30)
-            });
+            // A service restart, or the other worker frozen, within 30 s
+            // of the kill: the takeover waits for it, not for the lease.
+            let blocked =
+                observed
+                    .outages
+                    .iter()
+                    .chain(&observed.worker_freezes)
+                    .any(|(began, ended)| {
+                        *ended >= *killed_at && *began <= *killed_at + chrono::Duration::seconds(30)
+                    });
             for (id, attempt) in running {
                 if blocked {
                     self.takeovers_not_timed += 1;
@@ -640,7 +648,7 @@ impl fmt::Display for Report {
                 String::new(),
             ),
             (
-                "runs of killed workers (timed / not timed: outage within 30 s or finished)",
+                "runs of killed workers (timed / not timed: an outage or a worker frozen within 30 s, or finished)",
                 format!(
                     "{} / {}",
                     self.takeover_secs.len(),
