@@ -67,7 +67,11 @@ async fn the_web_view_works_in_headless_chromium() {
         trace_id: None,
         traceparent: None,
         options: Default::default(),
-        next_dispatch_at: at,
+        // Not due for the outbox while the test takes it through an
+        // attempt: the running replica's reconcile pass would otherwise
+        // publish it (or skip it as a late claim) between the claim and the
+        // attempt's start.
+        next_dispatch_at: Utc::now() + chrono::Duration::hours(1),
     };
     assert!(env.ledger.claim(&run).await.unwrap());
     let stored = env.ledger.run(run.id).await.unwrap().unwrap();
