@@ -42,6 +42,21 @@ pub enum LedgerError {
     /// know, for example).
     #[error("ledger holds an unexpected value: {0}")]
     Corrupt(String),
+    /// This replica's shard count differs from the one the live replicas
+    /// use (`BELFRY_SHARDS`).
+    #[error(
+        "BELFRY_SHARDS is {configured} but the running replicas split the schedules into {stored} \
+         shards: set BELFRY_SHARDS={stored}, or stop every replica to change the count"
+    )]
+    ShardCount {
+        /// This replica's setting.
+        configured: u32,
+        /// The ledger's.
+        stored: u32,
+    },
+    /// The operation needs a Postgres ledger.
+    #[error("{0} needs a Postgres ledger; the embedded ledger runs one process")]
+    Unsupported(&'static str),
     /// A message id is already used by a different run.
     #[error("message id {id} already belongs to another run; refusing to reuse it for {run_key}")]
     IdConflict {

@@ -231,6 +231,24 @@ impl Ledger {
             .pop())
     }
 
+    /// The stored schedules of the shards `wanted` out of `shards` (see
+    /// [`belfry_protocol::shard_of`]), by name: what a replica loads when
+    /// it takes shards.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn schedules_in_shards(
+        &self,
+        shards: u32,
+        wanted: &[u32],
+    ) -> Result<Vec<ScheduleRow>, LedgerError> {
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.store.schedules_in_shards(shards.max(1), wanted).await
+    }
+
     /// The name and last change of every stored schedule: what a replica
     /// compares against its timer in a periodic resync.
     ///

@@ -40,6 +40,7 @@ use crate::run_query::RunPage;
 use crate::run_rows::{FromMessage, RunLookup};
 use crate::runs::{NewRun, RunRecord, RunState};
 use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow};
+use crate::shards::{ShardLease, ShardPass};
 use crate::skipped_range::SkippedRange;
 use crate::sqlite::SqliteLedger;
 use crate::{LedgerError, OverlapRule};
@@ -53,6 +54,7 @@ pub(crate) trait Store:
     + ScheduleStore
     + ViewStore
     + AlertStore
+    + ShardStore
     + std::fmt::Debug
     + Send
     + Sync
@@ -260,6 +262,14 @@ pub(crate) trait ScheduleStore {
     /// [`crate::Ledger::schedule`].
     async fn schedules(&self, lookup: ScheduleLookup<'_>) -> Result<Vec<ScheduleRow>, LedgerError>;
 
+    /// [`crate::Ledger::schedules_in_shards`] (`shards` at least 1,
+    /// `wanted` not empty).
+    async fn schedules_in_shards(
+        &self,
+        shards: u32,
+        wanted: &[u32],
+    ) -> Result<Vec<ScheduleRow>, LedgerError>;
+
     /// [`crate::Ledger::schedule_versions`].
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError>;
 
@@ -361,4 +371,22 @@ pub(crate) trait AlertStore {
 
     /// [`crate::Ledger::prune_alerts`].
     async fn prune_alerts(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, LedgerError>;
+}
+
+/// Shard leases (`crate::shards`); Postgres only.
+#[async_trait]
+pub(crate) trait ShardStore {
+    /// [`crate::Ledger::shard_pass`].
+    async fn shard_pass(
+        &self,
+        instance: &str,
+        shards: u32,
+        ttl: Duration,
+    ) -> Result<ShardPass, LedgerError>;
+
+    /// [`crate::Ledger::leave_shards`].
+    async fn leave_shards(&self, instance: &str) -> Result<u64, LedgerError>;
+
+    /// [`crate::Ledger::shard_leases`].
+    async fn shard_leases(&self) -> Result<Vec<ShardLease>, LedgerError>;
 }

@@ -18,6 +18,10 @@
 //! | `BELFRY_SCHEDULES_PRUNE` | `false` | delete stored schedules that are not in the file |
 //! | `BELFRY_SCHEDULE_RESYNC` | `30s` | full comparison of stored schedules (notifications cover changes in between) |
 //! | `BELFRY_LOCK_TTL` | `60s` | how long a fire's Redis lock lives |
+//! | `BELFRY_SHARDING` | `on` | `on`: replicas share the fires by shard, each firing the schedules of the shards it leases; `off`: every replica races every fire (the embedded ledger never shards) |
+//! | `BELFRY_SHARDS` | `256` | shards the schedules are split into (1 to 65536; the same on every replica: one with another count is refused while others run) |
+//! | `BELFRY_SHARD_LEASE_TTL` | `5s` | how long a shard lease lasts unless renewed (renewed every fifth of it); a dead replica's shards are taken within about this |
+//! | `BELFRY_SHARD_STALL_AFTER` | `15s` | a timer loop busy longer than this stops renewing its leases, so other replicas take its shards |
 //! | `BELFRY_MAX_INFLIGHT_FIRES` | `1024` | fires claimed/published concurrently |
 //! | `BELFRY_MAX_BATCH` | `256` | most fires due together claimed and published as one batch |
 //! | `BELFRY_DB_POOL` | `8` | Postgres connections (embedded: readers; writes use one more) |
@@ -78,6 +82,9 @@ pub struct SchedulerConfig {
     pub schedule_resync: Duration,
     /// Redis lock lifetime.
     pub lock_ttl: Duration,
+    /// How replicas share the fires (`BELFRY_SHARDING`, `BELFRY_SHARDS`,
+    /// `BELFRY_SHARD_*`); `None`: every replica races every fire.
+    pub sharding: Option<crate::ShardSettings>,
     /// Postgres pool size.
     pub db_pool: u32,
     /// In-flight limit, deadlines and intervals of the replica loop.
@@ -120,6 +127,7 @@ impl std::fmt::Debug for SchedulerConfig {
             .field("prune_schedules", &self.prune_schedules)
             .field("schedule_resync", &self.schedule_resync)
             .field("lock_ttl", &self.lock_ttl)
+            .field("sharding", &self.sharding)
             .field("db_pool", &self.db_pool)
             .field("timing", &self.timing)
             .field("log_format", &self.log_format)
@@ -186,6 +194,7 @@ impl SchedulerConfig {
                 Duration::from_secs(60),
                 Duration::from_secs(1),
             )?,
+            sharding: sharding(settings)?,
             db_pool: u32::try_from(settings.number("BELFRY_DB_POOL", 8, 1, 1_000)?).unwrap_or(8),
             timing: ReplicaTiming {
                 max_inflight: usize::try_from(settings.number(
@@ -278,6 +287,48 @@ impl SchedulerConfig {
     }
 }
 
+/// `BELFRY_SHARDING` and its settings.
+fn sharding(settings: &Settings) -> Result<Option<crate::ShardSettings>, SettingError> {
+    let on = match settings
+        .get("BELFRY_SHARDING")
+        .map(|v| v.trim().to_ascii_lowercase())
+    {
+        None => true,
+        Some(v) if v == "on" || v == "true" => true,
+        Some(v) if v == "off" || v == "false" => false,
+        Some(v) => {
+            return Err(SettingError::Invalid {
+                var: "BELFRY_SHARDING".into(),
+                value: v,
+                reason: "expected \"on\" or \"off\"".into(),
+            })
+        }
+    };
+    if !on {
+        return Ok(None);
+    }
+    let defaults = crate::ShardSettings::default();
+    Ok(Some(crate::ShardSettings {
+        shards: u32::try_from(settings.number(
+            "BELFRY_SHARDS",
+            u64::from(defaults.shards),
+            1,
+            65_536,
+        )?)
+        .unwrap_or(defaults.shards),
+        lease_ttl: settings.duration(
+            "BELFRY_SHARD_LEASE_TTL",
+            defaults.lease_ttl,
+            Duration::from_millis(500),
+        )?,
+        stall_after: settings.duration(
+            "BELFRY_SHARD_STALL_AFTER",
+            defaults.stall_after,
+            Duration::from_secs(1),
+        )?,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,6 +364,7 @@ mod tests {
         assert_eq!(c.namespace, "belfry");
         assert_eq!(c.lock_ttl, Duration::from_secs(60));
         assert_eq!(c.retention, Some(Duration::from_secs(30 * 24 * 3600)));
+        assert_eq!(c.sharding, Some(crate::ShardSettings::default()));
         let shown = format!("{c:?}");
         assert!(
             !shown.contains("hunter2") && shown.contains("app:***@db"),
@@ -326,6 +378,26 @@ mod tests {
             SchedulerConfig::from_settings(&Settings::from_pairs([("BELFRY_RETENTION", "off")]))
                 .unwrap();
         assert_eq!(c.retention, None);
+    }
+
+    #[test]
+    fn sharding_switch_and_its_errors() {
+        let off =
+            SchedulerConfig::from_settings(&Settings::from_pairs([("BELFRY_SHARDING", "off")]))
+                .unwrap();
+        assert_eq!(off.sharding, None);
+        for (var, value) in [
+            ("BELFRY_SHARDING", "maybe"),
+            ("BELFRY_SHARDS", "0"),
+            ("BELFRY_SHARDS", "100000"),
+            ("BELFRY_SHARD_LEASE_TTL", "10ms"),
+        ] {
+            let e = SchedulerConfig::from_settings(&Settings::from_pairs([(var, value)]))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains(var), "{var}={value}: {e}");
+        }
     }
 
     #[test]

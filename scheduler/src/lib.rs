@@ -33,7 +33,9 @@ pub mod retention;
 pub mod schedule;
 pub mod schedule_file;
 pub mod schedule_sync;
+pub mod shard_lease;
 pub mod timer;
+pub mod timer_progress;
 pub mod zoned_cron;
 
 pub use claim::{ClaimOutcome, Claimer, FireSource};
@@ -47,4 +49,5 @@ pub use ops::{Ops, OpsError};
 pub use replica::{FireOutcome, Replica, ReplicaTiming, SkipReason};
 pub use schedule::{OverlapPolicy, Schedule, ScheduleError};
 pub use schedule_sync::{ScheduleChange, ScheduleSync};
+pub use shard_lease::{OwnedShards, PassOutcome, ShardKeeper, ShardSettings};
 pub use timer::{Due, Fire, Skipped, Timer};

@@ -11,19 +11,26 @@
 //!
 //! A stored definition that no longer validates (edited by hand) is logged
 //! with its error and not fired; the other schedules keep running.
+//!
+//! With sharding ([`ScheduleSync::with_shards`]) the follower keeps only the
+//! schedules of the shards its replica owns: it loads a shard's schedules
+//! when the replica takes it (one [`ScheduleChange::Taken`], so the replica
+//! recovers their missed fires together), drops them when the shard moves
+//! away, and ignores changes to schedules of other shards.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use belfry_ledger::{ChangeListener, Ledger, LedgerError, ScheduleRow};
 use belfry_protocol::ScheduleSpec;
 
 use crate::schedule::Schedule;
+use crate::shard_lease::OwnedShards;
 use crate::zoned_cron::CronCache;
 
 /// The notification channel the `schedules` trigger sends on.
@@ -34,8 +41,21 @@ pub const CHANNEL: &str = "belfry_schedules";
 pub enum ScheduleChange {
     /// Add or replace this schedule.
     Upsert(Arc<Schedule>),
-    /// Stop firing the schedule of this name (deleted, paused or invalid).
+    /// Stop firing the schedule of this name (deleted, paused or invalid,
+    /// or its shard moved to another replica).
     Remove(String),
+    /// The schedules of shards this replica just took: add them, and apply
+    /// their misfire policies to what they missed.
+    Taken(Vec<Arc<Schedule>>),
+}
+
+/// The owned shards a sharded follower keeps schedules for.
+#[derive(Debug)]
+struct ShardFollow {
+    /// The replica's owned shards as its keeper publishes them.
+    owned: watch::Receiver<Arc<OwnedShards>>,
+    /// The owned set whose schedules are loaded.
+    loaded: Arc<OwnedShards>,
 }
 
 /// Follows the `schedules` table for one replica.
@@ -43,6 +63,7 @@ pub enum ScheduleChange {
 pub struct ScheduleSync {
     ledger: Ledger,
     known: HashMap<String, DateTime<Utc>>,
+    shards: Option<ShardFollow>,
 }
 
 impl ScheduleSync {
@@ -51,7 +72,26 @@ impl ScheduleSync {
         Self {
             ledger,
             known: HashMap::new(),
+            shards: None,
         }
+    }
+
+    /// The same follower keeping only the schedules of the shards `owned`
+    /// holds (see the module docs).
+    pub fn with_shards(self, owned: watch::Receiver<Arc<OwnedShards>>) -> Self {
+        let loaded = Arc::new(OwnedShards {
+            shards: owned.borrow().shards,
+            owned: Default::default(),
+        });
+        Self {
+            shards: Some(ShardFollow { owned, loaded }),
+            ..self
+        }
+    }
+
+    /// Whether the schedule `name` is this follower's to keep.
+    fn wants(&self, name: &str) -> bool {
+        self.shards.as_ref().is_none_or(|f| f.loaded.has(name))
     }
 
     /// Every schedule that should fire (not paused, valid), remembering
@@ -61,7 +101,19 @@ impl ScheduleSync {
     ///
     /// [`LedgerError`] when the table cannot be read.
     pub async fn load_all(&mut self) -> Result<Vec<Arc<Schedule>>, LedgerError> {
-        let rows = self.ledger.schedules().await?;
+        let rows = match &mut self.shards {
+            None => self.ledger.schedules().await?,
+            Some(follow) => {
+                let owned = follow.owned.borrow_and_update().clone();
+                let wanted: Vec<u32> = owned.owned.iter().copied().collect();
+                let rows = self
+                    .ledger
+                    .schedules_in_shards(owned.shards, &wanted)
+                    .await?;
+                follow.loaded = owned;
+                rows
+            }
+        };
         self.known.clear();
         let mut out = Vec::with_capacity(rows.len());
         // Shared within this load only: schedules on one expression share its
@@ -108,6 +160,9 @@ impl ScheduleSync {
         let mut changes = Vec::new();
         let mut present = std::collections::HashSet::with_capacity(versions.len());
         for (name, updated) in versions {
+            if !self.wants(&name) {
+                continue;
+            }
             present.insert(name.clone());
             if self.known.get(&name) != Some(&updated) {
                 changes.push(self.reload(&name).await?);
@@ -122,6 +177,58 @@ impl ScheduleSync {
         for name in gone {
             self.known.remove(&name);
             changes.push(ScheduleChange::Remove(name));
+        }
+        Ok(changes)
+    }
+
+    /// The changes a new owned set brings (sharded followers only): the
+    /// schedules of lost shards removed, those of taken shards loaded as
+    /// one [`ScheduleChange::Taken`]. Nothing when the set is unchanged.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError`] when the taken shards' schedules cannot be read
+    /// (nothing changes; the next call tries again).
+    pub async fn follow_shards(&mut self) -> Result<Vec<ScheduleChange>, LedgerError> {
+        let Some(follow) = &mut self.shards else {
+            return Ok(Vec::new());
+        };
+        let now = follow.owned.borrow_and_update().clone();
+        if now.owned == follow.loaded.owned {
+            return Ok(Vec::new());
+        }
+        let loaded = follow.loaded.clone();
+        let added: Vec<u32> = now.owned.difference(&loaded.owned).copied().collect();
+        // Read before anything changes, so a failed read leaves the
+        // follower as it was.
+        let rows = self.ledger.schedules_in_shards(now.shards, &added).await?;
+        let mut changes = Vec::new();
+        let lost: Vec<String> = self
+            .known
+            .keys()
+            .filter(|name| !now.has(name))
+            .cloned()
+            .collect();
+        for name in lost {
+            self.known.remove(&name);
+            changes.push(ScheduleChange::Remove(name));
+        }
+        let mut cache = CronCache::default();
+        let mut taken = Vec::new();
+        for row in rows {
+            if let Some(updated) = row.updated_at {
+                self.known.insert(row.name.clone(), updated);
+            }
+            match compile(row, &mut cache) {
+                ScheduleChange::Upsert(s) => taken.push(s),
+                other => changes.push(other),
+            }
+        }
+        if !taken.is_empty() {
+            changes.push(ScheduleChange::Taken(taken));
+        }
+        if let Some(follow) = &mut self.shards {
+            follow.loaded = now;
         }
         Ok(changes)
     }
@@ -147,20 +254,31 @@ impl ScheduleSync {
             // Three wake-ups: shutdown, a notification (one schedule), or
             // the resync tick (all of them). Each is handled completely
             // before the next wait, so changes reach the timer in order.
-            let notified = tokio::select! {
+            // A fourth with sharding: the owned shards changed.
+            let woken = tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tick.tick() => None,
-                n = recv(&mut listener) => n,
+                _ = tick.tick() => Wake::Tick,
+                Some(n) = recv(&mut listener) => Wake::Notified(n),
+                _ = shards_changed(&mut self.shards) => Wake::Shards,
             };
-            let found = match notified {
-                Some(Ok(name)) => self.reload(name.as_str()).await.map(|c| vec![c]),
-                Some(Err(e)) => {
+            let found = match woken {
+                Wake::Notified(Ok(name)) if !self.wants(&name) => Ok(Vec::new()),
+                Wake::Notified(Ok(name)) => self.reload(name.as_str()).await.map(|c| vec![c]),
+                Wake::Notified(Err(e)) => {
                     // The listener reconnects on its next receive; changes
                     // sent meanwhile are picked up by a resync now.
                     tracing::warn!(error = %e, "schedule notifications interrupted; resyncing");
                     self.resync().await
                 }
-                None => self.resync().await,
+                Wake::Shards => self.follow_shards().await,
+                // A shard load that failed is tried again with the resync.
+                Wake::Tick => match self.follow_shards().await {
+                    Ok(mut moved) => self.resync().await.map(|more| {
+                        moved.extend(more);
+                        moved
+                    }),
+                    Err(e) => Err(e),
+                },
             };
             match found {
                 Ok(found) => {
@@ -238,6 +356,25 @@ fn compile(row: ScheduleRow, cache: &mut CronCache) -> ScheduleChange {
             tracing::error!(schedule = %row.name, error = %e, "stored schedule is invalid; not firing it until it is fixed");
             ScheduleChange::Remove(row.name)
         }
+    }
+}
+
+/// What woke the follower.
+enum Wake {
+    Tick,
+    Notified(Result<String, LedgerError>),
+    Shards,
+}
+
+/// Resolves when the owned shards change; never without sharding or once
+/// the keeper is gone.
+async fn shards_changed(follow: &mut Option<ShardFollow>) {
+    let changed = match follow {
+        Some(f) => f.owned.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await;
     }
 }
 

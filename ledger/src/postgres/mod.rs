@@ -19,6 +19,7 @@ pub(crate) mod pooler;
 pub(crate) mod primary;
 pub(crate) mod runs;
 mod schedules;
+mod shards;
 mod views;
 
 use async_trait::async_trait;

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::PgStore;
-use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow};
+use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow, SCHEDULE_COLUMNS};
 use crate::store::ScheduleStore;
 use crate::LedgerError;
 
@@ -70,6 +70,24 @@ impl ScheduleStore for PgStore {
     async fn schedules(&self, lookup: ScheduleLookup<'_>) -> Result<Vec<ScheduleRow>, LedgerError> {
         let sql = lookup.sql();
         Ok(lookup.query(&sql).fetch_all(&self.route).await?)
+    }
+
+    async fn schedules_in_shards(
+        &self,
+        shards: u32,
+        wanted: &[u32],
+    ) -> Result<Vec<ScheduleRow>, LedgerError> {
+        // `shard_key` is the database's own FNV-1a of the name, the same as
+        // `belfry_protocol::shard_key` (tested); a scan, done when shards
+        // are taken, not per fire.
+        let wanted: Vec<i64> = wanted.iter().map(|&s| i64::from(s)).collect();
+        Ok(sqlx::query_as(&format!(
+            "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE shard_key % $1 = ANY($2) ORDER BY name"
+        ))
+        .bind(i64::from(shards))
+        .bind(wanted)
+        .fetch_all(&self.route)
+        .await?)
     }
 
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {

@@ -28,6 +28,7 @@ mod fire_history;
 mod outbox;
 mod runs;
 mod schedules;
+mod shards;
 mod views;
 
 use std::fs::File;

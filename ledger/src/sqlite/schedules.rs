@@ -100,6 +100,18 @@ impl ScheduleStore for SqliteLedger {
         Ok(lookup.query(&sql).fetch_all(&self.pool).await?)
     }
 
+    async fn schedules_in_shards(
+        &self,
+        shards: u32,
+        wanted: &[u32],
+    ) -> Result<Vec<ScheduleRow>, LedgerError> {
+        // No hash in SQL here: the embedded ledger never shards (one
+        // process), so this is only ever a convenience.
+        let mut rows = self.schedules(ScheduleLookup::All).await?;
+        rows.retain(|row| wanted.contains(&belfry_protocol::shard_of(&row.name, shards)));
+        Ok(rows)
+    }
+
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
         Ok(sqlx::query_as("SELECT name, updated_at FROM schedules")
             .fetch_all(&self.pool)

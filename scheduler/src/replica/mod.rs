@@ -46,6 +46,8 @@ use crate::counters::FireCounters;
 use crate::lock::ClaimLock;
 use crate::schedule::Schedule;
 use crate::schedule_sync::ScheduleSync;
+use crate::shard_lease::{ShardKeeper, ShardSettings};
+use crate::timer_progress::TimerProgress;
 use crate::{schedule_file, SchedulerConfig, SchedulerError};
 
 /// What happened to one fire on this replica.
@@ -198,7 +200,7 @@ pub struct Replica {
     timing: ReplicaTiming,
     broker: Broker,
     ledger: Ledger,
-    guard: ClockGuard,
+    guard: Arc<ClockGuard>,
     missed: std::sync::Mutex<std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)>>,
     lock_losses: std::sync::Mutex<std::collections::VecDeque<LockLoss>>,
     /// Spans of fires skipped by misfire policies, not yet recorded in the
@@ -208,6 +210,11 @@ pub struct Replica {
     /// loops (which are handed theirs): confirm deadlines, manual runs'
     /// instants, lateness, operator actions.
     clock: SharedClock,
+    /// Whether the timer loop moves (what shard leases are renewed on).
+    progress: Arc<TimerProgress>,
+    /// This replica's shard leases, when it shares the fires by shard
+    /// (`None`: it races every fire).
+    shards: Option<Arc<ShardKeeper>>,
 }
 
 impl Replica {
@@ -298,8 +305,6 @@ impl Replica {
                 tracing::info!(schedule = %gone, "deleted: not in the schedule file (BELFRY_SCHEDULES_PRUNE)");
             }
         }
-        let mut sync = ScheduleSync::new(ledger.clone());
-        let schedules = sync.load_all().await?;
         broker.declare_core().await?;
         // One process owns an embedded database: there is nobody to race.
         let redis_url = config.redis_url.as_ref().filter(|_| !ledger.is_embedded());
@@ -319,14 +324,27 @@ impl Replica {
             },
             None => None,
         };
-        let replica = Self::new(
+        let mut replica = Self::new(
             &config.instance,
             lock,
-            ledger,
+            ledger.clone(),
             broker,
             config.timing.clone(),
         )
         .with_clock(clock);
+        let mut sync = ScheduleSync::new(ledger.clone());
+        // One process owns an embedded database: it fires everything.
+        if let Some(settings) = config.sharding.clone().filter(|_| !ledger.is_embedded()) {
+            replica = replica.sharded(settings);
+            if let Some(keeper) = &replica.shards {
+                // The first pass takes this replica's share (or refuses a
+                // shard count the running replicas do not use) before the
+                // schedules are loaded: only the owned ones are.
+                keeper.pass_once().await?;
+                sync = sync.with_shards(keeper.subscribe());
+            }
+        }
+        let schedules = sync.load_all().await?;
         Ok((replica, sync, schedules))
     }
 
@@ -357,7 +375,7 @@ impl Replica {
                 500,
             ),
             ledger,
-            guard: ClockGuard::new(timing.max_clock_skew).for_instance(instance),
+            guard: Arc::new(ClockGuard::new(timing.max_clock_skew).for_instance(instance)),
             missed: std::sync::Mutex::new(std::collections::VecDeque::new()),
             lock_losses: std::sync::Mutex::new(std::collections::VecDeque::new()),
             pending_skips: std::sync::Mutex::new(std::collections::VecDeque::new()),
@@ -372,7 +390,39 @@ impl Replica {
             },
             broker,
             clock: belfry_runtime::process_clock(),
+            progress: Arc::default(),
+            shards: None,
         }
+    }
+
+    /// The same replica sharing the fires by shard with `settings` (see
+    /// [`crate::shard_lease`]): it fires only the schedules of the shards
+    /// it holds. Give it its clock first ([`Replica::with_clock`]); the
+    /// leases are taken by its loop, or by [`ShardKeeper::pass_once`].
+    pub fn sharded(self, settings: ShardSettings) -> Self {
+        let keeper = ShardKeeper::new(
+            self.ledger.clone(),
+            &self.instance,
+            settings,
+            self.progress.clone(),
+            self.clock.clone(),
+        )
+        .with_clock_guard(self.guard.clone());
+        Self {
+            shards: Some(Arc::new(keeper)),
+            ..self
+        }
+    }
+
+    /// This replica's shard leases, when it shards.
+    pub fn shard_keeper(&self) -> Option<&Arc<ShardKeeper>> {
+        self.shards.as_ref()
+    }
+
+    /// Whether this replica's timer loop moves (see
+    /// [`crate::timer_progress`]).
+    pub fn timer_progress(&self) -> &Arc<TimerProgress> {
+        &self.progress
     }
 
     /// The same replica on `clock` instead of the process's clock (tests,

@@ -58,6 +58,25 @@ impl Replica {
                     tracing::info!(schedule = %name, "schedule removed or paused");
                 }
             }
+            ScheduleChange::Taken(schedules) => {
+                for schedule in &schedules {
+                    timer.upsert(schedule.clone(), now);
+                }
+                tracing::info!(
+                    schedules = schedules.len(),
+                    "schedules of taken shards added"
+                );
+                // Whoever held these shards before (a replica that died,
+                // left, or still fires them until it sees the steal), their
+                // missed instants follow the misfire policy; instants
+                // already made are found taken.
+                let this = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = this.recover_after_downtime(&schedules, now).await {
+                        tracing::warn!(error = %e, "misfire recovery for taken shards failed");
+                    }
+                });
+            }
         }
     }
 
@@ -107,6 +126,12 @@ impl Replica {
                     .await
             })
         };
+        // The keeper frees this replica's shards as soon as `cancel` fires
+        // (before the drain), so the others take them at their next pass.
+        let keeping = self
+            .shards
+            .clone()
+            .map(|keeper| tokio::spawn(keeper.run(cancel.clone())));
         let recovering = tokio::spawn(self.clone().recovery_loop(
             timer.schedules(),
             clock.clone(),
@@ -120,6 +145,9 @@ impl Replica {
         let _ = reconciling.await;
         let _ = guarding.await;
         let _ = recovering.await;
+        if let Some(keeping) = keeping {
+            let _ = keeping.await;
+        }
         self.broker.close().await;
         tracing::info!(instance = %self.instance, "scheduler replica stopped");
     }
@@ -138,6 +166,9 @@ impl Replica {
         let permits = Arc::new(Semaphore::new(self.timing.max_inflight));
         loop {
             while inflight.try_join_next().is_some() {}
+            // Waiting is progress however long it lasts; what follows the
+            // wake-up must not take long (see `timer_progress`).
+            self.progress.idle();
             let change = tokio::select! {
                 // Biased towards shutdown: once cancelled, no new fire is
                 // claimed even if one is due at the same moment. Due fires
@@ -148,6 +179,7 @@ impl Replica {
                 _ = timer.wait(clock) => None,
                 change = changes.recv() => change,
             };
+            self.progress.busy(clock.now());
             // What is due is handed off before a change is applied, so a
             // change arriving just as its schedule is due does not lose
             // that fire.

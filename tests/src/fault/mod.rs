@@ -14,8 +14,12 @@
 //! `kill -9` of a scheduler and of a worker (restarted after 1–3 s), SIGSTOP
 //! of the replica that claimed the latest fire for longer than the lock TTL,
 //! each failpoint (a process restarted with it armed until it aborts), a
-//! restart of RabbitMQ, Redis and Postgres (`scripts/service-bounce`), and a
-//! replica started with its clock 5 s ahead (it must claim nothing).
+//! restart of RabbitMQ, Redis and Postgres (`scripts/service-bounce`), a
+//! replica started with its clock 5 s ahead (it must claim nothing), and,
+//! as the replicas share the fires by shard (the default), a lease steal
+//! (half of one replica's shards handed to another behind their backs) and
+//! a replica joining for a while and leaving gracefully; every `kill -9`
+//! of a scheduler kills the owner of a quarter to a third of the shards.
 //!
 //! Alerts: the schedulers send every alert event to a webhook receiver of
 //! the suite, which is down (503) for a minute early in the window, and
@@ -144,11 +148,17 @@ pub enum Fault {
     StopWorker,
     /// A foreign producer's poison messages interleaved with good ones.
     PoisonStorm,
+    /// Half of one replica's shard leases handed to another replica in the
+    /// ledger, behind both their backs (a lease table gone wrong).
+    StealLease,
+    /// A fourth replica joins (taking its share of the shards), runs for
+    /// a while, and leaves gracefully (handing them back).
+    JoinLeave,
 }
 
 impl Fault {
     /// Every kind, once.
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 18] = [
         Fault::KillScheduler,
         Fault::KillWorker,
         Fault::StopLockHolder,
@@ -165,6 +175,8 @@ impl Fault {
         Fault::LongBounce("postgres"),
         Fault::StopWorker,
         Fault::PoisonStorm,
+        Fault::StealLease,
+        Fault::JoinLeave,
     ];
 }
 
@@ -556,6 +568,50 @@ async fn inject(
             observed.storm.poison.extend(storm.poison);
             observed.storm.good.extend(storm.good);
             what
+        }
+        Fault::StealLease => {
+            let pool = env.ledger.pg_pool().expect("a Postgres ledger");
+            let owners: Vec<String> = sqlx::query_scalar(
+                "SELECT DISTINCT owner FROM shard_leases \
+                 WHERE owner IS NOT NULL AND expires_at > now() ORDER BY owner",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
+            if owners.len() < 2 {
+                return format!(
+                    "lease steal skipped: {} replica(s) hold shards",
+                    owners.len()
+                );
+            }
+            let from = rng.random_range(0..owners.len());
+            let to = (from + rng.random_range(1..owners.len())) % owners.len();
+            let moved = sqlx::query(
+                "UPDATE shard_leases SET owner = $2, epoch = epoch + 1 \
+                 WHERE owner = $1 AND expires_at > now() AND shard % 2 = 0",
+            )
+            .bind(&owners[from])
+            .bind(&owners[to])
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected())
+            .unwrap_or_else(|e| panic!("stealing leases: {e}"));
+            format!(
+                "lease steal: {moved} shards of {} handed to {} in the ledger",
+                owners[from], owners[to]
+            )
+        }
+        Fault::JoinLeave => {
+            let name = format!("s-join-{}", Utc::now().timestamp() % 100_000);
+            fleet.add(Role::Scheduler, &name);
+            let stay = rng.random_range(5000..10_000);
+            tokio::time::sleep(Duration::from_millis(stay)).await;
+            if let Some(i) = fleet.find(&name) {
+                fleet.stop(i, Duration::from_secs(30)).await;
+                // Gone for good: no later fault restarts it.
+                fleet.members.remove(i);
+            }
+            format!("{name} joined for {stay} ms, then left (SIGTERM)")
         }
         Fault::SkewedClock => {
             let i = pick(fleet, Role::Scheduler, rng);

@@ -29,6 +29,7 @@ mod rabbitmq_cluster;
 mod redis_ha;
 mod retention;
 mod schedule_engine;
+mod sharding;
 mod tls;
 mod ui;
 mod ui_browser;

@@ -1,0 +1,278 @@
+//! A replica's part in sharing the fires (`BELFRY_SHARDING`, on by
+//! default with a Postgres ledger): the [`ShardKeeper`] holds this
+//! replica's shard leases and tells its schedule follower which shards it
+//! owns, so its timer holds only their schedules.
+//!
+//! Every `lease_ttl / 5` the keeper runs a lease pass
+//! ([`belfry_ledger::Ledger::shard_pass`]): heartbeat, renewal, and taking
+//! free, expired or excess shards up to an even share. It publishes the
+//! owned set on a watch channel; [`crate::ScheduleSync`] loads the
+//! schedules of newly owned shards (and drops those of lost ones), and the
+//! replica runs misfire recovery for the schedules it takes, so instants a
+//! previous owner did not make are made under their policy.
+//!
+//! What keeps "no fire lost, none twice" when leases misbehave:
+//!
+//! - the claim path is unchanged: an owner still takes the Redis lock and
+//!   the unique insert, so two replicas that both believe they own a shard
+//!   (a steal not yet seen by the old owner, a paused process that wakes)
+//!   still make one run per instant;
+//! - a lease is renewed only while the replica's timer loop moves
+//!   ([`crate::timer_progress`]): a replica alive but stuck loses its
+//!   shards like a dead one;
+//! - a replica whose clock guard refuses claims (its clock is off) frees
+//!   its shards at once rather than hold fires it will not make;
+//! - a replica keeps firing the shards it believes it owns while it cannot
+//!   reach the database (nothing can be claimed then anyway, and it fires
+//!   them the moment the database is back, before its next pass says
+//!   otherwise);
+//! - every shard taken is recovered from the ledger's record of its
+//!   schedules' last fires, whoever held it before.
+//!
+//! At shutdown the keeper frees its shards at once (before in-flight fires
+//! finish), so the others take them at their next pass instead of after
+//! the lease expires.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use belfry_ledger::{Ledger, LedgerError, ShardPass};
+use belfry_runtime::SharedClock;
+
+use crate::clock_guard::ClockGuard;
+use crate::timer_progress::TimerProgress;
+
+/// Default shard count (`BELFRY_SHARDS`).
+pub const DEFAULT_SHARDS: u32 = 256;
+/// Default lease lifetime (`BELFRY_SHARD_LEASE_TTL`): a dead replica's
+/// shards are taken within this plus one pass interval — inside the
+/// default misfire threshold (10 s), so its fires are late, not skipped.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+/// Default bound on a busy timer loop before its leases are let go.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(15);
+
+/// How a replica takes part in sharing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSettings {
+    /// Shards the schedules are split into (the same on every replica).
+    pub shards: u32,
+    /// How long a lease lasts unless renewed.
+    pub lease_ttl: Duration,
+    /// A timer loop busy longer than this stops renewing.
+    pub stall_after: Duration,
+}
+
+impl Default for ShardSettings {
+    fn default() -> Self {
+        Self {
+            shards: DEFAULT_SHARDS,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            stall_after: DEFAULT_STALL_AFTER,
+        }
+    }
+}
+
+impl ShardSettings {
+    /// How often leases are renewed: five times per lifetime, so four
+    /// passes in a row can fail before a lease lapses.
+    pub fn renew_every(&self) -> Duration {
+        (self.lease_ttl / 5).max(Duration::from_millis(50))
+    }
+}
+
+/// The shards a replica owns, out of how many.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnedShards {
+    /// The shard count.
+    pub shards: u32,
+    /// The shards owned.
+    pub owned: BTreeSet<u32>,
+}
+
+impl OwnedShards {
+    /// Whether the schedule `name` is in an owned shard.
+    pub fn has(&self, name: &str) -> bool {
+        self.owned
+            .contains(&belfry_protocol::shard_of(name, self.shards))
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PassOutcome {
+    /// The leases were renewed and shares settled.
+    Settled(ShardPass),
+    /// The timer loop is stuck: nothing was renewed.
+    Stalled(Duration),
+    /// The clock guard refuses claims: this replica freed its shards.
+    ClockSkewed,
+}
+
+/// Holds one replica's shard leases.
+#[derive(Debug)]
+pub struct ShardKeeper {
+    ledger: Ledger,
+    instance: String,
+    settings: ShardSettings,
+    owned: watch::Sender<Arc<OwnedShards>>,
+    progress: Arc<TimerProgress>,
+    clock: SharedClock,
+    guard: Option<Arc<ClockGuard>>,
+}
+
+impl ShardKeeper {
+    /// A keeper for replica `instance`, judging its timer loop by
+    /// `progress` read at `clock`'s time. It owns nothing until its first
+    /// pass.
+    pub fn new(
+        ledger: Ledger,
+        instance: &str,
+        settings: ShardSettings,
+        progress: Arc<TimerProgress>,
+        clock: SharedClock,
+    ) -> Self {
+        let (owned, _) = watch::channel(Arc::new(OwnedShards {
+            shards: settings.shards,
+            owned: BTreeSet::new(),
+        }));
+        Self {
+            ledger,
+            instance: instance.to_owned(),
+            settings,
+            owned,
+            progress,
+            clock,
+            guard: None,
+        }
+    }
+
+    /// The same keeper, freeing its shards while `guard` refuses claims.
+    pub fn with_clock_guard(self, guard: Arc<ClockGuard>) -> Self {
+        Self {
+            guard: Some(guard),
+            ..self
+        }
+    }
+
+    /// The owned shards as they change.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<OwnedShards>> {
+        self.owned.subscribe()
+    }
+
+    /// The shards owned now.
+    pub fn owned(&self) -> Arc<OwnedShards> {
+        self.owned.borrow().clone()
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &ShardSettings {
+        &self.settings
+    }
+
+    /// One lease pass, unless the timer loop is stalled (then nothing is
+    /// renewed and the leases run out). Publishes the owned set when it
+    /// changed.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::ShardCount`] when the live replicas use another
+    /// shard count (this replica then owns nothing);
+    /// [`LedgerError::Query`] when the database cannot be reached (the
+    /// owned set is kept).
+    pub async fn pass_once(&self) -> Result<PassOutcome, LedgerError> {
+        if let Some(busy) = self
+            .progress
+            .stalled(self.clock.now(), self.settings.stall_after)
+        {
+            tracing::error!(
+                busy_ms = busy.as_millis() as u64,
+                "timer loop stuck; not renewing shard leases, so other replicas take its shards"
+            );
+            return Ok(PassOutcome::Stalled(busy));
+        }
+        if self.guard.as_ref().is_some_and(|g| !g.allows_claims()) {
+            // Its fires would only be remembered as missed: better made
+            // by another replica now. It joins again once the clock agrees.
+            if !self.owned().owned.is_empty() {
+                tracing::warn!("clock skewed: freeing this replica's shards for the others");
+            }
+            self.leave().await;
+            return Ok(PassOutcome::ClockSkewed);
+        }
+        let pass = match self
+            .ledger
+            .shard_pass(
+                &self.instance,
+                self.settings.shards,
+                self.settings.lease_ttl,
+            )
+            .await
+        {
+            Ok(pass) => pass,
+            Err(e @ LedgerError::ShardCount { .. }) => {
+                self.publish(BTreeSet::new());
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        if !pass.taken.is_empty() {
+            tracing::info!(
+                taken = pass.taken.len(),
+                owned = pass.owned.len(),
+                live = pass.live,
+                "took shards; recovering their schedules' missed fires"
+            );
+        }
+        self.publish(pass.owned.iter().copied().collect());
+        Ok(PassOutcome::Settled(pass))
+    }
+
+    fn publish(&self, owned: BTreeSet<u32>) {
+        let shards = self.settings.shards;
+        self.owned.send_if_modified(|current| {
+            if current.owned == owned {
+                return false;
+            }
+            let lost = current.owned.difference(&owned).count();
+            if lost > 0 {
+                tracing::info!(lost, owned = owned.len(), "shards moved to other replicas");
+            }
+            *current = Arc::new(OwnedShards { shards, owned });
+            true
+        });
+    }
+
+    /// Passes every [`ShardSettings::renew_every`] until `cancel`, then
+    /// frees this replica's shards for the others.
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        loop {
+            if let Err(e) = self.pass_once().await {
+                tracing::warn!(error = %e, "shard lease pass failed; retrying");
+            }
+            // Either wakes the loop; a cancel between passes ends it.
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(self.settings.renew_every()) => {}
+            }
+        }
+        self.leave().await;
+    }
+
+    /// Frees this replica's shards and stops firing them (graceful leave).
+    pub async fn leave(&self) {
+        // Owned nothing from here on: a fire still in flight finishes, no
+        // new one of these shards starts.
+        self.publish(BTreeSet::new());
+        match self.ledger.leave_shards(&self.instance).await {
+            Ok(0) => {}
+            Ok(freed) => tracing::info!(freed, "shards freed for the other replicas"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot free shards; they pass on when their leases expire")
+            }
+        }
+    }
+}

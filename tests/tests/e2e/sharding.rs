@@ -1,0 +1,428 @@
+//! Sharing the fires (issue 21): replicas hold shard leases and each fires
+//! only the schedules of its shards. Driven one step at a time: lease
+//! passes, schedule loads and timer ticks at chosen instants; a lease's
+//! expiry (the database's clock) is moved by SQL rather than waited for.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_ledger::LedgerError;
+use belfry_protocol::ScheduleSpec;
+use belfry_scheduler::{
+    FireOutcome, PassOutcome, Replica, Schedule, ScheduleChange, ScheduleSync, ShardSettings, Timer,
+};
+use belfry_testkit::{redis_url, TestEnv};
+use belfry_tests::replica;
+use chrono::{DateTime, SubsecRound, Utc};
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn settings(shards: u32) -> ShardSettings {
+    ShardSettings {
+        shards,
+        lease_ttl: LONG,
+        ..ShardSettings::default()
+    }
+}
+
+fn pool(env: &TestEnv) -> &sqlx::PgPool {
+    env.ledger.pg_pool().expect("a Postgres ledger")
+}
+
+/// Ends `instance`'s heartbeat and leases now, as if it died a while ago.
+async fn expire(env: &TestEnv, instance: &str) {
+    sqlx::query(
+        "UPDATE shard_leases SET expires_at = now() - interval '1 second' WHERE owner = $1",
+    )
+    .bind(instance)
+    .execute(pool(env))
+    .await
+    .unwrap();
+    sqlx::query("UPDATE scheduler_replicas SET expires_at = now() - interval '1 second' WHERE instance = $1")
+        .bind(instance)
+        .execute(pool(env))
+        .await
+        .unwrap();
+}
+
+/// Who holds each shard now (live leases only).
+async fn holders(env: &TestEnv) -> BTreeMap<String, BTreeSet<i32>> {
+    let mut out: BTreeMap<String, BTreeSet<i32>> = BTreeMap::new();
+    for lease in env.ledger.shard_leases().await.unwrap() {
+        if let (Some(owner), true) = (lease.owner, lease.live) {
+            out.entry(owner).or_default().insert(lease.shard);
+        }
+    }
+    out
+}
+
+async fn owned(env: &TestEnv, instance: &str, shards: u32) -> Vec<u32> {
+    env.ledger
+        .shard_pass(instance, shards, LONG)
+        .await
+        .unwrap_or_else(|e| panic!("{instance}: {e}"))
+        .owned
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_databases_shard_key_is_the_same_hash_as_belfrys() {
+    let env = belfry_testkit::service_env!();
+    let long = "x".repeat(100);
+    let names = [
+        "a",
+        "nightly-billing",
+        "report.eu-west-1",
+        "tenant_42.cleanup",
+        "Z",
+        "0123456789_-.ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+        long.as_str(),
+    ];
+    let now = Utc::now();
+    for name in names {
+        let spec = ScheduleSpec {
+            name: name.into(),
+            every: Some("1h".into()),
+            job_type: "noop".into(),
+            ..ScheduleSpec::default()
+        };
+        let row = Schedule::storable_row(&spec, now, true).unwrap();
+        env.ledger.upsert_schedule(&row).await.unwrap();
+    }
+    let stored: Vec<(String, i64)> = sqlx::query_as("SELECT name, shard_key FROM schedules")
+        .fetch_all(pool(&env))
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), names.len());
+    for (name, key) in stored {
+        assert_eq!(key, i64::from(belfry_protocol::shard_key(&name)), "{name}");
+    }
+    // And a load by shard finds each schedule in its own shard only.
+    for name in names {
+        let shard = belfry_protocol::shard_of(name, 7);
+        let rows = env.ledger.schedules_in_shards(7, &[shard]).await.unwrap();
+        assert!(
+            rows.iter().any(|r| r.name == name),
+            "{name} in shard {shard}"
+        );
+        assert!(rows
+            .iter()
+            .all(|r| belfry_protocol::shard_of(&r.name, 7) == shard));
+    }
+    env.teardown(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_split_the_shards_evenly_joins_take_only_excess_and_leaves_and_deaths_hand_them_on(
+) {
+    let env = belfry_testkit::service_env!();
+    // Alone, a replica holds every shard.
+    assert_eq!(owned(&env, "a", 256).await.len(), 256);
+    // A second steals half; the first learns at its next renewal.
+    assert_eq!(owned(&env, "b", 256).await.len(), 128);
+    assert_eq!(owned(&env, "a", 256).await.len(), 128);
+    // A third takes its share from both, leaving each theirs.
+    let c = env.ledger.shard_pass("c", 256, LONG).await.unwrap();
+    // Each keeps its share (86): c gets the 84 beyond it.
+    assert_eq!((c.owned.len(), c.taken.len(), c.live), (84, 84, 3));
+    let held = holders(&env).await;
+    let sizes: Vec<usize> = held.values().map(BTreeSet::len).collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 256, "{held:?}");
+    assert!(sizes.iter().all(|&n| (84..=86).contains(&n)), "{sizes:?}");
+    // Passes after settling move nothing.
+    let before = env.ledger.shard_leases().await.unwrap();
+    for r in ["a", "b", "c", "a"] {
+        assert!(env
+            .ledger
+            .shard_pass(r, 256, LONG)
+            .await
+            .unwrap()
+            .taken
+            .is_empty());
+    }
+    let after = env.ledger.shard_leases().await.unwrap();
+    let epochs = |l: &[belfry_ledger::ShardLease]| {
+        l.iter()
+            .map(|l| (l.shard, l.epoch, l.owner.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        epochs(&before),
+        epochs(&after),
+        "a settled pass changes no owner"
+    );
+    // Every steal raised the shard's epoch: c's shards have had two owners.
+    let c_epochs: BTreeSet<i64> = after
+        .iter()
+        .filter(|l| l.owner.as_deref() == Some("c"))
+        .map(|l| l.epoch)
+        .collect();
+    assert!(c_epochs.iter().all(|&e| e >= 2), "{c_epochs:?}");
+
+    // A graceful leave frees c's shards for the others' next pass.
+    assert_eq!(env.ledger.leave_shards("c").await.unwrap(), 84);
+    assert_eq!(owned(&env, "a", 256).await.len(), 128);
+    assert_eq!(owned(&env, "b", 256).await.len(), 128);
+
+    // A death: b's leases and heartbeat lapse; a takes them all.
+    expire(&env, "b").await;
+    let a = env.ledger.shard_pass("a", 256, LONG).await.unwrap();
+    assert_eq!((a.owned.len(), a.taken.len(), a.live), (256, 128, 1));
+    // b comes back (a paused process): its old leases are gone; it
+    // takes its share anew, from a.
+    let b = env.ledger.shard_pass("b", 256, LONG).await.unwrap();
+    assert_eq!((b.owned.len(), b.live), (128, 2));
+    assert_eq!(owned(&env, "a", 256).await.len(), 128);
+    let held = holders(&env).await;
+    assert_eq!(held.len(), 2);
+    assert!(held["a"].is_disjoint(&held["b"]));
+    env.teardown(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_shard_count_is_refused_while_replicas_run_and_taken_when_none_do() {
+    let env = belfry_testkit::service_env!();
+    assert_eq!(owned(&env, "a", 256).await.len(), 256);
+    let e = env.ledger.shard_pass("z", 512, LONG).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LedgerError::ShardCount {
+                configured: 512,
+                stored: 256
+            }
+        ),
+        "{e:?}"
+    );
+    let said = e.to_string();
+    assert!(
+        said.contains("BELFRY_SHARDS=256") && said.contains("512"),
+        "{said}"
+    );
+    // Refused before announcing itself: a still counts alone.
+    assert_eq!(env.ledger.shard_pass("a", 256, LONG).await.unwrap().live, 1);
+    // With every replica stopped the new count is taken, leases afresh.
+    env.ledger.leave_shards("a").await.unwrap();
+    assert_eq!(owned(&env, "z", 512).await.len(), 512);
+    assert_eq!(env.ledger.shard_leases().await.unwrap().len(), 512);
+    env.teardown(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_timer_loop_is_stuck_stops_renewing_its_leases() {
+    let env = belfry_testkit::service_env!();
+    let stuck = replica(&env, "stuck", Some(&redis_url()))
+        .await
+        .sharded(ShardSettings {
+            shards: 16,
+            lease_ttl: LONG,
+            stall_after: Duration::from_secs(15),
+        });
+    let keeper = stuck.shard_keeper().unwrap().clone();
+    assert!(
+        matches!(keeper.pass_once().await.unwrap(), PassOutcome::Settled(p) if p.owned.len() == 16)
+    );
+    let expiry = || async {
+        sqlx::query_scalar::<_, DateTime<Utc>>("SELECT max(expires_at) FROM shard_leases")
+            .fetch_one(pool(&env))
+            .await
+            .unwrap()
+    };
+    let renewed = expiry().await;
+    // The loop woke 20 s ago and has not come back to wait.
+    stuck
+        .timer_progress()
+        .busy(Utc::now() - chrono::Duration::seconds(20));
+    assert!(
+        matches!(keeper.pass_once().await.unwrap(), PassOutcome::Stalled(d) if d >= Duration::from_secs(20))
+    );
+    assert_eq!(expiry().await, renewed, "nothing renewed while stuck");
+    // So another replica takes the shards once the leases lapse.
+    expire(&env, "stuck").await;
+    assert_eq!(owned(&env, "other", 16).await.len(), 16);
+    // Back to waiting: the stuck one renews again and takes its share.
+    stuck.timer_progress().idle();
+    assert!(
+        matches!(keeper.pass_once().await.unwrap(), PassOutcome::Settled(p) if p.owned.len() == 8)
+    );
+    env.teardown(&[]).await;
+}
+
+/// One sharded replica with its follower and timer.
+struct Member {
+    replica: Arc<Replica>,
+    sync: ScheduleSync,
+    timer: Timer,
+}
+
+impl Member {
+    async fn start(env: &TestEnv, name: &str, shards: u32, t0: DateTime<Utc>) -> Self {
+        let replica = Arc::new(
+            replica(env, name, Some(&redis_url()))
+                .await
+                .sharded(settings(shards)),
+        );
+        let keeper = replica.shard_keeper().unwrap().clone();
+        keeper.pass_once().await.unwrap();
+        let mut sync = ScheduleSync::new(replica.ledger().clone()).with_shards(keeper.subscribe());
+        let timer = Timer::new(sync.load_all().await.unwrap(), t0);
+        Self {
+            replica,
+            sync,
+            timer,
+        }
+    }
+
+    /// A lease pass, and the schedule changes it brings applied to the
+    /// timer; returns the schedules taken.
+    async fn pass(&mut self, now: DateTime<Utc>) -> Vec<Arc<Schedule>> {
+        let keeper = self.replica.shard_keeper().unwrap().clone();
+        keeper.pass_once().await.unwrap();
+        let mut taken = Vec::new();
+        for change in self.sync.follow_shards().await.unwrap() {
+            match change {
+                ScheduleChange::Remove(name) => {
+                    self.timer.remove(&name);
+                }
+                ScheduleChange::Taken(schedules) => {
+                    for s in &schedules {
+                        self.timer.upsert(s.clone(), now);
+                    }
+                    taken.extend(schedules);
+                }
+                ScheduleChange::Upsert(s) => {
+                    self.timer.upsert(s, now);
+                }
+            }
+        }
+        taken
+    }
+
+    fn names(&self) -> BTreeSet<String> {
+        self.timer
+            .schedules()
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
+    }
+}
+
+async fn runs_at(env: &TestEnv, at: DateTime<Utc>) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT job_name, claimed_by FROM job_runs WHERE scheduled_at = $1 ORDER BY job_name",
+    )
+    .bind(at)
+    .fetch_all(pool(env))
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sharded_replicas_fire_each_instant_once_without_racing_through_a_join_and_a_death() {
+    let env = belfry_testkit::service_env!();
+    env.declare_default_group(&["noop"]).await;
+    const SCHEDULES: usize = 40;
+    let now = Utc::now();
+    for i in 0..SCHEDULES {
+        let spec = ScheduleSpec {
+            name: format!("s-{i:02}"),
+            every: Some("1s".into()),
+            job_type: "noop".into(),
+            misfire: Some("catch_up".into()),
+            ..ScheduleSpec::default()
+        };
+        let row = Schedule::storable_row(&spec, now, true).unwrap();
+        env.ledger.upsert_schedule(&row).await.unwrap();
+    }
+    let t0 = now.trunc_subsecs(0) + chrono::Duration::seconds(2);
+    let at = |s: i64| t0 + chrono::Duration::seconds(s);
+    let mut members = Vec::new();
+    for name in ["a", "b", "c"] {
+        members.push(Member::start(&env, name, 16, t0).await);
+    }
+    // Earlier members learn what later ones took.
+    for m in &mut members {
+        m.pass(t0).await;
+    }
+    let all: BTreeSet<String> = (0..SCHEDULES).map(|i| format!("s-{i:02}")).collect();
+    let mut union = BTreeSet::new();
+    for m in &members {
+        let names = m.names();
+        assert!(union.is_disjoint(&names), "a schedule in two timers");
+        union.extend(names);
+    }
+    assert_eq!(union, all, "every schedule in exactly one timer");
+
+    // Two instants: every fire dispatched by its owner, none raced.
+    for s in [1, 2] {
+        for m in &mut members {
+            let outcomes = m.replica.tick_once(&mut m.timer, at(s)).await;
+            assert!(
+                outcomes
+                    .iter()
+                    .all(|o| matches!(o, FireOutcome::Dispatched { .. })),
+                "{outcomes:?}"
+            );
+        }
+        assert_eq!(runs_at(&env, at(s)).await.len(), SCHEDULES);
+    }
+
+    // A fourth joins and takes its share; the old owners fire the stolen
+    // shards once more before they see it: still one run per instant.
+    let mut d = Member::start(&env, "d", 16, at(2)).await;
+    assert!(!d.names().is_empty(), "the joiner took schedules");
+    members.push(d);
+    for m in &mut members {
+        m.replica.tick_once(&mut m.timer, at(3)).await;
+    }
+    assert_eq!(runs_at(&env, at(3)).await.len(), SCHEDULES);
+    for m in &mut members {
+        m.pass(at(3)).await;
+    }
+    let mut lost = 0;
+    for m in &mut members {
+        for o in m.replica.tick_once(&mut m.timer, at(4)).await {
+            lost += usize::from(matches!(o, FireOutcome::Lost));
+        }
+    }
+    assert_eq!(lost, 0, "settled owners do not race");
+    assert_eq!(runs_at(&env, at(4)).await.len(), SCHEDULES);
+
+    // The joiner dies after firing 4; its leases lapse and the others take
+    // them, recovering the instants it missed (5 and 6) under catch_up.
+    d = members.pop().unwrap();
+    let orphaned = d.names();
+    expire(&env, "d").await;
+    for m in &mut members {
+        m.replica.tick_once(&mut m.timer, at(5)).await;
+        m.replica.tick_once(&mut m.timer, at(6)).await;
+    }
+    assert_eq!(runs_at(&env, at(6)).await.len(), SCHEDULES - orphaned.len());
+    let mut taken_names = BTreeSet::new();
+    let mut recovered = 0;
+    for m in &mut members {
+        let taken = m.pass(at(6)).await;
+        taken_names.extend(taken.iter().map(|s| s.name.clone()));
+        let outcomes = m
+            .replica
+            .recover_after_downtime(&taken, at(6))
+            .await
+            .unwrap();
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, FireOutcome::Dispatched { .. })),
+            "{outcomes:?}"
+        );
+        recovered += outcomes.len();
+    }
+    assert_eq!(taken_names, orphaned, "the others took what d held");
+    assert_eq!(recovered, 2 * orphaned.len());
+    for s in 1..=6 {
+        let runs = runs_at(&env, at(s)).await;
+        let names: BTreeSet<String> = runs.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(runs.len(), SCHEDULES, "instant {s}: one run each");
+        assert_eq!(names, all);
+    }
+    env.teardown(&["default"]).await;
+}
