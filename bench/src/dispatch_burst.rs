@@ -38,7 +38,7 @@ use belfry_broker::Broker;
 use belfry_ledger::Ledger;
 use belfry_protocol::{run_key, JobMessage, ScheduleSpec, MESSAGE_VERSION};
 use belfry_runtime::SystemClock;
-use belfry_scheduler::{ClaimLock, Replica, ReplicaTiming, Schedule, Timer};
+use belfry_scheduler::{ClaimLock, Replica, ReplicaTiming, Schedule, ShardSettings, Timer};
 use belfry_testkit::{amqp_url, redis_url, TestEnv};
 
 /// Runs every scenario and prints the table.
@@ -78,7 +78,7 @@ pub async fn run(raw_fires: usize, steady_seconds: u64) -> anyhow::Result<()> {
     let mut p99_1k = Vec::new();
     for replicas in [1usize, 3] {
         for burst in [1_000usize, 10_000] {
-            let r = belfry_burst(replicas, burst, LedgerRoute::Direct).await?;
+            let r = belfry_burst(replicas, burst, LedgerRoute::Direct, None).await?;
             r.print(&format!("burst {burst}"), replicas, burst);
             burst_rates.push(r.rate);
             if burst == 1_000 {
@@ -114,7 +114,7 @@ const BATCH: usize = 256;
 
 /// The batched raw pipeline with `inflight` batches at a time over `n`
 /// fires; fires per second.
-async fn raw_batched(n: usize, inflight: usize) -> anyhow::Result<f64> {
+pub(crate) async fn raw_batched(n: usize, inflight: usize) -> anyhow::Result<f64> {
     let env = TestEnv::new().await;
     env.broker.declare_group("raw", &["noop"]).await?;
     let redis = redis::Client::open(redis_url())?;
@@ -351,6 +351,9 @@ pub(crate) struct Measured {
     pub(crate) max_ms: f64,
     pub(crate) duplicates: i64,
     pub(crate) lost: i64,
+    /// This process's CPU per fire (every replica's), ms, from just before
+    /// the burst was due until it was dispatched; 0 where not measured.
+    pub(crate) cpu_ms: f64,
 }
 
 /// How the replicas' ledger reaches Postgres.
@@ -379,14 +382,20 @@ impl LedgerRoute {
     }
 }
 
+/// Starts `count` replicas firing `schedules`. With `sharding`, each holds
+/// shard leases (passed until the shares settle, before any timer starts)
+/// and its timer holds only the schedules of its shards, as a
+/// `belfry-scheduler` loads them; without, every timer holds every
+/// schedule and the replicas race for each fire.
 pub(crate) async fn start_replicas(
     env: &TestEnv,
     count: usize,
     schedules: &[Arc<Schedule>],
     cancel: &CancellationToken,
     route: LedgerRoute,
+    sharding: Option<ShardSettings>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let mut tasks = Vec::new();
+    let mut replicas = Vec::new();
     for k in 0..count {
         let instance = format!("bench-{k}");
         let lock = ClaimLock::new(
@@ -397,14 +406,41 @@ pub(crate) async fn start_replicas(
         )?;
         let ledger = route.connect(&env.database_url).await?;
         let broker = Broker::connect(&amqp_url(), env.topology.clone(), &instance).await?;
-        let replica = Arc::new(Replica::new(
+        let mut replica = Replica::new(
             &instance,
             Some(lock),
             ledger,
             broker,
             ReplicaTiming::default(),
-        ));
-        let timer = Timer::new(schedules.to_vec(), Utc::now());
+        );
+        if let Some(settings) = &sharding {
+            replica = replica.sharded(settings.clone());
+        }
+        replicas.push(Arc::new(replica));
+    }
+    // Two rounds of passes: the first joins in order, the second lets the
+    // early ones learn what later ones took.
+    for _ in 0..2 {
+        for replica in &replicas {
+            if let Some(keeper) = replica.shard_keeper() {
+                keeper.pass_once().await?;
+            }
+        }
+    }
+    let mut tasks = Vec::new();
+    for replica in replicas {
+        let mine: Vec<Arc<Schedule>> = match replica.shard_keeper() {
+            Some(keeper) => {
+                let owned = keeper.owned();
+                schedules
+                    .iter()
+                    .filter(|s| owned.has(&s.name))
+                    .cloned()
+                    .collect()
+            }
+            None => schedules.to_vec(),
+        };
+        let timer = Timer::new(mine, Utc::now());
         tasks.push(tokio::spawn(replica.run(
             timer,
             Arc::new(SystemClock),
@@ -470,6 +506,7 @@ async fn measure(
         max_ms: max.unwrap_or(f64::NAN),
         duplicates,
         lost: expected - dispatched,
+        cpu_ms: 0.0,
     })
 }
 
@@ -506,11 +543,14 @@ pub(crate) async fn belfry_burst(
     replicas: usize,
     burst: usize,
     route: LedgerRoute,
+    sharding: Option<ShardSettings>,
 ) -> anyhow::Result<Measured> {
     let env = TestEnv::new().await;
     env.broker.declare_group("bench", &["noop"]).await?;
-    // Far enough ahead for every replica to be up and its timer armed.
-    let at = Utc::now().trunc_subsecs(0) + chrono::Duration::seconds(4);
+    // Far enough ahead for every replica to be up and its timer armed
+    // (a second more per 20,000 fires, for building their schedules).
+    let lead = 4 + i64::try_from(burst / 20_000)?;
+    let at = Utc::now().trunc_subsecs(0) + chrono::Duration::seconds(lead);
     let schedules = many(burst, |i| ScheduleSpec {
         name: format!("burst-{i}"),
         at: Some(at.to_rfc3339()),
@@ -518,10 +558,17 @@ pub(crate) async fn belfry_burst(
         ..Default::default()
     })?;
     let cancel = CancellationToken::new();
-    let tasks = start_replicas(&env, replicas, &schedules, &cancel, route).await?;
+    let tasks = start_replicas(&env, replicas, &schedules, &cancel, route, sharding).await?;
     anyhow::ensure!(Utc::now() < at, "set-up took longer than the lead time");
+    let before = (at - chrono::Duration::milliseconds(200) - Utc::now())
+        .to_std()
+        .unwrap_or_default();
+    tokio::time::sleep(before).await;
+    let cpu = crate::fire_cost::cpu_seconds()?;
     wait_dispatched(&env, burst as i64, Duration::from_secs(120)).await?;
-    let measured = measure(&env, at, at, burst as i64).await?;
+    let cpu = crate::fire_cost::cpu_seconds()? - cpu;
+    let mut measured = measure(&env, at, at, burst as i64).await?;
+    measured.cpu_ms = cpu * 1000.0 / burst as f64;
     cancel.cancel();
     for t in tasks {
         t.await.context("replica task")?;
@@ -545,7 +592,15 @@ async fn belfry_steady(
         ..Default::default()
     })?;
     let cancel = CancellationToken::new();
-    let tasks = start_replicas(&env, replicas, &schedules, &cancel, LedgerRoute::Direct).await?;
+    let tasks = start_replicas(
+        &env,
+        replicas,
+        &schedules,
+        &cancel,
+        LedgerRoute::Direct,
+        None,
+    )
+    .await?;
     // Measure whole seconds well after start-up.
     let from = Utc::now().trunc_subsecs(0) + chrono::Duration::seconds(2);
     let to = from + chrono::Duration::seconds(i64::try_from(seconds)? - 1);

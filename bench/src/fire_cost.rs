@@ -4,9 +4,9 @@
 //! window the Redis commands processed (`INFO stats`), the Postgres
 //! transactions committed and rows written in the bench's database
 //! (`pg_stat_database`), and this process's CPU time (every replica's), each
-//! divided by the fires. Today every replica evaluates and races for every
-//! fire, so these grow with the replicas; sharding (issue 21) is to keep
-//! them flat.
+//! divided by the fires. Each with sharding off (every replica evaluates
+//! and races for every fire, so the costs grow with the replicas) and on
+//! (each fire is its shard owner's alone, so they stay flat).
 //!
 //! The window opens just before the fires are due (the replicas' start-up
 //! is not counted) and closes 2 s after the last is dispatched, when
@@ -22,10 +22,12 @@ use tokio_util::sync::CancellationToken;
 use belfry_protocol::ScheduleSpec;
 use belfry_testkit::{redis_url, TestEnv};
 
+use belfry_scheduler::ShardSettings;
+
 use crate::dispatch_burst::{many, start_replicas, wait_dispatched, LedgerRoute};
 
 /// This process's CPU time (user + system), from `/proc/self/stat`.
-fn cpu_seconds() -> anyhow::Result<f64> {
+pub(crate) fn cpu_seconds() -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     // Fields after the command name (which may hold spaces) in parentheses.
     let rest = stat
@@ -82,6 +84,7 @@ async fn postgres_counts(env: &TestEnv) -> anyhow::Result<(i64, i64)> {
 /// One row of the table.
 struct Cost {
     replicas: usize,
+    sharded: bool,
     redis: f64,
     transactions: f64,
     rows: f64,
@@ -89,7 +92,7 @@ struct Cost {
 }
 
 /// A burst of `fires` with `replicas` replicas: its cost per fire.
-async fn burst_cost(replicas: usize, fires: usize) -> anyhow::Result<Cost> {
+async fn burst_cost(replicas: usize, fires: usize, sharded: bool) -> anyhow::Result<Cost> {
     let env = TestEnv::new().await;
     env.broker.declare_group("bench", &["noop"]).await?;
     let at = Utc::now().trunc_subsecs(0) + chrono::Duration::seconds(5);
@@ -100,7 +103,16 @@ async fn burst_cost(replicas: usize, fires: usize) -> anyhow::Result<Cost> {
         ..Default::default()
     })?;
     let cancel = CancellationToken::new();
-    let tasks = start_replicas(&env, replicas, &schedules, &cancel, LedgerRoute::Direct).await?;
+    let sharding = sharded.then(ShardSettings::default);
+    let tasks = start_replicas(
+        &env,
+        replicas,
+        &schedules,
+        &cancel,
+        LedgerRoute::Direct,
+        sharding,
+    )
+    .await?;
     anyhow::ensure!(Utc::now() < at, "set-up took longer than the lead time");
     // Let start-up's own statistics flush, then open the window.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -124,6 +136,7 @@ async fn burst_cost(replicas: usize, fires: usize) -> anyhow::Result<Cost> {
     let n = fires as f64;
     Ok(Cost {
         replicas,
+        sharded,
         redis: (r1 - r0) as f64 / n,
         transactions: (x1 - x0) as f64 / n,
         rows: (t1 - t0) as f64 / n,
@@ -131,16 +144,20 @@ async fn burst_cost(replicas: usize, fires: usize) -> anyhow::Result<Cost> {
     })
 }
 
-/// Runs the burst with 1, 3 and 6 replicas, `rounds` times each
-/// (alternating), and prints the medians.
+/// Runs the burst with 1, 3 and 6 replicas, sharding off and on,
+/// `rounds` times each (alternating), and prints the medians.
 pub async fn run(fires: usize, rounds: usize) -> anyhow::Result<()> {
-    let counts = [1usize, 3, 6];
-    let mut all: Vec<Vec<Cost>> = counts.iter().map(|_| Vec::new()).collect();
+    let cases: Vec<(usize, bool)> = [false, true]
+        .into_iter()
+        .flat_map(|sharded| [1usize, 3, 6].map(|r| (r, sharded)))
+        .collect();
+    let mut all: Vec<Vec<Cost>> = cases.iter().map(|_| Vec::new()).collect();
     for round in 1..=rounds.max(1) {
-        for (i, replicas) in counts.iter().enumerate() {
-            let c = burst_cost(*replicas, fires).await?;
+        for (i, (replicas, sharded)) in cases.iter().enumerate() {
+            let c = burst_cost(*replicas, fires, *sharded).await?;
             println!(
-                "round {round}: {replicas} replica(s): {:.2} Redis commands, {:.2} Postgres transactions, {:.2} rows written, {:.3} ms CPU per fire",
+                "round {round}: {replicas} replica(s), sharding {}: {:.2} Redis commands, {:.2} Postgres transactions, {:.2} rows written, {:.3} ms CPU per fire",
+                if *sharded { "on" } else { "off" },
                 c.redis, c.transactions, c.rows, c.cpu_ms
             );
             all[i].push(c);
@@ -151,20 +168,24 @@ pub async fn run(fires: usize, rounds: usize) -> anyhow::Result<()> {
         v[v.len() / 2]
     };
     println!();
-    println!("cost per fire of a {fires}-fire burst, sharding off (median of {rounds} rounds)");
+    println!("cost per fire of a {fires}-fire burst (median of {rounds} rounds)");
     println!();
-    println!("| replicas | Redis commands | Postgres transactions | rows written | CPU ms (all replicas) | CPU vs 1 replica |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| sharding | replicas | Redis commands | Postgres transactions | rows written | CPU ms (all replicas) | CPU vs 1 replica |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut one = None;
     for costs in &all {
         let replicas = costs[0].replicas;
+        let sharding = if costs[0].sharded { "on" } else { "off" };
+        if replicas == 1 {
+            one = None;
+        }
         let redis = median(&mut costs.iter().map(|c| c.redis).collect());
         let tx = median(&mut costs.iter().map(|c| c.transactions).collect());
         let rows = median(&mut costs.iter().map(|c| c.rows).collect());
         let cpu = median(&mut costs.iter().map(|c| c.cpu_ms).collect());
         let base = *one.get_or_insert(cpu);
         println!(
-            "| {replicas} | {redis:.2} | {tx:.2} | {rows:.2} | {cpu:.3} | {:.2} × |",
+            "| {sharding} | {replicas} | {redis:.2} | {tx:.2} | {rows:.2} | {cpu:.3} | {:.2} × |",
             cpu / base
         );
     }

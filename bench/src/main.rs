@@ -11,13 +11,17 @@
 //! cargo run --release -p belfry-bench -- embedded [--fires 2000] [--jobs 5000] [--rounds 3]
 //! cargo run --release -p belfry-bench -- pooler [--fires 2000] [--rounds 5]   # scripts/pgbouncer up first
 //! cargo run --release -p belfry-bench -- fire-cost [--fires 2000] [--rounds 3]
+//! cargo run --release -p belfry-bench -- shard-scale [--small 10000] [--large 100000] [--rounds 3]
+//! cargo run --release -p belfry-bench -- failover [--schedules 1000] [--rounds 3]   # builds: -p belfry-server too
 //! ```
 
 mod dispatch_burst;
 mod embedded_mode;
+mod failover;
 mod fire_cost;
 mod pooler_cost;
 mod sample;
+mod shard_scale;
 mod timer_lateness;
 mod trace_export;
 mod ui_pages;
@@ -65,6 +69,14 @@ async fn main() -> anyhow::Result<()> {
             )
             .await
         }
+        Some("failover") => failover::run(flag("--schedules", 1000)?, flag("--rounds", 3)?).await,
+        Some("shard-scale") => {
+            shard_scale::run(
+                &[flag("--small", 10_000)?, flag("--large", 100_000)?],
+                flag("--rounds", 3)?,
+            )
+            .await
+        }
         Some("fire-cost") => fire_cost::run(flag("--fires", 2000)?, flag("--rounds", 3)?).await,
         Some("pooler") => pooler_cost::run(flag("--fires", 2000)?, flag("--rounds", 5)?).await,
         Some("traces") => trace_export::run(flag("--fires", 3000)?, flag("--rounds", 5)?).await,
@@ -85,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Some("traces-child") => trace_export::child(flag("--fires", 3000)?).await,
         _ => {
-            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]\n       belfry-bench ui [--schedules N] [--runs N] [--rounds N]\n       belfry-bench embedded [--fires N] [--jobs N] [--rounds N]\n       belfry-bench pooler [--fires N] [--rounds N]\n       belfry-bench fire-cost [--fires N] [--rounds N]");
+            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]\n       belfry-bench ui [--schedules N] [--runs N] [--rounds N]\n       belfry-bench embedded [--fires N] [--jobs N] [--rounds N]\n       belfry-bench pooler [--fires N] [--rounds N]\n       belfry-bench fire-cost [--fires N] [--rounds N]\n       belfry-bench shard-scale [--small N] [--large N] [--rounds N]\n       belfry-bench failover [--schedules N] [--rounds N]");
             std::process::exit(2);
         }
     }

@@ -24,8 +24,8 @@ pub async fn run(fires: usize, rounds: usize) -> anyhow::Result<()> {
     );
     let (mut direct, mut pooled) = (Vec::new(), Vec::new());
     for round in 1..=rounds.max(1) {
-        let d = belfry_burst(1, fires, LedgerRoute::Direct).await?;
-        let p = belfry_burst(1, fires, LedgerRoute::Pooler).await?;
+        let d = belfry_burst(1, fires, LedgerRoute::Direct, None).await?;
+        let p = belfry_burst(1, fires, LedgerRoute::Pooler, None).await?;
         anyhow::ensure!(
             d.lost == 0 && p.lost == 0 && d.duplicates == 0 && p.duplicates == 0,
             "round {round}: fires lost or doubled (direct {}/{}, pooler {}/{})",
