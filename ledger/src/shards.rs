@@ -49,7 +49,8 @@ pub struct ShardLease {
     pub owner: Option<String>,
     /// Raised on every change of owner.
     pub epoch: i64,
-    /// When the lease ends unless renewed.
+    /// When the lease ends unless renewed (1970-01-01 for a lease never
+    /// held or freed).
     pub expires_at: DateTime<Utc>,
     /// Whether it is held now (`expires_at` ahead of the database's clock).
     pub live: bool,

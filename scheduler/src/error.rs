@@ -38,11 +38,11 @@ impl SchedulerError {
     pub fn is_transient(&self) -> bool {
         match self {
             SchedulerError::Broker(e) => e.is_transient(),
-            // A setting the ledger refuses is not an outage to wait out.
-            SchedulerError::Ledger(
-                belfry_ledger::LedgerError::ShardCount { .. }
-                | belfry_ledger::LedgerError::Unsupported(_),
-            ) => false,
+            // Not an outage to wait out. (A shard count refused because
+            // of replicas that were killed is: their heartbeats expire
+            // within BELFRY_SHARD_LEASE_TTL, well inside the start-up
+            // retries; a real mismatch is reported when those end.)
+            SchedulerError::Ledger(belfry_ledger::LedgerError::Unsupported(_)) => false,
             SchedulerError::Ledger(_) | SchedulerError::Dispatch(_) => true,
             _ => false,
         }

@@ -30,7 +30,7 @@ use belfry_ledger::{ChangeListener, Ledger, LedgerError, ScheduleRow};
 use belfry_protocol::ScheduleSpec;
 
 use crate::schedule::Schedule;
-use crate::shard_lease::OwnedShards;
+use crate::shard_lease::{OwnedShards, ShardKeeper};
 use crate::zoned_cron::CronCache;
 
 /// The notification channel the `schedules` trigger sends on.
@@ -52,11 +52,19 @@ pub enum ScheduleChange {
 /// The owned shards a sharded follower keeps schedules for.
 #[derive(Debug)]
 struct ShardFollow {
+    /// The keeper, told what is loaded (it stops renewing when the
+    /// follower falls behind for long: see [`ShardKeeper::report_loaded`]).
+    keeper: Arc<ShardKeeper>,
     /// The replica's owned shards as its keeper publishes them.
     owned: watch::Receiver<Arc<OwnedShards>>,
     /// The owned set whose schedules are loaded.
     loaded: Arc<OwnedShards>,
+    /// The last load failed: try again shortly, not at the next resync.
+    retry: bool,
 }
+
+/// How soon a failed shard load is tried again.
+const SHARD_LOAD_RETRY: Duration = Duration::from_secs(1);
 
 /// Follows the `schedules` table for one replica.
 #[derive(Debug)]
@@ -76,15 +84,22 @@ impl ScheduleSync {
         }
     }
 
-    /// The same follower keeping only the schedules of the shards `owned`
-    /// holds (see the module docs).
-    pub fn with_shards(self, owned: watch::Receiver<Arc<OwnedShards>>) -> Self {
+    /// The same follower keeping only the schedules of the shards
+    /// `keeper` holds (see the module docs).
+    pub fn with_shards(self, keeper: Arc<ShardKeeper>) -> Self {
+        let owned = keeper.subscribe();
         let loaded = Arc::new(OwnedShards {
             shards: owned.borrow().shards,
             owned: Default::default(),
         });
+        keeper.report_loaded(&loaded);
         Self {
-            shards: Some(ShardFollow { owned, loaded }),
+            shards: Some(ShardFollow {
+                keeper,
+                owned,
+                loaded,
+                retry: false,
+            }),
             ..self
         }
     }
@@ -110,6 +125,7 @@ impl ScheduleSync {
                     .ledger
                     .schedules_in_shards(owned.shards, &wanted)
                     .await?;
+                follow.keeper.report_loaded(&owned);
                 follow.loaded = owned;
                 rows
             }
@@ -200,8 +216,15 @@ impl ScheduleSync {
         let loaded = follow.loaded.clone();
         let added: Vec<u32> = now.owned.difference(&loaded.owned).copied().collect();
         // Read before anything changes, so a failed read leaves the
-        // follower as it was.
-        let rows = self.ledger.schedules_in_shards(now.shards, &added).await?;
+        // follower as it was (and it tries again shortly: the watch has
+        // marked this set seen).
+        let rows = match self.ledger.schedules_in_shards(now.shards, &added).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                follow.retry = true;
+                return Err(e);
+            }
+        };
         let mut changes = Vec::new();
         let lost: Vec<String> = self
             .known
@@ -228,7 +251,9 @@ impl ScheduleSync {
             changes.push(ScheduleChange::Taken(taken));
         }
         if let Some(follow) = &mut self.shards {
+            follow.keeper.report_loaded(&now);
             follow.loaded = now;
+            follow.retry = false;
         }
         Ok(changes)
     }
@@ -271,26 +296,19 @@ impl ScheduleSync {
                     self.resync().await
                 }
                 Wake::Shards => self.follow_shards().await,
-                // A shard load that failed is tried again with the resync.
-                Wake::Tick => match self.follow_shards().await {
-                    Ok(mut moved) => self.resync().await.map(|more| {
-                        moved.extend(more);
-                        moved
-                    }),
-                    Err(e) => Err(e),
-                },
-            };
-            match found {
-                Ok(found) => {
-                    for change in found {
-                        if changes.send(change).is_err() {
-                            return;
-                        }
+                Wake::Tick => {
+                    // Shard moves first, sent on their own: a resync that
+                    // fails afterwards must not swallow them (the follower
+                    // already counts them loaded).
+                    let moved = self.follow_shards().await;
+                    if !send_all(&changes, moved) {
+                        return;
                     }
+                    self.resync().await
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read schedules; keeping the current ones")
-                }
+            };
+            if !send_all(&changes, found) {
+                return;
             }
         }
     }
@@ -359,6 +377,22 @@ fn compile(row: ScheduleRow, cache: &mut CronCache) -> ScheduleChange {
     }
 }
 
+/// Sends what was `found` (or logs why nothing was: the current schedules
+/// are kept, and a failed shard load is retried); false once the
+/// receiver is gone.
+fn send_all(
+    changes: &mpsc::UnboundedSender<ScheduleChange>,
+    found: Result<Vec<ScheduleChange>, LedgerError>,
+) -> bool {
+    match found {
+        Ok(found) => found.into_iter().all(|change| changes.send(change).is_ok()),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read schedules; keeping the current ones");
+            true
+        }
+    }
+}
+
 /// What woke the follower.
 enum Wake {
     Tick,
@@ -366,10 +400,14 @@ enum Wake {
     Shards,
 }
 
-/// Resolves when the owned shards change; never without sharding or once
-/// the keeper is gone.
+/// Resolves when the owned shards change, or shortly after a failed load;
+/// never without sharding or once the keeper is gone.
 async fn shards_changed(follow: &mut Option<ShardFollow>) {
     let changed = match follow {
+        Some(f) if f.retry => {
+            tokio::time::sleep(SHARD_LOAD_RETRY).await;
+            true
+        }
         Some(f) => f.owned.changed().await.is_ok(),
         None => false,
     };

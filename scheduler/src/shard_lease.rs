@@ -22,6 +22,12 @@
 //!   shards like a dead one;
 //! - a replica whose clock guard refuses claims (its clock is off) frees
 //!   its shards at once rather than hold fires it will not make;
+//! - a replica whose schedule follower has not loaded the shards it owns
+//!   for longer than the stall bound (its loads keep failing, or the task
+//!   is gone) stops renewing too: owning a shard whose schedules are not in
+//!   the timer would fire nothing;
+//! - every pass and the leave are bounded in time, so a hung connection
+//!   neither holds a lease nor blocks shutdown;
 //! - a replica keeps firing the shards it believes it owns while it cannot
 //!   reach the database (nothing can be claimed then anyway, and it fires
 //!   them the moment the database is back, before its next pass says
@@ -110,6 +116,22 @@ pub enum PassOutcome {
     Stalled(Duration),
     /// The clock guard refuses claims: this replica freed its shards.
     ClockSkewed,
+    /// The schedule follower has not loaded the owned shards for this
+    /// long: nothing was renewed.
+    FollowerBehind(Duration),
+}
+
+/// What the schedule follower has loaded, against what was published.
+#[derive(Debug, Default)]
+struct Followed {
+    /// Whether a follower reports at all (a keeper without one, as in a
+    /// benchmark that hands its timer the owned schedules itself, is never
+    /// judged by it).
+    reporting: bool,
+    /// The owned set whose schedules are loaded.
+    loaded: BTreeSet<u32>,
+    /// Since when the published set and the loaded one differ.
+    behind_since: Option<std::time::Instant>,
 }
 
 /// Holds one replica's shard leases.
@@ -122,7 +144,11 @@ pub struct ShardKeeper {
     progress: Arc<TimerProgress>,
     clock: SharedClock,
     guard: Option<Arc<ClockGuard>>,
+    followed: std::sync::Mutex<Followed>,
 }
+
+/// The longest a leave may take before the leases are left to expire.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl ShardKeeper {
     /// A keeper for replica `instance`, judging its timer loop by
@@ -147,7 +173,31 @@ impl ShardKeeper {
             progress,
             clock,
             guard: None,
+            followed: std::sync::Mutex::default(),
         }
+    }
+
+    /// The schedule follower has loaded the schedules of `loaded` (see
+    /// [`crate::ScheduleSync::with_shards`]).
+    pub fn report_loaded(&self, loaded: &OwnedShards) {
+        let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+        followed.reporting = true;
+        followed.loaded = loaded.owned.clone();
+    }
+
+    /// How long the follower has been behind the published set, if it
+    /// reports and is.
+    fn follower_behind(&self) -> Option<Duration> {
+        let owned = self.owned();
+        let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+        if !followed.reporting || followed.loaded == owned.owned {
+            followed.behind_since = None;
+            return None;
+        }
+        let since = *followed
+            .behind_since
+            .get_or_insert_with(std::time::Instant::now);
+        Some(since.elapsed())
     }
 
     /// The same keeper, freeing its shards while `guard` refuses claims.
@@ -194,6 +244,14 @@ impl ShardKeeper {
             );
             return Ok(PassOutcome::Stalled(busy));
         }
+        if let Some(behind) = self
+            .follower_behind()
+            .filter(|b| *b > self.settings.stall_after)
+        {
+            tracing::error!(behind_ms = behind.as_millis() as u64,
+                "the schedules of owned shards are not loaded; not renewing shard leases, so other replicas take them");
+            return Ok(PassOutcome::FollowerBehind(behind));
+        }
         if self.guard.as_ref().is_some_and(|g| !g.allows_claims()) {
             // Its fires would only be remembered as missed: better made
             // by another replica now. It joins again once the clock agrees.
@@ -203,15 +261,19 @@ impl ShardKeeper {
             self.leave().await;
             return Ok(PassOutcome::ClockSkewed);
         }
-        let pass = match self
-            .ledger
-            .shard_pass(
+        // Bounded by the lease's life: a pass that takes longer could only
+        // renew leases already expired.
+        let pass = tokio::time::timeout(
+            self.settings.lease_ttl,
+            self.ledger.shard_pass(
                 &self.instance,
                 self.settings.shards,
                 self.settings.lease_ttl,
-            )
-            .await
-        {
+            ),
+        )
+        .await
+        .unwrap_or(Err(LedgerError::Query(sqlx::Error::PoolTimedOut)));
+        let pass = match pass {
             Ok(pass) => pass,
             Err(e @ LedgerError::ShardCount { .. }) => {
                 self.publish(BTreeSet::new());
@@ -267,7 +329,10 @@ impl ShardKeeper {
         // Owned nothing from here on: a fire still in flight finishes, no
         // new one of these shards starts.
         self.publish(BTreeSet::new());
-        match self.ledger.leave_shards(&self.instance).await {
+        let left = tokio::time::timeout(LEAVE_TIMEOUT, self.ledger.leave_shards(&self.instance))
+            .await
+            .unwrap_or(Err(LedgerError::Query(sqlx::Error::PoolTimedOut)));
+        match left {
             Ok(0) => {}
             Ok(freed) => tracing::info!(freed, "shards freed for the other replicas"),
             Err(e) => {

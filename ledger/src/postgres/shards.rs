@@ -188,7 +188,9 @@ impl ShardStore for PgStore {
 
     async fn shard_leases(&self) -> Result<Vec<ShardLease>, LedgerError> {
         Ok(sqlx::query_as(
-            "SELECT shard, owner, epoch, expires_at, expires_at > now() AS live \
+            // A free lease expires at -infinity, which chrono cannot hold.
+            "SELECT shard, owner, epoch, GREATEST(expires_at, 'epoch'::timestamptz) AS expires_at, \
+                    expires_at > now() AS live \
              FROM shard_leases ORDER BY shard",
         )
         .fetch_all(&self.route)

@@ -341,7 +341,14 @@ impl Replica {
                 // shard count the running replicas do not use) before the
                 // schedules are loaded: only the owned ones are.
                 keeper.pass_once().await?;
-                sync = sync.with_shards(keeper.subscribe());
+                sync = sync.with_shards(keeper.clone());
+                let ttl = keeper.settings().lease_ttl;
+                if ttl + keeper.settings().renew_every() > config.timing.misfire_threshold {
+                    tracing::warn!(lease_ttl = ?ttl, misfire_threshold = ?config.timing.misfire_threshold,
+                        "a dead replica's shards are taken after about BELFRY_SHARD_LEASE_TTL: \
+                         with it above BELFRY_MISFIRE_THRESHOLD, its fires in between follow the misfire policy \
+                         (skipped under skip / fire_once) instead of being made late");
+                }
             }
         }
         let schedules = sync.load_all().await?;

@@ -21,6 +21,9 @@ use crate::schedule::Schedule;
 use crate::schedule_sync::ScheduleChange;
 use crate::timer::Timer;
 
+/// How often the recovery of taken shards is tried before it is given up
+/// (every [`RECOVERY_INTERVAL`]: ten minutes).
+const TAKEN_RECOVERY_ATTEMPTS: u32 = 120;
 /// How often fires this replica could not claim are looked at again.
 const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
 /// How long after losing a fire at the lock this replica checks that the
@@ -70,11 +73,21 @@ impl Replica {
                 // left, or still fires them until it sees the steal), their
                 // missed instants follow the misfire policy; instants
                 // already made are found taken.
+                // Retried: shards often move because the database was flaky,
+                // which is when this read fails, and nobody else recovers
+                // these instants (the previous owner no longer holds them).
                 let this = self.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = this.recover_after_downtime(&schedules, now).await {
-                        tracing::warn!(error = %e, "misfire recovery for taken shards failed");
+                    for attempt in 1..=TAKEN_RECOVERY_ATTEMPTS {
+                        match this.recover_after_downtime(&schedules, now).await {
+                            Ok(_) => return,
+                            Err(e) => tracing::warn!(error = %e, attempt,
+                                "misfire recovery for taken shards failed; retrying"),
+                        }
+                        tokio::time::sleep(RECOVERY_INTERVAL).await;
                     }
+                    tracing::error!(schedules = schedules.len(),
+                        "misfire recovery for taken shards kept failing; their missed instants are not made");
                 });
             }
         }

@@ -30,6 +30,17 @@ fn pool(env: &TestEnv) -> &sqlx::PgPool {
     env.ledger.pg_pool().expect("a Postgres ledger")
 }
 
+/// A replica of `env` sharding 16 shards, stalled after `stall_after`.
+async fn sixteen_shard_replica(env: &TestEnv, name: &str, stall_after: Duration) -> Replica {
+    replica(env, name, Some(&redis_url()))
+        .await
+        .sharded(ShardSettings {
+            shards: 16,
+            lease_ttl: LONG,
+            stall_after,
+        })
+}
+
 /// Ends `instance`'s heartbeat and leases now, as if it died a while ago.
 async fn expire(env: &TestEnv, instance: &str) {
     sqlx::query(
@@ -161,6 +172,19 @@ async fn replicas_split_the_shards_evenly_joins_take_only_excess_and_leaves_and_
 
     // A graceful leave frees c's shards for the others' next pass.
     assert_eq!(env.ledger.leave_shards("c").await.unwrap(), 84);
+    // Freed leases read back (their -infinity expiry as 1970), free.
+    let freed: Vec<_> = env
+        .ledger
+        .shard_leases()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.owner.is_none())
+        .collect();
+    assert_eq!(freed.len(), 84);
+    assert!(freed
+        .iter()
+        .all(|l| !l.live && l.expires_at.timestamp() == 0));
     assert_eq!(owned(&env, "a", 256).await.len(), 128);
     assert_eq!(owned(&env, "b", 256).await.len(), 128);
 
@@ -211,13 +235,7 @@ async fn another_shard_count_is_refused_while_replicas_run_and_taken_when_none_d
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_timer_loop_is_stuck_stops_renewing_its_leases() {
     let env = belfry_testkit::service_env!();
-    let stuck = replica(&env, "stuck", Some(&redis_url()))
-        .await
-        .sharded(ShardSettings {
-            shards: 16,
-            lease_ttl: LONG,
-            stall_after: Duration::from_secs(15),
-        });
+    let stuck = sixteen_shard_replica(&env, "stuck", Duration::from_secs(15)).await;
     let keeper = stuck.shard_keeper().unwrap().clone();
     assert!(
         matches!(keeper.pass_once().await.unwrap(), PassOutcome::Settled(p) if p.owned.len() == 16)
@@ -248,6 +266,38 @@ async fn a_replica_whose_timer_loop_is_stuck_stops_renewing_its_leases() {
     env.teardown(&[]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_schedules_of_owned_shards_are_not_loaded_stops_renewing() {
+    let env = belfry_testkit::service_env!();
+    let r = sixteen_shard_replica(&env, "behind", Duration::from_secs(1)).await;
+    let keeper = r.shard_keeper().unwrap().clone();
+    // A follower that loaded nothing (its loads keep failing).
+    keeper.report_loaded(&belfry_scheduler::OwnedShards {
+        shards: 16,
+        owned: BTreeSet::new(),
+    });
+    assert!(
+        matches!(keeper.pass_once().await.unwrap(), PassOutcome::Settled(p) if p.owned.len() == 16)
+    );
+    // Behind, but not for long yet: renewed.
+    assert!(matches!(
+        keeper.pass_once().await.unwrap(),
+        PassOutcome::Settled(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(matches!(
+        keeper.pass_once().await.unwrap(),
+        PassOutcome::FollowerBehind(_)
+    ));
+    // Once it catches up, renewal resumes.
+    keeper.report_loaded(&keeper.owned());
+    assert!(matches!(
+        keeper.pass_once().await.unwrap(),
+        PassOutcome::Settled(_)
+    ));
+    env.teardown(&[]).await;
+}
+
 /// One sharded replica with its follower and timer.
 struct Member {
     replica: Arc<Replica>,
@@ -264,7 +314,7 @@ impl Member {
         );
         let keeper = replica.shard_keeper().unwrap().clone();
         keeper.pass_once().await.unwrap();
-        let mut sync = ScheduleSync::new(replica.ledger().clone()).with_shards(keeper.subscribe());
+        let mut sync = ScheduleSync::new(replica.ledger().clone()).with_shards(keeper.clone());
         let timer = Timer::new(sync.load_all().await.unwrap(), t0);
         Self {
             replica,
