@@ -173,11 +173,12 @@ pub(crate) async fn raw_batched(n: usize, inflight: usize) -> anyhow::Result<f64
                 let ats: Vec<DateTime<Utc>> = fires.iter().map(|f| f.2).collect();
                 let won: Vec<Uuid> = sqlx::query_scalar(
                     "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, \
-                         scheduled_at, claimed_by, claimed_at) \
-                     SELECT id, name, key, 'noop', 'claimed', 'null', at, 'raw', now() \
+                         scheduled_at, claimed_by, claimed_at, key_instant) \
+                     SELECT id, name, key, 'noop', 'claimed', 'null', at, 'raw', now(), \
+                         belfry_key_instant(name, key) \
                      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[]) \
                          AS f(id, name, key, at) \
-                     ON CONFLICT (job_name, run_key) DO NOTHING RETURNING id",
+                     ON CONFLICT (job_name, run_key, key_instant) DO NOTHING RETURNING id",
                 )
                 .bind(&ids)
                 .bind(&names)
@@ -286,9 +287,10 @@ async fn raw(n: usize, inflight: usize) -> anyhow::Result<f64> {
                 let id = Uuid::now_v7();
                 let won: Option<Uuid> = sqlx::query_scalar(
                     "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, \
-                         scheduled_at, claimed_by, claimed_at) \
-                     VALUES ($1, $2, $3, 'noop', 'claimed', 'null', $4, 'raw', now()) \
-                     ON CONFLICT (job_name, run_key) DO NOTHING RETURNING id",
+                         scheduled_at, claimed_by, claimed_at, key_instant) \
+                     VALUES ($1, $2, $3, 'noop', 'claimed', 'null', $4, 'raw', now(), \
+                         belfry_key_instant($2, $3)) \
+                     ON CONFLICT (job_name, run_key, key_instant) DO NOTHING RETURNING id",
                 )
                 .bind(id)
                 .bind(&name)

@@ -9,38 +9,14 @@
 //! 0: the unique key). Baseline in the same run: the same instants' claim
 //! lateness before the kill.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use crate::processes::Processes;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
 
 use belfry_testkit::TestEnv;
-
-/// Stops its processes when dropped.
-struct Processes(Vec<(String, Child)>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn scheduler_binary() -> anyhow::Result<std::path::PathBuf> {
-    let exe = std::env::current_exe()?;
-    let bin = exe
-        .parent()
-        .map(|d| d.join("belfry-scheduler"))
-        .ok_or_else(|| anyhow::anyhow!("no directory for {}", exe.display()))?;
-    anyhow::ensure!(
-        bin.exists(),
-        "{} is missing: cargo build --release -p belfry-server -p belfry-bench",
-        bin.display()
-    );
-    Ok(bin)
-}
 
 /// One round's numbers.
 struct Round {
@@ -67,7 +43,7 @@ async fn one_round(schedules: usize) -> anyhow::Result<Round> {
         ));
     }
     std::fs::write(&file, text)?;
-    let bin = scheduler_binary()?;
+    let bin = crate::processes::release_binary("belfry-scheduler")?;
     let mut procs = Processes(Vec::new());
     for k in 1..=3 {
         let name = format!("fo-{k}");

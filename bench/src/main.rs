@@ -13,13 +13,18 @@
 //! cargo run --release -p belfry-bench -- fire-cost [--fires 2000] [--rounds 3]
 //! cargo run --release -p belfry-bench -- shard-scale [--small 10000] [--large 100000] [--rounds 3]
 //! cargo run --release -p belfry-bench -- failover [--schedules 1000] [--rounds 3]   # builds: -p belfry-server too
+//! cargo run --release -p belfry-bench -- retention [--rows 10000000] [--rounds 3]
+//! cargo run --release -p belfry-bench -- million [--schedules 1000000] [--raw 100000]   # builds: -p belfry-server -p belfry-worker too
 //! ```
 
 mod dispatch_burst;
 mod embedded_mode;
 mod failover;
 mod fire_cost;
+mod million;
 mod pooler_cost;
+mod processes;
+mod retention_volume;
 mod sample;
 mod shard_scale;
 mod timer_lateness;
@@ -77,6 +82,12 @@ async fn main() -> anyhow::Result<()> {
             )
             .await
         }
+        Some("million") => {
+            million::run(flag("--schedules", 1_000_000)?, flag("--raw", 100_000)?).await
+        }
+        Some("retention") => {
+            retention_volume::run(flag("--rows", 10_000_000)?, flag("--rounds", 3)?).await
+        }
         Some("fire-cost") => fire_cost::run(flag("--fires", 2000)?, flag("--rounds", 3)?).await,
         Some("pooler") => pooler_cost::run(flag("--fires", 2000)?, flag("--rounds", 5)?).await,
         Some("traces") => trace_export::run(flag("--fires", 3000)?, flag("--rounds", 5)?).await,
@@ -97,7 +108,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Some("traces-child") => trace_export::child(flag("--fires", 3000)?).await,
         _ => {
-            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]\n       belfry-bench ui [--schedules N] [--runs N] [--rounds N]\n       belfry-bench embedded [--fires N] [--jobs N] [--rounds N]\n       belfry-bench pooler [--fires N] [--rounds N]\n       belfry-bench fire-cost [--fires N] [--rounds N]\n       belfry-bench shard-scale [--small N] [--large N] [--rounds N]\n       belfry-bench failover [--schedules N] [--rounds N]");
+            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]\n       belfry-bench ui [--schedules N] [--runs N] [--rounds N]\n       belfry-bench embedded [--fires N] [--jobs N] [--rounds N]\n       belfry-bench pooler [--fires N] [--rounds N]\n       belfry-bench fire-cost [--fires N] [--rounds N]\n       belfry-bench shard-scale [--small N] [--large N] [--rounds N]\n       belfry-bench failover [--schedules N] [--rounds N]\n       belfry-bench retention [--rows N] [--rounds N]\n       belfry-bench million [--schedules N] [--raw N]");
             std::process::exit(2);
         }
     }

@@ -40,13 +40,15 @@ pub async fn run(schedules: usize, runs: usize, rounds: usize) -> anyhow::Result
     }
     sqlx::query(
         "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, attempts, \
-             claimed_by, claimed_at, dispatched_at, started_at, finished_at, worker, last_error, attempt_log, trace_id) \
+             claimed_by, claimed_at, dispatched_at, started_at, finished_at, worker, last_error, attempt_log, trace_id, \
+             key_instant) \
          SELECT gen_random_uuid(), 'sched-' || (g % $2), 'sched-' || (g % $2) || '@' || g, 'noop', \
                 st, '{\"n\": 1}', t, 1, 'sched-a', t, t + interval '20 ms', t + interval '30 ms', \
                 CASE WHEN st IN ('succeeded', 'failed', 'dead') THEN t + interval '1 s' END, 'w-1', \
                 CASE WHEN st IN ('failed', 'dead') THEN 'boom' END, \
                 jsonb_build_array(jsonb_build_object('attempt', 1, 'worker', 'w-1', 'started_at', t, \
-                    'finished_at', t + interval '1 s', 'outcome', st)), md5(g::text) \
+                    'finished_at', t + interval '1 s', 'outcome', st)), md5(g::text), \
+                belfry_key_instant('sched-' || (g % $2), 'sched-' || (g % $2) || '@' || g) \
          FROM (SELECT g, now() - (g::double precision / $1 * interval '30 days') AS t, \
                       CASE WHEN g % 200 = 7 THEN 'dead' WHEN g % 50 = 3 THEN 'failed' \
                            WHEN g % 1000 = 11 THEN 'running' ELSE 'succeeded' END AS st \

@@ -64,8 +64,9 @@ async fn load(
     let keys: Vec<String> = messages.iter().map(|m| m.run_key.clone()).collect();
     let ats: Vec<chrono::DateTime<chrono::Utc>> = messages.iter().map(|m| m.scheduled_at).collect();
     sqlx::query(
-        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, claimed_by, claimed_at, dispatched_at) \
-         SELECT id, 'bench', key, $4, 'dispatched', $5, at, 'bench', now(), now() \
+        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, claimed_by, claimed_at, \
+             dispatched_at, key_instant) \
+         SELECT id, 'bench', key, $4, 'dispatched', $5, at, 'bench', now(), now(), belfry_key_instant('bench', key) \
          FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS t(id, key, at)",
     )
     .bind(&ids)
@@ -221,6 +222,15 @@ where
         env.teardown(&["default"]).await;
     }
     Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+/// The naive consume + `UPDATE` + ack loop over `n` noop jobs; jobs per
+/// second.
+pub(crate) async fn raw_consume(n: usize) -> anyhow::Result<f64> {
+    scenario("noop", serde_json::Value::Null, n, |env| async move {
+        baseline(&env, n).await
+    })
+    .await
 }
 
 /// One belfry scenario: `n` jobs of `job_type` with `payload`, consumed by

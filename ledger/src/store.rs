@@ -36,6 +36,7 @@ use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::{ExclusiveClaim, LateClaim};
 use crate::postgres::PgStore;
 use crate::retention::PruneBatch;
+use crate::run_partitions::{PartitionDrop, RunPartition};
 use crate::run_query::RunPage;
 use crate::run_rows::{FromMessage, RunLookup};
 use crate::runs::{NewRun, RunRecord, RunState};
@@ -55,6 +56,7 @@ pub(crate) trait Store:
     + ViewStore
     + AlertStore
     + ShardStore
+    + RunPartitionStore
     + std::fmt::Debug
     + Send
     + Sync
@@ -389,4 +391,24 @@ pub(crate) trait ShardStore {
 
     /// [`crate::Ledger::shard_leases`].
     async fn shard_leases(&self) -> Result<Vec<ShardLease>, LedgerError>;
+}
+
+/// Time partitions of `job_runs` (`crate::run_partitions`); Postgres only,
+/// nothing to do on the embedded ledger.
+#[async_trait]
+pub(crate) trait RunPartitionStore {
+    /// [`crate::Ledger::prepare_run_partitions`].
+    async fn prepare_run_partitions(
+        &self,
+        days: &[chrono::NaiveDate],
+    ) -> Result<Vec<String>, LedgerError>;
+
+    /// [`crate::Ledger::drop_expired_run_partitions`].
+    async fn drop_expired_run_partitions(
+        &self,
+        cutoff: DateTime<Utc>,
+    ) -> Result<PartitionDrop, LedgerError>;
+
+    /// [`crate::Ledger::run_partitions`].
+    async fn run_partitions(&self) -> Result<Vec<RunPartition>, LedgerError>;
 }

@@ -30,6 +30,7 @@ pub mod preview;
 pub mod redis_topology;
 pub mod replica;
 pub mod retention;
+pub mod run_partitions;
 pub mod schedule;
 pub mod schedule_file;
 pub mod schedule_sync;

@@ -2,6 +2,12 @@
 //! events whose deliveries are all final) older than
 //! `BELFRY_RETENTION`, so `job_runs` stays the size of its useful history.
 //!
+//! On Postgres most runs go a whole day at a time: a day partition of
+//! `job_runs` past the cutoff whose runs have all finished is dropped
+//! (`belfry_ledger::RunPartition`); what no day partition holds (runs whose
+//! key names no instant, the history from before partitioning, a day kept
+//! for an unfinished run) is deleted row by row as below.
+//!
 //! Every replica runs the pruner; batches use `SKIP LOCKED`, so replicas
 //! pruning at the same moment split the work instead of queueing on row
 //! locks. A short pause between batches leaves the database to the claim
@@ -29,6 +35,8 @@ pub struct Pruned {
     pub skipped_fires: u64,
     /// Alert events deleted (with their deliveries).
     pub alerts: u64,
+    /// Day partitions of `job_runs` dropped whole.
+    pub partitions: u64,
 }
 
 /// Prunes one ledger's old history.
@@ -64,6 +72,16 @@ impl Retention {
         else {
             return Ok(pruned);
         };
+        // Whole days first: what they drop, row-by-row pruning need not
+        // look at.
+        let days = self.ledger.drop_expired_run_partitions(cutoff).await?;
+        pruned.partitions = u64::try_from(days.dropped.len()).unwrap_or(u64::MAX);
+        if !days.kept.is_empty() {
+            tracing::info!(
+                partitions = ?days.kept,
+                "run partitions past retention kept for unfinished runs; their finished runs are pruned row by row"
+            );
+        }
         loop {
             let runs = self.ledger.prune_finished_runs(cutoff, PRUNE_BATCH).await?;
             let skipped = self.ledger.prune_skipped_fires(cutoff, PRUNE_BATCH).await?;
@@ -101,9 +119,10 @@ impl Retention {
                 _ = tick.tick() => {}
             }
             match self.prune_once(Utc::now(), &cancel).await {
-                Ok(p) if p.runs + p.skipped_fires > 0 => tracing::info!(
+                Ok(p) if p.runs + p.skipped_fires + p.partitions > 0 => tracing::info!(
                     runs = p.runs,
                     skipped_fires = p.skipped_fires,
+                    run_partitions = p.partitions,
                     keep = %humantime::format_duration(self.keep),
                     "pruned history past retention"
                 ),

@@ -18,6 +18,7 @@ use belfry_runtime::start_retry::retry_start;
 pub const ALERT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 use belfry_scheduler::retention::Retention;
+use belfry_scheduler::run_partitions::{RunPartitionKeeper, PREPARE_EVERY};
 use belfry_scheduler::{Replica, Schedule, ScheduleSync, Timer};
 
 use crate::api::{self, ApiState};
@@ -136,6 +137,10 @@ async fn run(
         )
     });
     let alerting = tokio::spawn(alerts.clone().run(ALERT_INTERVAL, cancel.clone()));
+    // The first pass runs at once (an interval's first tick is immediate).
+    let partitioning = tokio::spawn(
+        RunPartitionKeeper::new(replica.ledger().clone()).run(PREPARE_EVERY, cancel.clone()),
+    );
     let looping = replica.clone();
     let running = tokio::spawn(async move {
         looping
@@ -145,6 +150,7 @@ async fn run(
         // service.
         let _ = following.await;
         let _ = alerting.await;
+        let _ = partitioning.await;
         if let Some(p) = pruning {
             let _ = p.await;
         }

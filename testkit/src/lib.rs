@@ -970,7 +970,8 @@ async fn migrated_in_namespace(
     (ledger, namespace, topology)
 }
 
-fn with_database(url: &str, database: &str) -> String {
+/// `url` (a Postgres URL) with its database replaced by `database`.
+pub fn with_database(url: &str, database: &str) -> String {
     // Replace the path of the admin URL with the new database's name.
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),

@@ -24,10 +24,14 @@ impl FireHistoryStore for PgStore {
         job_names: &[String],
     ) -> Result<HashMap<String, DateTime<Utc>>, LedgerError> {
         let pool = &self.route;
-        // One index probe per name (job_runs_job_name_scheduled_idx).
+        // One index probe per name and partition
+        // (job_runs_job_name_scheduled_idx); a schedule whose newest fire
+        // went with a dropped day partition has it in schedule_last_fires.
         let rows = sqlx::query(&format!(
-            "SELECT n.name, (SELECT max(r.scheduled_at) FROM job_runs r \
-                  WHERE r.job_name = n.name AND {}) AS last \
+            "SELECT n.name, GREATEST((SELECT max(r.scheduled_at) FROM job_runs r \
+                                      WHERE r.job_name = n.name AND {}), \
+                                     (SELECT l.scheduled_at FROM schedule_last_fires l \
+                                      WHERE l.job_name = n.name)) AS last \
              FROM unnest($1::text[]) AS n(name)",
             live_fire("r")
         ))
@@ -57,7 +61,8 @@ impl FireHistoryStore for PgStore {
             .execute(self.route.on(&mut tx))
             .await?;
         let taken: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM job_runs WHERE job_name = $1 AND run_key = $2) \
+            "SELECT EXISTS (SELECT 1 FROM job_runs WHERE job_name = $1 AND run_key = $2 \
+                            AND key_instant = belfry_key_instant($1, $2)) \
                  OR EXISTS (SELECT 1 FROM skipped_fires WHERE job_name = $1 AND run_key = $2)",
         )
         .bind(&run.job_name)
@@ -264,7 +269,8 @@ impl FireHistoryStore for PgStore {
         let run_keys: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
         let found: Vec<String> = sqlx::query_scalar(
             "SELECT k.run_key FROM unnest($1::text[], $2::text[]) AS k(job_name, run_key) \
-             WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = k.job_name AND r.run_key = k.run_key) \
+             WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = k.job_name AND r.run_key = k.run_key \
+                           AND r.key_instant = belfry_key_instant(k.job_name, k.run_key)) \
                 OR EXISTS (SELECT 1 FROM skipped_fires f WHERE f.job_name = k.job_name AND f.run_key = k.run_key)",
         )
         .bind(&names)

@@ -4,7 +4,9 @@
 //! One module per part of the seam ([`crate::store`]), mirroring
 //! `sqlite/`: runs and attempts, fire history, the outbox, schedules and
 //! the views. What Postgres gives that the statements rely on: the unique
-//! index `(job_name, run_key)` decides every race for a fire;
+//! index `(job_name, run_key, key_instant)` decides every race for a fire
+//! (`key_instant`, the partition key of the time-partitioned `job_runs`, is
+//! a function of the run key: [`run_partitions`]);
 //! transaction-scoped advisory locks serialise the decisions of one
 //! schedule (overlap, misfire); `FOR UPDATE SKIP LOCKED` lets replicas
 //! share the outbox and the stuck-run scan without taking the same rows;
@@ -17,6 +19,7 @@ mod fire_history;
 mod outbox;
 pub(crate) mod pooler;
 pub(crate) mod primary;
+mod run_partitions;
 pub(crate) mod runs;
 mod schedules;
 mod shards;
@@ -82,8 +85,21 @@ impl Lifecycle for PgStore {
     /// lock is a session's, so the migrations run over the direct
     /// connection when there is one (behind a transaction pooler the
     /// unlock could reach another server connection than the lock).
+    ///
+    /// Then today's day partition of `job_runs` and the next days' are
+    /// created (see [`run_partitions`]), so the first fires after a start
+    /// or an upgrade find their day; a failure there is only logged (the
+    /// runs land in the default partition and move when the schedulers'
+    /// keeper creates the day).
     async fn migrate(&self) -> Result<(), LedgerError> {
         MIGRATOR.run(self.session_pool()).await?;
+        let days = crate::run_partitions::days_ahead(
+            Utc::now().date_naive(),
+            crate::run_partitions::PARTITION_DAYS_AHEAD,
+        );
+        if let Err(e) = crate::store::RunPartitionStore::prepare_run_partitions(self, &days).await {
+            tracing::warn!(error = %e, "creating today's run partitions failed; the schedulers retry");
+        }
         Ok(())
     }
 

@@ -1,5 +1,6 @@
 //! Runs on Postgres: the claim (`INSERT ... ON CONFLICT DO NOTHING` on
-//! `UNIQUE(job_name, run_key)`, one statement for a batch), dispatch,
+//! `UNIQUE(job_name, run_key, key_instant)`, one statement for a batch),
+//! dispatch,
 //! attempts under leases (guarded `UPDATE`s, so a duplicate delivery never
 //! moves a finished run back) and lookups.
 
@@ -122,6 +123,7 @@ impl RunStore for PgStore {
                         AS b(job_name, run_key, worker, lease)), \
                   locked AS ( \
                  SELECT j.id FROM job_runs j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
+                     AND j.key_instant = belfry_key_instant(b.job_name, b.run_key) \
                  WHERE j.status IN ", waiting_statuses!(), " \
                     OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
                         AND j.cancel_requested_at IS NULL) \
@@ -241,7 +243,8 @@ impl RunStore for PgStore {
         let row: Option<(Uuid, String, Option<DateTime<Utc>>, bool, DateTime<Utc>)> =
             sqlx::query_as(
                 "SELECT id, status, lease_until, cancel_requested_at IS NOT NULL, now() \
-             FROM job_runs WHERE job_name = $1 AND run_key = $2",
+             FROM job_runs WHERE job_name = $1 AND run_key = $2 \
+               AND key_instant = belfry_key_instant($1, $2)",
             )
             .bind(&message.job_name)
             .bind(&message.run_key)
@@ -280,9 +283,10 @@ impl RunStore for PgStore {
         };
         let insert = format!(
             "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-                 dispatched_at, last_error, finished_at, trace_id, traceparent, options) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN now() END, $11, $12, $13) \
-             ON CONFLICT (job_name, run_key) {on_conflict}"
+                 dispatched_at, last_error, finished_at, trace_id, traceparent, options, key_instant) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN now() END, $11, $12, $13, \
+                     belfry_key_instant($2, $3)) \
+             ON CONFLICT (job_name, run_key, key_instant) {on_conflict}"
         );
         // `$1` to `$13` in the order of the columns above.
         let done = run
@@ -294,8 +298,11 @@ impl RunStore for PgStore {
 }
 
 /// Claims `runs` on `executor` (the pool, or an open transaction): one
-/// multi-row `INSERT ... ON CONFLICT (job_name, run_key) DO NOTHING`, each
-/// row decided by the unique constraint on its own; the ids inserted. With
+/// multi-row `INSERT ... ON CONFLICT (job_name, run_key, key_instant) DO
+/// NOTHING`, each row decided by the unique constraint on its own (the
+/// partition key `key_instant` is a function of the run key, see the
+/// partitioned-runs migration, so this is uniqueness of the run key); the
+/// ids inserted. With
 /// `buffered` the rows are held (`buffered`, nothing due) for an overlap
 /// policy instead of `claimed`.
 pub(crate) async fn claim_rows<'e, E>(
@@ -337,16 +344,16 @@ where
     // decided per row, exactly as the single-row claim.
     let won: Vec<Uuid> = sqlx::query_scalar(
         "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-             claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at) \
+             claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at, key_instant) \
          SELECT id, job_name, run_key, job_type, CASE WHEN $12 THEN 'buffered' ELSE 'claimed' END, \
              payload, scheduled_at, claimed_by, now(), trace_id, traceparent, options, \
-             CASE WHEN $12 THEN NULL ELSE next_dispatch_at END \
+             CASE WHEN $12 THEN NULL ELSE next_dispatch_at END, belfry_key_instant(job_name, run_key) \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], \
                      $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::jsonb[], \
                      $11::timestamptz[]) \
               AS b(id, job_name, run_key, job_type, payload, scheduled_at, claimed_by, \
                    trace_id, traceparent, options, next_dispatch_at) \
-         ON CONFLICT (job_name, run_key) DO NOTHING \
+         ON CONFLICT (job_name, run_key, key_instant) DO NOTHING \
          RETURNING id",
     )
     .bind(&ids)

@@ -13,7 +13,7 @@ use crate::retention::{not_newest_fire, PruneBatch, Retained};
 use crate::run_query::{push_run_filter, RunPage};
 use crate::runs::{RunRecord, RUN_COLUMNS};
 use crate::skipped_range::SkippedRange;
-use crate::store::ViewStore;
+use crate::store::{RunPartitionStore, ViewStore};
 use crate::LedgerError;
 
 #[async_trait]
@@ -77,26 +77,17 @@ impl ViewStore for PgStore {
     }
 
     async fn prune(&self, batch: PruneBatch) -> Result<u64, LedgerError> {
+        let table = match batch.rows {
+            Retained::FinishedRuns => return self.prune_runs(batch).await,
+            Retained::SkippedFires | Retained::SkippedRanges => batch.rows.table(),
+        };
         // Each batch is one short statement; rows another pruner holds are
         // skipped, not waited for.
-        let delete = match batch.rows {
-            Retained::FinishedRuns => format!(
-                "WITH doomed AS ( \
-                     SELECT r.id FROM job_runs r WHERE r.finished_at < $1 AND {} \
-                     ORDER BY r.finished_at LIMIT $2 \
-                     FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM job_runs WHERE id IN (SELECT id FROM doomed)",
-                not_newest_fire()
-            ),
-            Retained::SkippedFires | Retained::SkippedRanges => {
-                let table = batch.rows.table();
-                format!(
-                    "DELETE FROM {table} WHERE ctid IN ( \
-                         SELECT ctid FROM {table} WHERE recorded_at < $1 \
-                         ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                )
-            }
-        };
+        let delete = format!(
+            "DELETE FROM {table} WHERE ctid IN ( \
+                 SELECT ctid FROM {table} WHERE recorded_at < $1 \
+                 ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+        );
         let done = sqlx::query(&delete)
             .bind(batch.cutoff)
             .bind(batch.batch)
@@ -145,5 +136,46 @@ impl ViewStore for PgStore {
                 .fetch_all(&self.route)
                 .await?,
         )
+    }
+}
+
+impl PgStore {
+    /// Row-by-row retention of finished runs, only where whole-day drops
+    /// do not reach (`crate::run_partitions`): the keyed and default
+    /// partitions, and day partitions past the cutoff that are kept for an
+    /// unfinished run. Day partitions not yet past the cutoff are left
+    /// alone: deleting their rows one by one is the cost partitioning
+    /// removes, and they go whole once past it.
+    async fn prune_runs(&self, batch: PruneBatch) -> Result<u64, LedgerError> {
+        let mut left = batch.batch;
+        let mut done = 0;
+        for p in self.run_partitions().await? {
+            if left <= 0 {
+                break;
+            }
+            if p.is_day() && p.to.is_none_or(|t| t > batch.cutoff) {
+                continue;
+            }
+            let name = &p.name;
+            // One short statement; rows another pruner holds are skipped,
+            // not waited for.
+            let deleted = sqlx::query(&format!(
+                "WITH doomed AS ( \
+                     SELECT r.id, r.key_instant FROM {name} r WHERE r.finished_at < $1 AND {} \
+                     ORDER BY r.finished_at LIMIT $2 \
+                     FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM {name} d USING doomed \
+                 WHERE d.id = doomed.id AND d.key_instant = doomed.key_instant",
+                not_newest_fire()
+            ))
+            .bind(batch.cutoff)
+            .bind(left)
+            .execute(&self.route)
+            .await?
+            .rows_affected();
+            done += deleted;
+            left -= i64::try_from(deleted).unwrap_or(i64::MAX);
+        }
+        Ok(done)
     }
 }

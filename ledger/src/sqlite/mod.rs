@@ -26,6 +26,7 @@
 mod alerts;
 mod fire_history;
 mod outbox;
+mod run_partitions;
 mod runs;
 mod schedules;
 mod shards;

@@ -61,13 +61,15 @@ async fn claimed_during_outage(pool: &sqlx::PgPool, prefix: &str, per: i64, ago:
     let now = Utc::now().trunc_subsecs(0);
     sqlx::query(
         "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
-             claimed_by, claimed_at, next_dispatch_at) \
-         SELECT gen_random_uuid(), s.name, \
-                s.name || '@' || to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
-                s.job_type, 'claimed', 'null'::jsonb, t, 'replica-during-outage', t, t + interval '30 seconds' \
+             claimed_by, claimed_at, next_dispatch_at, key_instant) \
+         SELECT gen_random_uuid(), s.name, rk.run_key, \
+                s.job_type, 'claimed', 'null'::jsonb, t, 'replica-during-outage', t, t + interval '30 seconds', \
+                belfry_key_instant(s.name, rk.run_key) \
          FROM schedules s, \
               LATERAL (SELECT $2::timestamptz - make_interval(secs => $3 + i) AS t \
-                       FROM generate_series(0, $4 - 1) i) k \
+                       FROM generate_series(0, $4 - 1) i) k, \
+              LATERAL (SELECT s.name || '@' || \
+                           to_char(k.t AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS run_key) rk \
          WHERE s.name LIKE $1 || '%'",
     )
     .bind(prefix)

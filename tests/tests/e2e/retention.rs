@@ -23,10 +23,11 @@ async fn prunes_old_finished_runs_in_batches_and_keeps_what_matters() {
     // 2,500 old finished fires of "old" (PRUNE_BATCH is 1,000: three batches), whose
     // newest must survive; plus old ad-hoc and manual runs.
     sqlx::query(
-        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by, finished_at) \
+        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by, finished_at, \
+             key_instant) \
          SELECT gen_random_uuid(), 'old', 'old@' || g, 'noop', 'succeeded', \
                 now() - interval '60 days' + g * interval '1 second', 'sched-a', \
-                now() - interval '59 days' + g * interval '1 second' \
+                now() - interval '59 days' + g * interval '1 second', belfry_key_instant('old', 'old@' || g) \
          FROM generate_series(1, 2500) g",
     )
     .execute(pool)
@@ -55,8 +56,10 @@ async fn prunes_old_finished_runs_in_batches_and_keeps_what_matters() {
         ("stuck", "sched-a", "running", "NULL"),
     ] {
         sqlx::query(&format!(
-            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by, finished_at) \
-             VALUES (gen_random_uuid(), $1, $1 || '@' || gen_random_uuid(), 'noop', $2, now() - interval '50 days', $3, {finished})"
+            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by, finished_at, \
+                 key_instant) \
+             VALUES (gen_random_uuid(), $1, $1 || '@' || gen_random_uuid(), 'noop', $2, now() - interval '50 days', $3, \
+                     {finished}, '1970-01-01Z')"
         ))
         .bind(name)
         .bind(status)

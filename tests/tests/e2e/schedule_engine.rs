@@ -27,8 +27,9 @@ fn schedule(
 /// have.
 async fn past_run(env: &TestEnv, schedule: &Schedule, at: DateTime<Utc>) {
     sqlx::query(
-        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by, claimed_at, finished_at) \
-         VALUES ($1, $2, $3, 'noop', 'succeeded', $4, 'old-replica', $4, $4)",
+        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by, claimed_at, finished_at, \
+             key_instant) \
+         VALUES ($1, $2, $3, 'noop', 'succeeded', $4, 'old-replica', $4, $4, belfry_key_instant($2, $3))",
     )
     .bind(uuid::Uuid::now_v7())
     .bind(&schedule.name)

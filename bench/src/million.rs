@@ -1,0 +1,249 @@
+//! A million schedules across three replicas (issue 21): real
+//! `belfry-scheduler` processes (this build's release binaries, default
+//! settings, sharding on) and two real `belfry-worker` processes.
+//!
+//! `--schedules` cron schedules (1,000,000 by default) are written straight
+//! into `schedules`, every one due at the same instant `T` (the "top of
+//! the hour": a cron on `T`'s second, minute and hour), a little after the
+//! replicas start. Measured:
+//!
+//! * load: from a replica's spawn to its "scheduler replica running" line
+//!   (its share of the schedules loaded, compiled and in its timer);
+//! * memory: each process's resident set once loaded, and its peak after
+//!   the burst (`VmRSS`, `VmHWM`);
+//! * the burst: from `T` until every run is claimed, dispatched and
+//!   `succeeded`, and the runs lost or doubled (must be 0);
+//! * the raw limit in the same run: the batched raw claim-and-publish
+//!   pipeline (no belfry code) and a naive consume + `UPDATE` + ack loop,
+//!   each over `--raw` fires/jobs, and the time a million would take at
+//!   their rates one after the other (their sum: the lower bound of a
+//!   pipeline that shares two cores) and at the slower of the two (the
+//!   bound if they overlapped perfectly).
+//!
+//! The replicas' heartbeats are registered before they start, so each one's
+//! first lease pass takes its third of the shards (as in a rolling restart
+//! of a running cluster) instead of the first loading everything.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::{SubsecRound, Timelike, Utc};
+
+use belfry_testkit::TestEnv;
+
+use crate::processes::{release_binary, Processes};
+
+/// `VmRSS` and `VmHWM` of `pid`, in MiB.
+fn memory_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> anyhow::Result<f64> {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .ok_or_else(|| anyhow::anyhow!("no {name} for {pid}"))?;
+        let kb: f64 = line
+            .split_whitespace()
+            .nth(1)
+            .ok_or_else(|| anyhow::anyhow!("bad {name} line {line:?}"))?
+            .parse()?;
+        Ok(kb / 1024.0)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Runs the benchmark.
+///
+/// # Errors
+///
+/// When a service, a process or a statement fails.
+pub async fn run(schedules: usize, raw: usize) -> anyhow::Result<()> {
+    let env = TestEnv::new().await;
+    env.declare_default_group(&["noop"]).await;
+    let pool = env
+        .ledger
+        .pg_pool()
+        .ok_or_else(|| anyhow::anyhow!("a Postgres ledger"))?
+        .clone();
+    // Far enough ahead to write the schedules and start every process.
+    let lead = 60 + i64::try_from(schedules / 20_000)?;
+    let at = Utc::now().trunc_subsecs(0) + chrono::Duration::seconds(lead);
+    let cron = format!("{} {} {} * * *", at.second(), at.minute(), at.hour());
+    let written = Instant::now();
+    sqlx::query(
+        "INSERT INTO schedules (name, cron, job_type) \
+         SELECT 'm-' || g, $1, 'noop' FROM generate_series(1, $2::bigint) g",
+    )
+    .bind(&cron)
+    .bind(i64::try_from(schedules)?)
+    .execute(&pool)
+    .await?;
+    println!(
+        "{schedules} schedules (cron \"{cron}\", UTC) written in {:.1} s; all due at {at}",
+        written.elapsed().as_secs_f64()
+    );
+    sqlx::query(
+        "INSERT INTO scheduler_replicas (instance, expires_at) \
+         SELECT 'm-s' || k, now() + interval '30 seconds' FROM generate_series(1, 3) k",
+    )
+    .execute(&pool)
+    .await?;
+
+    let dir = std::env::temp_dir().join(format!("belfry-million-{}", env.namespace));
+    std::fs::create_dir_all(&dir)?;
+    let scheduler = release_binary("belfry-scheduler")?;
+    let worker = release_binary("belfry-worker")?;
+    let mut procs = Processes(Vec::new());
+    let mut spawned = Vec::new();
+    for (bin, name) in [
+        (&scheduler, "m-s1"),
+        (&scheduler, "m-s2"),
+        (&scheduler, "m-s3"),
+        (&worker, "m-w1"),
+        (&worker, "m-w2"),
+    ] {
+        let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+        let child = Command::new(bin)
+            .envs(env.process_env())
+            .env("BELFRY_INSTANCE", name)
+            .env("RUST_LOG", "warn,belfry_scheduler::replica::run_loop=info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        spawned.push(Instant::now());
+        procs.0.push((name.to_owned(), child));
+    }
+    // Loaded: each scheduler's "running" line, with its schedule count.
+    let mut loaded = [None; 3];
+    let deadline = Instant::now() + Duration::from_secs(u64::try_from(lead)?);
+    while loaded.iter().any(Option::is_none) {
+        for (i, slot) in loaded.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
+            }
+            let name = &procs.0[i].0;
+            let text = std::fs::read_to_string(dir.join(format!("{name}.log")))?;
+            if let Some(line) = text
+                .lines()
+                .find(|l| l.contains("scheduler replica running"))
+            {
+                let count: usize = line
+                    .split("schedules=")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                *slot = Some((spawned[i].elapsed().as_secs_f64(), count));
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the replicas did not load within {lead} s: see {}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut rss_loaded = Vec::new();
+    for (_, child) in &procs.0 {
+        rss_loaded.push(memory_mib(child.id())?.0);
+    }
+    anyhow::ensure!(Utc::now() < at, "set-up took longer than the lead time");
+
+    // The burst.
+    let expected = i64::try_from(schedules)?;
+    let (mut claimed_s, mut dispatched_s) = (None, None);
+    let limit = Instant::now() + Duration::from_secs(1800);
+    let succeeded_s = loop {
+        let (claimed, dispatched, succeeded): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(dispatched_at), count(*) FILTER (WHERE status = 'succeeded') \
+             FROM job_runs WHERE scheduled_at = $1",
+        )
+        .bind(at)
+        .fetch_one(&pool)
+        .await?;
+        let since = (Utc::now() - at).num_milliseconds() as f64 / 1000.0;
+        if claimed >= expected && claimed_s.is_none() {
+            claimed_s = Some(since);
+        }
+        if dispatched >= expected && dispatched_s.is_none() {
+            dispatched_s = Some(since);
+        }
+        if succeeded >= expected {
+            break since;
+        }
+        anyhow::ensure!(
+            Instant::now() < limit,
+            "{succeeded} of {expected} succeeded after 30 minutes ({claimed} claimed, {dispatched} dispatched)"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let succeeded_s = Some(succeeded_s);
+    let mut peaks = Vec::new();
+    for (_, child) in &procs.0 {
+        peaks.push(memory_mib(child.id())?.1);
+    }
+    let (rows, distinct, skipped): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM job_runs WHERE scheduled_at = $1), \
+                (SELECT count(DISTINCT job_name) FROM job_runs WHERE scheduled_at = $1), \
+                (SELECT count(*) FROM skipped_fires WHERE scheduled_at = $1)",
+    )
+    .bind(at)
+    .fetch_one(&pool)
+    .await?;
+    drop(procs);
+    env.teardown(&["default"]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // The raw limit, same run.
+    let raw_fires = crate::dispatch_burst::raw_batched(raw, 4)
+        .await
+        .context("raw batched pipeline")?;
+    let raw_jobs = crate::worker_throughput::raw_consume(raw)
+        .await
+        .context("raw consume loop")?;
+
+    println!();
+    println!("| replica | schedules held | load time | memory once loaded | peak memory |");
+    println!("|---|---:|---:|---:|---:|");
+    for (i, l) in loaded.iter().enumerate() {
+        let (secs, count) = l.unwrap_or((f64::NAN, 0));
+        println!(
+            "| scheduler {} | {count} | {secs:.1} s | {:.0} MiB | {:.0} MiB |",
+            i + 1,
+            rss_loaded[i],
+            peaks[i]
+        );
+    }
+    for i in 3..5 {
+        println!(
+            "| worker {} | - | - | {:.0} MiB | {:.0} MiB |",
+            i - 2,
+            rss_loaded[i],
+            peaks[i]
+        );
+    }
+    let m = schedules as f64;
+    let seconds = |v: Option<f64>| v.map_or("-".to_owned(), |s| format!("{s:.0} s"));
+    println!();
+    println!(
+        "burst of {schedules} at one instant: all claimed after {}, dispatched after {}, succeeded after {}; \
+         {} runs for {} schedules (lost {}, doubled {}), {skipped} recorded skipped",
+        seconds(claimed_s),
+        seconds(dispatched_s),
+        seconds(succeeded_s),
+        rows,
+        distinct,
+        expected - distinct,
+        rows - distinct
+    );
+    println!(
+        "raw limit (same run, {raw} each): claim+publish {raw_fires:.0} fires/s, consume+UPDATE+ack {raw_jobs:.0} jobs/s; \
+         a million at those rates: {:.0} s in sequence, {:.0} s perfectly overlapped; belfry took {} ({:.2}x of the sequence)",
+        m / raw_fires + m / raw_jobs,
+        m / raw_fires.min(raw_jobs),
+        seconds(succeeded_s),
+        succeeded_s.map_or(f64::NAN, |s| (m / raw_fires + m / raw_jobs) / s)
+    );
+    Ok(())
+}

@@ -1,0 +1,465 @@
+//! The time-partitioned ledger (issue 21): `key_instant` is a function of
+//! the run key, so the unique key is still "one row per run key" across
+//! partitions; day partitions are created ahead and take their runs out of
+//! the default partition; retention drops whole days but never one with an
+//! unfinished run, and keeps each schedule's newest fire for misfire
+//! recovery; an existing unpartitioned `job_runs` is converted in place.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use belfry_ledger::{days_ahead, Ledger, NewRun};
+use belfry_scheduler::retention::Retention;
+use belfry_testkit::TestEnv;
+use chrono::{DateTime, Days, TimeZone, Utc};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+fn pool(env: &TestEnv) -> &PgPool {
+    env.ledger.pg_pool().expect("a Postgres ledger")
+}
+
+fn run(name: &str, key: &str, at: DateTime<Utc>) -> NewRun {
+    NewRun {
+        id: Uuid::now_v7(),
+        job_name: name.into(),
+        run_key: key.into(),
+        job_type: "noop".into(),
+        payload: serde_json::Value::Null,
+        scheduled_at: at,
+        claimed_by: "sched-a".into(),
+        trace_id: None,
+        traceparent: None,
+        options: Default::default(),
+        next_dispatch_at: at,
+    }
+}
+
+/// The partition holding run key `key` of `name`.
+async fn partition_of(pool: &PgPool, name: &str, key: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT tableoid::regclass::text FROM job_runs WHERE job_name = $1 AND run_key = $2",
+    )
+    .bind(name)
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The names of `job_runs`' partitions, oldest first.
+async fn partition_names(ledger: &Ledger) -> Vec<String> {
+    ledger
+        .run_partitions()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.name)
+        .collect()
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+fn day(at: DateTime<Utc>) -> String {
+    format!("job_runs_p{}", at.format("%Y%m%d"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_instant_is_a_function_of_the_key_and_keeps_keys_unique() {
+    let env = belfry_testkit::service_env!();
+    let pool = pool(&env);
+    for (key, instant) in [
+        ("a@2026-02-28T23:59:59Z", "2026-02-28T23:59:59Z"),
+        ("a@2024-02-29T00:00:00Z", "2024-02-29T00:00:00Z"),
+        // Not days, not run-key instants, other names: the keyed sentinel.
+        ("a@2026-02-29T00:00:00Z", "1970-01-01T00:00:00Z"),
+        ("a@2026-12-31T23:59:60Z", "1970-01-01T00:00:00Z"),
+        ("a@2026-01-01T00:00:00+00:00", "1970-01-01T00:00:00Z"),
+        ("b@2026-01-01T00:00:00Z", "1970-01-01T00:00:00Z"),
+        ("a@invoice-2026-07", "1970-01-01T00:00:00Z"),
+        // A UUIDv7 names its millisecond clock (to the second); v4 does not.
+        (
+            "a@019ae4a0-1234-7abc-8def-0123456789ab",
+            "2025-12-03T14:31:27Z",
+        ),
+        (
+            "a@019AE4A0-1234-7ABC-8DEF-0123456789AB",
+            "1970-01-01T00:00:00Z",
+        ),
+        (
+            "a@6f1c2d3e-1234-4abc-8def-0123456789ab",
+            "1970-01-01T00:00:00Z",
+        ),
+    ] {
+        let got: DateTime<Utc> = sqlx::query_scalar("SELECT belfry_key_instant('a', $1)")
+            .bind(key)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            got.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            instant,
+            "{key}"
+        );
+    }
+    // A fresh ledger: the keyed partition, today and three days ahead
+    // (made by the migration), the default.
+    let now = Utc::now();
+    let names = partition_names(&env.ledger).await;
+    let mut expected = vec!["job_runs_keyed".to_owned()];
+    for d in days_ahead(now.date_naive(), 3) {
+        expected.push(format!("job_runs_p{}", d.format("%Y%m%d")));
+    }
+    expected.push("job_runs_default".to_owned());
+    assert_eq!(names, expected);
+    // Another replica's pass finds them all.
+    assert!(env
+        .ledger
+        .prepare_run_partitions(&days_ahead(now.date_naive(), 3))
+        .await
+        .unwrap()
+        .is_empty());
+    // Every kind of key: the second claim of the same key loses, wherever
+    // the key's partition is (day, keyed, default).
+    let at = Utc.timestamp_opt(now.timestamp(), 0).unwrap();
+    let far = Utc.with_ymd_and_hms(2999, 1, 1, 0, 0, 0).unwrap();
+    let v7 = Uuid::now_v7().to_string();
+    for (key, partition) in [
+        (belfry_protocol::run_key("a", at).unwrap(), day(at)),
+        (format!("a@{v7}"), day(now)),
+        ("a@invoice-7".to_owned(), "job_runs_keyed".to_owned()),
+        (
+            belfry_protocol::run_key("a", far).unwrap(),
+            "job_runs_default".to_owned(),
+        ),
+    ] {
+        assert!(
+            env.ledger.claim(&run("a", &key, at)).await.unwrap(),
+            "{key}"
+        );
+        // Another id, another scheduled_at: still the same run key.
+        let again = run("a", &key, at + chrono::Duration::hours(1));
+        assert!(
+            !env.ledger.claim(&again).await.unwrap(),
+            "{key} claimed twice"
+        );
+        assert_eq!(partition_of(pool, "a", &key).await, partition, "{key}");
+        assert!(env.ledger.run_by_key("a", &key).await.unwrap().is_some());
+    }
+    let rows = count(pool, "SELECT count(*) FROM job_runs").await;
+    assert_eq!(rows, 4);
+    env.teardown(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_day_takes_its_runs_out_of_the_default_partition() {
+    let env = belfry_testkit::service_env!();
+    let pool = pool(&env);
+    let today = Utc::now().date_naive();
+    let later = today.checked_add_days(Days::new(10)).unwrap();
+    let at = later.and_hms_opt(12, 0, 0).unwrap().and_utc();
+    let key = belfry_protocol::run_key("x", at).unwrap();
+    // No partition for that day yet: the claim lands in the default.
+    assert!(env.ledger.claim(&run("x", &key, at)).await.unwrap());
+    assert_eq!(partition_of(pool, "x", &key).await, "job_runs_default");
+    let created = env.ledger.prepare_run_partitions(&[later]).await.unwrap();
+    assert_eq!(created, [day(at)]);
+    assert_eq!(partition_of(pool, "x", &key).await, day(at));
+    // Moved, not copied, and still unique in its new home.
+    assert!(!env.ledger.claim(&run("x", &key, at)).await.unwrap());
+    let in_default = count(pool, "SELECT count(*) FROM job_runs_default").await;
+    assert_eq!(in_default, 0);
+    // A second pass (another replica) finds the day and creates nothing.
+    assert!(env
+        .ledger
+        .prepare_run_partitions(&[later])
+        .await
+        .unwrap()
+        .is_empty());
+    // The alert triggers are on the moved day too: a failed run there makes
+    // one event, not two.
+    sqlx::query(
+        "UPDATE job_runs SET status = 'failed', attempts = 1, finished_at = now(), last_error = 'boom' \
+         WHERE job_name = 'x' AND run_key = $1",
+    )
+    .bind(&key)
+    .execute(pool)
+    .await
+    .unwrap();
+    let events = count(
+        pool,
+        "SELECT count(*) FROM alert_events WHERE kind = 'run.failed'",
+    )
+    .await;
+    assert_eq!(events, 1);
+    env.teardown(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_drops_finished_days_whole_and_keeps_what_matters() {
+    let env = belfry_testkit::service_env!();
+    let pool = pool(&env);
+    let now = Utc::now();
+    let ago = |days: u64| {
+        now.date_naive()
+            .checked_sub_days(Days::new(days))
+            .unwrap()
+            .and_hms_opt(6, 0, 0)
+            .unwrap()
+            .and_utc()
+    };
+    let days: Vec<_> = [40, 39, 38, 20]
+        .iter()
+        .map(|d| ago(*d).date_naive())
+        .collect();
+    env.ledger.prepare_run_partitions(&days).await.unwrap();
+    // Day -40: finished long ago (1,000 fires of "done", the newest at
+    // 06:16:39, and a fire of "monthly", its only one). Day -39: one run
+    // still retrying and a finished ad-hoc run. Day -38: a run that
+    // finished an hour ago. Day -20: inside retention.
+    let insert = |name: &'static str,
+                  at: DateTime<Utc>,
+                  status: &'static str,
+                  finished: Option<DateTime<Utc>>| {
+        let key = belfry_protocol::run_key(name, at).unwrap();
+        async move {
+            sqlx::query(
+                "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by, \
+                     finished_at, key_instant) \
+                 VALUES ($1, $2, $3, 'noop', $4, $5, \
+                         CASE WHEN $2 = 'adhoc' THEN 'client:app' ELSE 'sched-a' END, \
+                         $6, belfry_key_instant($2, $3))",
+            )
+            .bind(Uuid::now_v7())
+            .bind(name)
+            .bind(&key)
+            .bind(status)
+            .bind(at)
+            .bind(finished)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+    };
+    for i in 0..1000 {
+        let at = ago(40) + chrono::Duration::seconds(i);
+        insert("done", at, "succeeded", Some(at)).await;
+    }
+    insert("monthly", ago(40), "succeeded", Some(ago(40))).await;
+    insert("stuck", ago(39), "retrying", None).await;
+    insert(
+        "adhoc",
+        ago(39) + chrono::Duration::seconds(1),
+        "succeeded",
+        Some(ago(39)),
+    )
+    .await;
+    insert(
+        "late",
+        ago(38),
+        "succeeded",
+        Some(now - chrono::Duration::hours(1)),
+    )
+    .await;
+    insert("recent", ago(20), "succeeded", Some(ago(20))).await;
+
+    let retention = Retention::new(env.ledger.clone(), Duration::from_secs(30 * 24 * 3600));
+    let pruned = retention
+        .prune_once(now, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(pruned.partitions, 1, "{pruned:?}");
+    let names = partition_names(&env.ledger).await;
+    assert!(!names.contains(&day(ago(40))), "{names:?}");
+    for kept in [ago(39), ago(38), ago(20)] {
+        assert!(names.contains(&day(kept)), "{names:?}");
+    }
+    let left: Vec<String> = sqlx::query_scalar("SELECT job_name FROM job_runs ORDER BY job_name")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    // The kept day -39's finished ad-hoc run went row by row (a fire
+    // would stay as its schedule's newest, as row-by-row retention always
+    // kept); its retrying run and the late and recent ones stay.
+    assert_eq!(left, ["late", "recent", "stuck"]);
+    // Misfire recovery still sees the dropped schedules' newest fires.
+    let last = env
+        .ledger
+        .last_fires(&["done".into(), "monthly".into(), "recent".into()])
+        .await
+        .unwrap();
+    assert_eq!(last["done"], ago(40) + chrono::Duration::seconds(999));
+    assert_eq!(last["monthly"], ago(40));
+    assert_eq!(last["recent"], ago(20));
+    // A second pass: nothing more to drop while the blockers stay.
+    let again = retention
+        .prune_once(now, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!((again.partitions, again.runs), (0, 0));
+    env.teardown(&[]).await;
+}
+
+/// Applies the migrations before the partitioning one to a new database,
+/// fills an old-style `job_runs`, then migrates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_unpartitioned_table_is_converted_in_place() {
+    if !belfry_testkit::services_available().await {
+        return;
+    }
+    let admin = belfry_testkit::admin_database_url();
+    let database = format!("belfry_mig_{}", Uuid::new_v4().simple());
+    let mut conn = PgConnection::connect(&admin).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {database}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let url = belfry_testkit::with_database(&admin, &database);
+    let pool = PgPool::connect(&url).await.unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let mut before = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
+    let n = before
+        .migrations
+        .iter()
+        .position(|m| m.description.contains("partitioned runs"))
+        .expect("the partitioning migration");
+    before.migrations = Cow::Owned(before.migrations[..n].to_vec());
+    before.run(&pool).await.unwrap();
+
+    let now = Utc.timestamp_opt(Utc::now().timestamp(), 0).unwrap();
+    let v7 = Uuid::now_v7();
+    let keys = [
+        belfry_protocol::run_key("old", now - chrono::Duration::days(2)).unwrap(),
+        belfry_protocol::run_key("old", now).unwrap(),
+        format!("old@{v7}"),
+        "old@invoice-1".to_owned(),
+        belfry_protocol::run_key("old", Utc.with_ymd_and_hms(2999, 1, 1, 0, 0, 0).unwrap())
+            .unwrap(),
+    ];
+    for key in &keys {
+        sqlx::query(
+            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, claimed_by) \
+             VALUES ($1, 'old', $2, 'noop', 'claimed', $3, 'sched-a')",
+        )
+        .bind(Uuid::now_v7())
+        .bind(key)
+        .bind(now)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    pool.close().await;
+
+    let ledger = Ledger::connect(&url, 4).await.unwrap();
+    ledger.migrate().await.unwrap();
+    let pool = ledger.pg_pool().unwrap();
+    let kind: String =
+        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = 'job_runs'::regclass")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(kind, "p", "job_runs is partitioned");
+    // Every old row kept, with its key instant; the far-future one in the
+    // default partition, the rest in the keyed partition (old history).
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT run_key, tableoid::regclass::text FROM job_runs ORDER BY run_key")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), keys.len());
+    for (key, partition) in &rows {
+        let expect = if key.starts_with("old@2999") {
+            "job_runs_default"
+        } else {
+            "job_runs_keyed"
+        };
+        assert_eq!(partition, expect, "{key}");
+    }
+    // Old keys stay unique against new claims of the same key.
+    for key in &keys {
+        assert!(
+            !ledger.claim(&run("old", key, now)).await.unwrap(),
+            "{key} claimed again"
+        );
+    }
+    // The migration created the days after the old history; the day of
+    // the upgrade is covered by the keyed partition and skipped.
+    let names: Vec<String> = partition_names(&ledger).await;
+    let days = days_ahead(now.date_naive(), 3);
+    let mut expected = vec!["job_runs_keyed".to_owned()];
+    for d in &days[1..] {
+        expected.push(format!("job_runs_p{}", d.format("%Y%m%d")));
+    }
+    expected.push("job_runs_default".to_owned());
+    assert_eq!(names, expected);
+    // One trigger of each kind: a run failing in the old partition makes
+    // one alert event.
+    sqlx::query(
+        "UPDATE job_runs SET status = 'failed', attempts = 1, finished_at = now(), last_error = 'boom' \
+         WHERE run_key = $1",
+    )
+    .bind(&keys[2])
+    .execute(pool)
+    .await
+    .unwrap();
+    let events = count(
+        pool,
+        "SELECT count(*) FROM alert_events WHERE kind = 'run.failed'",
+    )
+    .await;
+    assert_eq!(events, 1);
+    ledger.close().await;
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        .execute(&mut conn)
+        .await;
+}
+
+/// Claims racing the creation of their day: a claim routed to the default
+/// partition just before the day is attached must not fail ("violates
+/// partition constraint") — found by the browser test, whose replica
+/// created today's partition while the test claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_racing_the_creation_of_their_day_never_fail() {
+    let env = belfry_testkit::service_env!();
+    let base = Utc::now()
+        .date_naive()
+        .checked_add_days(Days::new(30))
+        .unwrap();
+    for d in 0..8u64 {
+        let day = base.checked_add_days(Days::new(d)).unwrap();
+        let midnight = day.and_hms_opt(0, 0, 0).unwrap().and_utc();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut claimers = Vec::new();
+        for t in 0..3i64 {
+            let ledger = env.ledger.clone();
+            let stop = stop.clone();
+            claimers.push(tokio::spawn(async move {
+                let mut i = 0i64;
+                let mut failures = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let at = midnight + chrono::Duration::seconds(i * 3 + t);
+                    let key = belfry_protocol::run_key("race", at).unwrap();
+                    if let Err(e) = ledger.claim(&run("race", &key, at)).await {
+                        failures.push(e.to_string());
+                    }
+                    i += 1;
+                }
+                failures
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        env.ledger.prepare_run_partitions(&[day]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for c in claimers {
+            let failures = c.await.unwrap();
+            assert!(failures.is_empty(), "day {day}: {failures:?}");
+        }
+    }
+    let in_default = count(pool(&env), "SELECT count(*) FROM job_runs_default").await;
+    assert_eq!(in_default, 0);
+    env.teardown(&[]).await;
+}
