@@ -79,6 +79,7 @@ DO $$
 DECLARE
     upper_day timestamptz;
     idx record;
+    acl record;
 BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('job_runs')) <> 'r' THEN
         RETURN; -- already partitioned
@@ -110,6 +111,11 @@ BEGIN
     -- Added NOT VALID by the run-control migration; a partition must
     -- satisfy its parent's checks for certain.
     ALTER TABLE job_runs_keyed VALIDATE CONSTRAINT job_runs_status_check;
+    -- The argument above holds only if every row's key_instant is the
+    -- function of its key: enforced by the table, not left to the writers.
+    -- Copied to the parent by LIKE below (and from it to every partition).
+    ALTER TABLE job_runs_keyed ADD CONSTRAINT job_runs_key_instant_check
+        CHECK (key_instant = belfry_key_instant(job_name, run_key));
 
     -- The old rows stay where they are: the keyed partition reaches up to
     -- the day after the newest of them (not further than tomorrow: a key
@@ -124,6 +130,14 @@ BEGIN
         PARTITION BY RANGE (key_instant);
     ALTER TABLE job_runs ADD CONSTRAINT job_runs_pkey PRIMARY KEY (id, key_instant);
     ALTER TABLE job_runs ADD CONSTRAINT job_runs_run_key_key UNIQUE (job_name, run_key, key_instant);
+    -- The old table's grants (a role reading or writing runs keeps doing so).
+    FOR acl IN SELECT a.privilege_type, a.grantee
+               FROM pg_class c, aclexplode(c.relacl) a
+               WHERE c.oid = 'job_runs_keyed'::regclass AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON job_runs TO %s', acl.privilege_type,
+                       CASE WHEN acl.grantee = 0 THEN 'PUBLIC'
+                            ELSE quote_ident(pg_get_userbyid(acl.grantee)) END);
+    END LOOP;
     CREATE INDEX job_runs_unfinished_idx ON job_runs (status, updated_at)
         WHERE status IN ('claimed', 'dispatched', 'running', 'retrying');
     CREATE INDEX job_runs_job_name_scheduled_idx ON job_runs (job_name, scheduled_at DESC);

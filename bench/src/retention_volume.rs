@@ -143,8 +143,7 @@ enum Claimer {
 }
 
 impl Claimer {
-    async fn claim(&self, i: u64, at: DateTime<Utc>) -> anyhow::Result<()> {
-        let name = format!("probe-{}", i % 100);
+    async fn claim(&self, name: String, at: DateTime<Utc>) -> anyhow::Result<()> {
         let key = belfry_protocol::run_key(&name, at)?;
         match self {
             Self::Old(pool) => {
@@ -183,19 +182,21 @@ impl Claimer {
     }
 }
 
-/// Claims one fire every `PROBE_EVERY` (distinct keys from `first`) until
-/// stopped.
-fn probe(claimer: Claimer, first: u64) -> Probe {
+/// Claims one fire every `PROBE_EVERY` until stopped: 100 schedules
+/// `probe-{tag}-{n}` firing every second up to now, so the claims go to
+/// today's partition as real ones do.
+fn probe(claimer: Claimer, tag: String) -> Probe {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let task = tokio::spawn(async move {
         let mut latencies = Vec::new();
         let base = Utc::now();
-        let mut i = first;
+        let mut i = 0i64;
         while !flag.load(Ordering::Relaxed) {
-            let at = base + chrono::Duration::seconds(i64::try_from(i)?);
+            let at = base - chrono::Duration::seconds(i / 100);
+            let name = format!("probe-{tag}-{}", i % 100);
             let began = Instant::now();
-            claimer.claim(i, at).await?;
+            claimer.claim(name, at).await?;
             latencies.push(began.elapsed().as_secs_f64() * 1e3);
             i += 1;
             tokio::time::sleep(PROBE_EVERY).await;
@@ -252,7 +253,7 @@ struct Removal {
 async fn measured<F, Fut>(
     pool: &PgPool,
     claimer: Claimer,
-    first: u64,
+    tag: &str,
     remove: F,
 ) -> anyhow::Result<Removal>
 where
@@ -260,12 +261,12 @@ where
     Fut: std::future::Future<Output = anyhow::Result<u64>>,
 {
     let quiet_wal = wal(pool).await?;
-    let p = probe(claimer.clone(), first);
+    let p = probe(claimer.clone(), format!("{tag}q"));
     tokio::time::sleep(QUIET).await;
     let quiet = p.finish().await?;
     let probe_mb_per_s = wal_since(pool, &quiet_wal).await? / QUIET.as_secs_f64();
     let from = wal(pool).await?;
-    let p = probe(claimer, first + 100_000);
+    let p = probe(claimer, format!("{tag}d"));
     let began = Instant::now();
     let rows = remove().await?;
     let seconds = began.elapsed().as_secs_f64();
@@ -367,30 +368,29 @@ pub async fn run(rows: usize, rounds: usize) -> anyhow::Result<()> {
     let mut drops = Vec::new();
     for round in 0..rounds {
         let day = u64::try_from(round)?;
-        let cutoff = day_end(start, day);
-        let first = u64::try_from(round)? * 1_000_000;
+        // A minute past the day's end: its last runs finish a second
+        // after their instant.
+        let cutoff = day_end(start, day) + chrono::Duration::minutes(1);
+        let tag = format!("r{round}");
+        // Counted before, not inside the timed removal.
+        let in_day: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM job_runs WHERE key_instant < $1")
+                .bind(day_end(start, day))
+                .fetch_one(&new.pool)
+                .await?;
+        let in_day = u64::try_from(in_day)?;
         let delete = || async {
-            measured(&old.pool, Claimer::Old(old.pool.clone()), first, || {
+            measured(&old.pool, Claimer::Old(old.pool.clone()), &tag, || {
                 batched_delete(&old.pool, cutoff)
             })
             .await
         };
         let drop = || async {
-            measured(
-                &new.pool,
-                Claimer::Ledger(ledger.clone()),
-                first,
-                || async {
-                    let before: i64 =
-                        sqlx::query_scalar("SELECT count(*) FROM job_runs WHERE finished_at < $1")
-                            .bind(cutoff)
-                            .fetch_one(&new.pool)
-                            .await?;
-                    let d = ledger.drop_expired_run_partitions(cutoff).await?;
-                    anyhow::ensure!(d.dropped.len() == 1, "expected one day dropped: {:?}", d);
-                    Ok(u64::try_from(before)?)
-                },
-            )
+            measured(&new.pool, Claimer::Ledger(ledger.clone()), &tag, || async {
+                let d = ledger.drop_expired_run_partitions(cutoff).await?;
+                anyhow::ensure!(d.dropped.len() == 1, "expected one day dropped: {:?}", d);
+                Ok(in_day)
+            })
             .await
         };
         if round % 2 == 0 {

@@ -33,6 +33,9 @@ use crate::sample::median;
 const PREFETCH: u16 = 64;
 const CONCURRENCY: usize = 32;
 const SLEEP_CONCURRENCY: usize = 8;
+/// Past days of run partitions in the aged-ledger scenario: what a 30-day
+/// retention keeps (with today's and the days ahead, 36 partitions).
+const AGED_DAYS: u64 = 30;
 
 /// Loads `n` claimed rows and their messages of `job_type` into `env`.
 async fn load(
@@ -195,10 +198,14 @@ async fn belfry(
     Ok(elapsed)
 }
 
+/// `n` jobs of `job_type` consumed by `run`, on a ledger that also has the
+/// day partitions of `past_days` days before today (a fresh ledger has
+/// today's and the next 3; a 30-day retention keeps about 30 more).
 async fn scenario<F, Fut>(
     job_type: &str,
     payload: serde_json::Value,
     n: usize,
+    past_days: u64,
     run: F,
 ) -> anyhow::Result<f64>
 where
@@ -206,6 +213,11 @@ where
     Fut: std::future::Future<Output = anyhow::Result<Duration>>,
 {
     let env = Arc::new(TestEnv::new().await);
+    let today = chrono::Utc::now().date_naive();
+    let days: Vec<_> = (1..=past_days)
+        .filter_map(|d| today.checked_sub_days(chrono::Days::new(d)))
+        .collect();
+    env.ledger.prepare_run_partitions(&days).await?;
     load(&env, n, job_type, payload)
         .await
         .context("loading jobs")?;
@@ -227,7 +239,7 @@ where
 /// The naive consume + `UPDATE` + ack loop over `n` noop jobs; jobs per
 /// second.
 pub(crate) async fn raw_consume(n: usize) -> anyhow::Result<f64> {
-    scenario("noop", serde_json::Value::Null, n, |env| async move {
+    scenario("noop", serde_json::Value::Null, n, 0, |env| async move {
         baseline(&env, n).await
     })
     .await
@@ -241,7 +253,18 @@ async fn workers(
     count: usize,
     concurrency: usize,
 ) -> anyhow::Result<f64> {
-    scenario(job_type, payload.clone(), n, |env| async move {
+    aged_workers((job_type, payload), n, count, concurrency, 0).await
+}
+
+/// [`workers`] on a ledger with `past_days` more day partitions.
+async fn aged_workers(
+    (job_type, payload): (&str, &serde_json::Value),
+    n: usize,
+    count: usize,
+    concurrency: usize,
+    past_days: u64,
+) -> anyhow::Result<f64> {
+    scenario(job_type, payload.clone(), n, past_days, |env| async move {
         belfry(&env, n, count, concurrency).await
     })
     .await
@@ -251,6 +274,7 @@ async fn workers(
 pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Result<()> {
     let rounds = rounds.max(1);
     let (mut base, mut one, mut three, mut s1, mut s3) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut aged = vec![];
     let (empty, nap) = (
         serde_json::json!({}),
         serde_json::json!({"duration_ms": 100}),
@@ -258,18 +282,19 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
     let (noop, sleep) = (("noop", &empty), ("sleep", &nap));
     for round in 1..=rounds {
         base.push(
-            scenario("noop", empty.clone(), jobs, |env| async move {
+            scenario("noop", empty.clone(), jobs, 0, |env| async move {
                 baseline(&env, jobs).await
             })
             .await?,
         );
         one.push(workers(noop, jobs, 1, CONCURRENCY).await?);
+        aged.push(aged_workers(noop, jobs, 1, CONCURRENCY, AGED_DAYS).await?);
         three.push(workers(noop, jobs, 3, CONCURRENCY).await?);
         s1.push(workers(sleep, sleep_jobs, 1, SLEEP_CONCURRENCY).await?);
         s3.push(workers(sleep, sleep_jobs, 3, SLEEP_CONCURRENCY).await?);
         eprintln!(
-            "round {round}: baseline {:.0}/s, 1 worker {:.0}/s, 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
-            base[round - 1], one[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
+            "round {round}: baseline {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
+            base[round - 1], one[round - 1], aged[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
         );
     }
     let (b, o, t, a, c) = (
@@ -289,6 +314,12 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
     println!(
         "| belfry, 1 worker (noop) | {jobs} | {CONCURRENCY} | {o:.0} | {:.2} × baseline |",
         o / b
+    );
+    let g = median(aged);
+    println!(
+        "| belfry, 1 worker (noop), {AGED_DAYS} days more of run partitions | {jobs} | {CONCURRENCY} | {g:.0} | {:.2} × baseline, {:.2} × fresh ledger |",
+        g / b,
+        g / o
     );
     println!("| belfry, 3 workers of one group (noop) | {jobs} | {CONCURRENCY} | {t:.0} | {:.2} × baseline |", t / b);
     println!(

@@ -145,3 +145,21 @@ impl<'a> RunLookup<'a> {
 pub(crate) fn options_json(options: &JobOptions) -> Result<serde_json::Value, LedgerError> {
     serde_json::to_value(options).map_err(|e| LedgerError::Corrupt(format!("job options: {e}")))
 }
+
+/// The error of inserting `run`'s row: the run key is handled by `ON
+/// CONFLICT`, so a unique violation can only be the primary key, which
+/// means the message's id belongs to another run.
+pub(crate) fn from_message_error(run: &FromMessage<'_>, e: sqlx::Error) -> LedgerError {
+    match e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => id_conflict(run),
+        e => e.into(),
+    }
+}
+
+/// [`LedgerError::IdConflict`] for `run`'s message.
+pub(crate) fn id_conflict(run: &FromMessage<'_>) -> LedgerError {
+    LedgerError::IdConflict {
+        id: run.message().message_id,
+        run_key: run.message().run_key.clone(),
+    }
+}

@@ -465,18 +465,7 @@ impl Ledger {
     /// Inserts the row of a run known only from its message, as `run`
     /// says. Returns the number of rows inserted or updated.
     async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, LedgerError> {
-        match self.store.insert_from_message(run).await {
-            Ok(rows) => Ok(rows),
-            // The run key is handled by ON CONFLICT; a unique violation here
-            // can only be the primary key: the id belongs to another run.
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(LedgerError::IdConflict {
-                    id: run.message().message_id,
-                    run_key: run.message().run_key.clone(),
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.store.insert_from_message(run).await
     }
 
     /// Records the end of attempt `entry.attempt` and moves the run to `status`

@@ -142,7 +142,7 @@ pub(crate) trait RunStore {
     /// Inserts the row of a run known only from its message; the raw
     /// database error is kept so that [`crate::Ledger`] can tell an id
     /// conflict from an outage.
-    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, sqlx::Error>;
+    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, LedgerError>;
 
     /// [`crate::Ledger::renew_leases`].
     async fn renew_leases(

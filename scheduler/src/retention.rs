@@ -73,14 +73,21 @@ impl Retention {
             return Ok(pruned);
         };
         // Whole days first: what they drop, row-by-row pruning need not
-        // look at.
-        let days = self.ledger.drop_expired_run_partitions(cutoff).await?;
-        pruned.partitions = u64::try_from(days.dropped.len()).unwrap_or(u64::MAX);
-        if !days.kept.is_empty() {
-            tracing::info!(
-                partitions = ?days.kept,
-                "run partitions past retention kept for unfinished runs; their finished runs are pruned row by row"
-            );
+        // look at. A failure there (a lock not granted) does not hold up
+        // the rest of the pass.
+        match self.ledger.drop_expired_run_partitions(cutoff).await {
+            Ok(days) => {
+                pruned.partitions = u64::try_from(days.dropped.len()).unwrap_or(u64::MAX);
+                if !days.kept.is_empty() {
+                    tracing::info!(
+                        partitions = ?days.kept,
+                        "run partitions past retention kept (an unfinished run, or busy); their finished runs are pruned row by row"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping expired run partitions failed; retrying next pass")
+            }
         }
         loop {
             let runs = self.ledger.prune_finished_runs(cutoff, PRUNE_BATCH).await?;

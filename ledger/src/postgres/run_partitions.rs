@@ -30,14 +30,39 @@ use crate::LedgerError;
 /// lock, beside the shard passes' `(21, 0)`).
 const MAINTENANCE_LOCK: &str = "SELECT pg_advisory_xact_lock(21, 1)";
 
-/// How long a maintenance statement may wait for a table lock.
-const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
+/// How long a maintenance statement may wait for a table lock. While it
+/// waits, every later statement that needs a conflicting lock on the table
+/// queues behind it, so this bounds the stall a busy moment can cause the
+/// claim path (once a day, per day created or dropped).
+const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
 
-/// A run that keeps its day partition from being dropped: unfinished, or
-/// finished after the cutoff (`$1`). Index probes only (the partial
-/// indexes on unfinished and on finished runs).
-const BLOCKERS: &str = "status IN ('claimed', 'dispatched', 'running', 'retrying', 'buffered') \
-                        OR finished_at >= $1";
+/// Whether partition `{name}` holds a run that keeps it from being dropped:
+/// unfinished, or finished after the cutoff (`$1`). Three `EXISTS`, each an
+/// index probe (the partial indexes on unfinished, buffered and finished
+/// runs); one `OR` of the three conditions would scan the whole day, and
+/// the second check runs while `job_runs` is locked.
+fn blockers(name: &str) -> String {
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM {name} \
+                        WHERE status IN ('claimed', 'dispatched', 'running', 'retrying')) \
+             OR EXISTS (SELECT 1 FROM {name} WHERE status = 'buffered') \
+             OR EXISTS (SELECT 1 FROM {name} WHERE finished_at >= $1)"
+    )
+}
+
+/// Attempts at locking the default partition without waiting (see
+/// `prepare_run_partitions`), and the pause between two.
+const DEFAULT_LOCK_ATTEMPTS: u32 = 20;
+const DEFAULT_LOCK_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// SQLSTATE of `lock_not_available` (NOWAIT, `lock_timeout`).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// SQLSTATE of `undefined_table`: a partition another replica dropped.
+const UNDEFINED_TABLE: &str = "42P01";
+
+fn is_code(e: &sqlx::Error, code: &str) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(code))
+}
 
 #[async_trait]
 impl RunPartitionStore for PgStore {
@@ -55,69 +80,25 @@ impl RunPartitionStore for PgStore {
                 continue;
             };
             let name = day_partition_name(day);
-            // Two replicas preparing the same day: the second finds it.
-            let mut tx = self.maintenance().await?;
-            let existing = list(self.route.on(&mut tx)).await?;
-            let covered = existing.iter().any(|p| {
-                !p.default && p.from.is_none_or(|f| f < to) && p.to.is_none_or(|t| t > from)
-            });
-            if covered {
-                tx.commit().await?;
-                continue;
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match self.create_day(&name, from, to).await {
+                    Ok(true) => {
+                        created.push(name.clone());
+                        break;
+                    }
+                    Ok(false) => break,
+                    // The default partition was in use: nothing was held
+                    // meanwhile, so nobody waited on us; try again shortly.
+                    Err(LedgerError::Query(e))
+                        if is_code(&e, LOCK_NOT_AVAILABLE) && attempt < DEFAULT_LOCK_ATTEMPTS =>
+                    {
+                        tokio::time::sleep(DEFAULT_LOCK_PAUSE).await;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            // Writers wait (readers do not) until the day is attached: an
-            // insert routed to the default partition before the attach
-            // would fail its partition check after it ("violates partition
-            // constraint"), because routing is decided before the insert
-            // waits for the default's lock. SHARE on the parent waits for
-            // writes in flight and holds off new ones, which route afresh
-            // once it is released. Parent before default, the order every
-            // writer takes them in, so no cycle. Held for the few
-            // milliseconds below (the new table is empty, the default
-            // small).
-            let statements = [
-                "LOCK TABLE job_runs IN SHARE MODE".to_owned(),
-                // Runs of this day that landed in the default move out, and
-                // the attach checks the default holds none.
-                "LOCK TABLE job_runs_default IN ACCESS EXCLUSIVE MODE".to_owned(),
-                format!(
-                    "CREATE TABLE {name} (LIKE job_runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-                ),
-            ];
-            for s in &statements {
-                sqlx::query(s).execute(self.route.on(&mut tx)).await?;
-            }
-            sqlx::query(&format!(
-                "WITH moved AS (DELETE FROM job_runs_default \
-                                WHERE key_instant >= $1 AND key_instant < $2 RETURNING *) \
-                 INSERT INTO {name} SELECT * FROM moved"
-            ))
-            .bind(from)
-            .bind(to)
-            .execute(self.route.on(&mut tx))
-            .await?;
-            // The range as a CHECK lets ATTACH skip scanning the new table;
-            // dropped again once the partition bound says the same.
-            sqlx::query(&format!(
-                "ALTER TABLE {name} ADD CONSTRAINT {name}_range \
-                 CHECK (key_instant IS NOT NULL AND key_instant >= '{}' AND key_instant < '{}')",
-                from.to_rfc3339(),
-                to.to_rfc3339()
-            ))
-            .execute(self.route.on(&mut tx))
-            .await?;
-            sqlx::query(&format!(
-                "ALTER TABLE job_runs ATTACH PARTITION {name} FOR VALUES FROM ('{}') TO ('{}')",
-                from.to_rfc3339(),
-                to.to_rfc3339()
-            ))
-            .execute(self.route.on(&mut tx))
-            .await?;
-            sqlx::query(&format!("ALTER TABLE {name} DROP CONSTRAINT {name}_range"))
-                .execute(self.route.on(&mut tx))
-                .await?;
-            tx.commit().await?;
-            created.push(name);
         }
         Ok(created)
     }
@@ -133,52 +114,20 @@ impl RunPartitionStore for PgStore {
             .filter(|p| p.is_day() && p.to.is_some_and(|t| t <= cutoff))
             .collect();
         for p in expired {
-            let name = &p.name;
-            // The slow part, with no lock on the parent: is anything in the
-            // way, and which schedules' newest fire is in it.
-            let blocked: bool = sqlx::query_scalar(&format!(
-                "SELECT EXISTS (SELECT 1 FROM {name} WHERE {BLOCKERS})"
-            ))
-            .bind(cutoff)
-            .fetch_one(&self.route)
-            .await?;
-            if blocked {
-                out.kept.push(name.clone());
-                continue;
+            match self.drop_day(&p.name, cutoff).await {
+                Ok(true) => out.dropped.push(p.name),
+                Ok(false) => out.kept.push(p.name),
+                // Another replica's pass dropped it first.
+                Err(LedgerError::Query(e)) if is_code(&e, UNDEFINED_TABLE) => {}
+                // Its lock was not granted in time (a long transaction on
+                // job_runs): the next pass tries again; the other days and
+                // the row-by-row pruning go on.
+                Err(LedgerError::Query(e)) if is_code(&e, LOCK_NOT_AVAILABLE) => {
+                    tracing::info!(partition = %p.name, "run partition busy; dropping it next pass");
+                    out.kept.push(p.name);
+                }
+                Err(e) => return Err(e),
             }
-            sqlx::query(&format!(
-                "INSERT INTO schedule_last_fires (job_name, scheduled_at) \
-                 SELECT r.job_name, max(r.scheduled_at) FROM {name} r WHERE {} GROUP BY r.job_name \
-                 ON CONFLICT (job_name) DO UPDATE \
-                     SET scheduled_at = GREATEST(schedule_last_fires.scheduled_at, EXCLUDED.scheduled_at)",
-                live_fire("r")
-            ))
-            .execute(&self.route)
-            .await?;
-            // The short part: detach (ACCESS EXCLUSIVE on job_runs until
-            // commit), re-check under the lock (a run written into this old
-            // day since the check above keeps it), drop.
-            let mut tx = self.maintenance().await?;
-            sqlx::query(&format!("ALTER TABLE job_runs DETACH PARTITION {name}"))
-                .execute(self.route.on(&mut tx))
-                .await?;
-            let blocked: bool = sqlx::query_scalar(&format!(
-                "SELECT EXISTS (SELECT 1 FROM {name} WHERE {BLOCKERS})"
-            ))
-            .bind(cutoff)
-            .fetch_one(self.route.on(&mut tx))
-            .await?;
-            if blocked {
-                // Rolled back: the partition stays attached.
-                tx.rollback().await?;
-                out.kept.push(name.clone());
-                continue;
-            }
-            sqlx::query(&format!("DROP TABLE {name}"))
-                .execute(self.route.on(&mut tx))
-                .await?;
-            tx.commit().await?;
-            out.dropped.push(name.clone());
         }
         Ok(out)
     }
@@ -189,6 +138,129 @@ impl RunPartitionStore for PgStore {
 }
 
 impl PgStore {
+    /// Creates day partition `name` for `[from, to)` unless a partition
+    /// covers it; whether it was created.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`]; `lock_not_available` when the default
+    /// partition was in use (the caller retries).
+    async fn create_day(
+        &self,
+        name: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<bool, LedgerError> {
+        // Two replicas preparing the same day: the second finds it.
+        let mut tx = self.maintenance().await?;
+        let existing = list_in(&self.route, &mut tx).await?;
+        let covered = existing
+            .iter()
+            .any(|p| !p.default && p.from.is_none_or(|f| f < to) && p.to.is_none_or(|t| t > from));
+        if covered {
+            tx.commit().await?;
+            return Ok(false);
+        }
+        // Writers wait (readers do not) until the day is attached: an
+        // insert routed to the default partition before the attach would
+        // fail its partition check after it ("violates partition
+        // constraint"), because routing is decided before the insert waits
+        // for the default's lock. SHARE on the parent alone (ONLY: not on
+        // every partition) waits for writes in flight and holds off new
+        // ones, which route afresh once it is released. The default is then
+        // taken without waiting: a transaction that read it and is about to
+        // write (a claim deciding an overlap) holds it while it waits for
+        // us, so waiting here would be a deadlock; we give way instead and
+        // the caller tries again. Held for the few milliseconds below (the
+        // new table is empty, the default small).
+        let statements = [
+            "LOCK TABLE ONLY job_runs IN SHARE MODE".to_owned(),
+            "LOCK TABLE job_runs_default IN ACCESS EXCLUSIVE MODE NOWAIT".to_owned(),
+            format!("CREATE TABLE {name} (LIKE job_runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
+        ];
+        for s in &statements {
+            sqlx::query(s).execute(self.route.on(&mut tx)).await?;
+        }
+        // Runs of this day that landed in the default move out; the attach
+        // checks the default holds none.
+        sqlx::query(&format!(
+            "WITH moved AS (DELETE FROM job_runs_default \
+                            WHERE key_instant >= $1 AND key_instant < $2 RETURNING *) \
+             INSERT INTO {name} SELECT * FROM moved"
+        ))
+        .bind(from)
+        .bind(to)
+        .execute(self.route.on(&mut tx))
+        .await?;
+        // The range as a CHECK lets ATTACH skip scanning the new table;
+        // dropped again once the partition bound says the same.
+        let (lo, hi) = (from.to_rfc3339(), to.to_rfc3339());
+        for s in [
+            format!(
+                "ALTER TABLE {name} ADD CONSTRAINT {name}_range \
+                 CHECK (key_instant IS NOT NULL AND key_instant >= '{lo}' AND key_instant < '{hi}')"
+            ),
+            format!(
+                "ALTER TABLE job_runs ATTACH PARTITION {name} FOR VALUES FROM ('{lo}') TO ('{hi}')"
+            ),
+            format!("ALTER TABLE {name} DROP CONSTRAINT {name}_range"),
+        ] {
+            sqlx::query(&s).execute(self.route.on(&mut tx)).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Drops day partition `name` if nothing in it is unfinished or
+    /// finished after `cutoff`, first recording its schedules' newest fires;
+    /// whether it was dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`]: `undefined_table` when another replica
+    /// dropped it first, `lock_not_available` when `job_runs` stayed busy.
+    async fn drop_day(&self, name: &str, cutoff: DateTime<Utc>) -> Result<bool, LedgerError> {
+        // The slow part, with no lock on the parent: is anything in the
+        // way, and which schedules' newest fire is in it.
+        let blocked: bool = sqlx::query_scalar(&blockers(name))
+            .bind(cutoff)
+            .fetch_one(&self.route)
+            .await?;
+        if blocked {
+            return Ok(false);
+        }
+        sqlx::query(&format!(
+            "INSERT INTO schedule_last_fires (job_name, scheduled_at) \
+             SELECT r.job_name, max(r.scheduled_at) FROM {name} r WHERE {} GROUP BY r.job_name \
+             ON CONFLICT (job_name) DO UPDATE \
+                 SET scheduled_at = GREATEST(schedule_last_fires.scheduled_at, EXCLUDED.scheduled_at)",
+            live_fire("r")
+        ))
+        .execute(&self.route)
+        .await?;
+        // The short part: detach (ACCESS EXCLUSIVE on job_runs until
+        // commit), re-check under the lock (a run written into this old day
+        // since the check above keeps it: index probes only), drop.
+        let mut tx = self.maintenance().await?;
+        sqlx::query(&format!("ALTER TABLE job_runs DETACH PARTITION {name}"))
+            .execute(self.route.on(&mut tx))
+            .await?;
+        let blocked: bool = sqlx::query_scalar(&blockers(name))
+            .bind(cutoff)
+            .fetch_one(self.route.on(&mut tx))
+            .await?;
+        if blocked {
+            // Rolled back: the partition stays attached.
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        sqlx::query(&format!("DROP TABLE {name}"))
+            .execute(self.route.on(&mut tx))
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
     /// A maintenance transaction: short lock waits, and serialised with
     /// every other replica's maintenance.
     async fn maintenance(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, LedgerError> {
@@ -203,13 +275,29 @@ impl PgStore {
     }
 }
 
-/// Reads the partitions of `job_runs` from the catalog, oldest first (the
-/// default last). The bounds are read back in the session's own text form
-/// of a timestamp, so the cast back is exact whatever its DateStyle.
-async fn list<'e, E>(executor: E) -> Result<Vec<RunPartition>, LedgerError>
-where
-    E: sqlx::Executor<'e, Database = sqlx::Postgres>,
-{
+/// Reads the partitions of `job_runs` from the catalog ([`list_in`]).
+async fn list(route: &super::pooler::PgRoute) -> Result<Vec<RunPartition>, LedgerError> {
+    let mut tx = route.begin().await?;
+    let out = list_in(route, &mut tx).await?;
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// Reads the partitions of `job_runs` from the catalog inside `tx`, oldest
+/// first (the default last). The bounds come as text in the session's
+/// format, so the transaction fixes it (ISO, UTC) before reading them back.
+async fn list_in(
+    route: &super::pooler::PgRoute,
+    tx: &mut sqlx::PgConnection,
+) -> Result<Vec<RunPartition>, LedgerError> {
+    for s in [
+        "SET LOCAL DateStyle = 'ISO, YMD'",
+        "SET LOCAL TimeZone = 'UTC'",
+    ] {
+        sqlx::query(s).execute(route.on(&mut *tx)).await?;
+    }
+    let executor = route.on(&mut *tx);
+
     /// Name, lower bound, upper bound, default.
     type Row = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>, bool);
     let rows: Vec<Row> = sqlx::query_as(

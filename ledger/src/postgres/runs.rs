@@ -66,7 +66,11 @@ impl RunStore for PgStore {
     }
 
     async fn runs(&self, lookup: RunLookup<'_>) -> Result<Vec<RunRecord>, LedgerError> {
-        let sql = lookup.sql();
+        let mut sql = lookup.sql();
+        if matches!(lookup, RunLookup::Key(..)) {
+            // The partition key too: one partition probed, not every one.
+            sql.push_str(" AND key_instant = belfry_key_instant($1, $2)");
+        }
         Ok(lookup.query(&sql).fetch_all(&self.route).await?)
     }
 
@@ -273,7 +277,7 @@ impl RunStore for PgStore {
         self.moved(update.bind(id)).await
     }
 
-    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, sqlx::Error> {
+    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, LedgerError> {
         let on_conflict = match run {
             FromMessage::Dispatched(_) => "DO NOTHING".to_owned(),
             FromMessage::Dead(..) => format!(
@@ -288,11 +292,36 @@ impl RunStore for PgStore {
                      belfry_key_instant($2, $3)) \
              ON CONFLICT (job_name, run_key, key_instant) {on_conflict}"
         );
+        // The primary key is (id, key_instant): unique per partition only.
+        // A message names its own id, so another run (another key, maybe
+        // another day) may hold it already: checked under a lock on the id,
+        // the ids of scheduled and enqueued runs being fresh UUIDv7s.
+        let message = run.message();
+        let mut tx = self.route.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(23, hashtext($1::text))")
+            .bind(message.message_id)
+            .execute(self.route.on(&mut tx))
+            .await?;
+        let taken: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM job_runs WHERE id = $1 \
+                            AND NOT (job_name = $2 AND run_key = $3))",
+        )
+        .bind(message.message_id)
+        .bind(&message.job_name)
+        .bind(&message.run_key)
+        .fetch_one(self.route.on(&mut tx))
+        .await?;
+        if taken {
+            tx.rollback().await?;
+            return Err(crate::run_rows::id_conflict(&run));
+        }
         // `$1` to `$13` in the order of the columns above.
         let done = run
             .bind(sqlx::query(&insert), |at| at)?
-            .execute(&self.route)
-            .await?;
+            .execute(self.route.on(&mut tx))
+            .await
+            .map_err(|e| crate::run_rows::from_message_error(&run, e))?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 }

@@ -198,7 +198,7 @@ impl RunStore for SqliteLedger {
         row.map(|row| RunState::parse(row, Utc::now())).transpose()
     }
 
-    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, sqlx::Error> {
+    async fn insert_from_message(&self, run: FromMessage<'_>) -> Result<u64, LedgerError> {
         let action = match run {
             FromMessage::Dispatched(_) => "DO NOTHING",
             FromMessage::Dead(..) => concat!(
@@ -219,7 +219,8 @@ impl RunStore for SqliteLedger {
             .bind(sqlx::query(&insert), ts)?
             .bind(now())
             .execute(&self.writer)
-            .await?;
+            .await
+            .map_err(|e| crate::run_rows::from_message_error(&run, e))?;
         Ok(done.rows_affected())
     }
 

@@ -63,6 +63,24 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+/// Fails the run with key `key` by hand; the `run.failed` alert events
+/// then stored (one per failed run unless a trigger fires twice).
+async fn fail_and_count_alerts(pool: &PgPool, key: &str) -> i64 {
+    sqlx::query(
+        "UPDATE job_runs SET status = 'failed', attempts = 1, finished_at = now(), last_error = 'boom' \
+         WHERE run_key = $1",
+    )
+    .bind(key)
+    .execute(pool)
+    .await
+    .unwrap();
+    count(
+        pool,
+        "SELECT count(*) FROM alert_events WHERE kind = 'run.failed'",
+    )
+    .await
+}
+
 fn day(at: DateTime<Utc>) -> String {
     format!("job_runs_p{}", at.format("%Y%m%d"))
 }
@@ -181,20 +199,7 @@ async fn a_new_day_takes_its_runs_out_of_the_default_partition() {
         .is_empty());
     // The alert triggers are on the moved day too: a failed run there makes
     // one event, not two.
-    sqlx::query(
-        "UPDATE job_runs SET status = 'failed', attempts = 1, finished_at = now(), last_error = 'boom' \
-         WHERE job_name = 'x' AND run_key = $1",
-    )
-    .bind(&key)
-    .execute(pool)
-    .await
-    .unwrap();
-    let events = count(
-        pool,
-        "SELECT count(*) FROM alert_events WHERE kind = 'run.failed'",
-    )
-    .await;
-    assert_eq!(events, 1);
+    assert_eq!(fail_and_count_alerts(pool, &key).await, 1);
     env.teardown(&[]).await;
 }
 
@@ -397,20 +402,7 @@ async fn an_existing_unpartitioned_table_is_converted_in_place() {
     assert_eq!(names, expected);
     // One trigger of each kind: a run failing in the old partition makes
     // one alert event.
-    sqlx::query(
-        "UPDATE job_runs SET status = 'failed', attempts = 1, finished_at = now(), last_error = 'boom' \
-         WHERE run_key = $1",
-    )
-    .bind(&keys[2])
-    .execute(pool)
-    .await
-    .unwrap();
-    let events = count(
-        pool,
-        "SELECT count(*) FROM alert_events WHERE kind = 'run.failed'",
-    )
-    .await;
-    assert_eq!(events, 1);
+    assert_eq!(fail_and_count_alerts(pool, &keys[2]).await, 1);
     ledger.close().await;
     let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
         .execute(&mut conn)
@@ -461,5 +453,46 @@ async fn claims_racing_the_creation_of_their_day_never_fail() {
     }
     let in_default = count(pool(&env), "SELECT count(*) FROM job_runs_default").await;
     assert_eq!(in_default, 0);
+    env.teardown(&[]).await;
+}
+
+/// Ids are unique per partition only in the primary key (it must hold the
+/// partition key): a hand-published message whose id another run (another
+/// key, another day) holds is still refused as an id conflict, not
+/// recorded as a second run with that id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_reusing_another_runs_id_on_another_day_is_refused() {
+    let env = belfry_testkit::service_env!();
+    let now = Utc.timestamp_opt(Utc::now().timestamp(), 0).unwrap();
+    let first = run("h", &belfry_protocol::run_key("h", now).unwrap(), now);
+    assert!(env.ledger.claim(&first).await.unwrap());
+    // The same id, a key two days ahead (another partition).
+    let later = now + chrono::Duration::days(2);
+    let mut message = run("h", &belfry_protocol::run_key("h", later).unwrap(), later).to_message();
+    message.message_id = first.id;
+    let e = env
+        .ledger
+        .begin_attempt(&message, "w-1", Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, belfry_ledger::LedgerError::IdConflict { .. }),
+        "{e}"
+    );
+    let with_id = count(
+        pool(&env),
+        &format!("SELECT count(*) FROM job_runs WHERE id = '{}'", first.id),
+    )
+    .await;
+    assert_eq!(with_id, 1);
+    // And the key instant is the key's, whoever writes the row.
+    let e = sqlx::query(
+        "INSERT INTO job_runs (id, job_name, run_key, job_type, status, scheduled_at, key_instant) \
+         VALUES (gen_random_uuid(), 'h', 'h@x', 'noop', 'claimed', now(), now())",
+    )
+    .execute(pool(&env))
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("job_runs_key_instant_check"), "{e}");
     env.teardown(&[]).await;
 }
