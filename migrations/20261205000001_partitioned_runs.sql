@@ -28,9 +28,9 @@
 -- keyed and default partitions row by row as before.
 --
 -- Upgrading an existing database: the whole table is converted in this
--- migration's transaction (a column is filled for every row and two unique
--- indexes are built: about 10 s per million rows on the benchmark machine;
--- see README "Partitioned ledger"). Stop every scheduler and worker of the
+-- migration's transaction (the table is rewritten once with a new column
+-- and two unique indexes are built: about 16 s per million rows on the
+-- benchmark machine; see README "The partitioned ledger"). Stop every scheduler and worker of the
 -- previous version first: their inserts name `ON CONFLICT (job_name,
 -- run_key)`, which the partitioned table no longer has.
 
