@@ -33,6 +33,8 @@ use crate::sample::median;
 const PREFETCH: u16 = 64;
 const CONCURRENCY: usize = 32;
 const SLEEP_CONCURRENCY: usize = 8;
+/// Batches in flight in the batched baseline.
+const BATCHES_IN_FLIGHT: usize = 4;
 /// Past days of run partitions in the aged-ledger scenario: what a 30-day
 /// retention keeps (with today's and the days ahead, 36 partitions).
 const AGED_DAYS: u64 = 30;
@@ -106,18 +108,23 @@ async fn load(
     Ok(())
 }
 
-/// The baseline: consume, one UPDATE, ack; same prefetch and concurrency.
-async fn baseline(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
+/// A plain consumer of the group's queue at the benchmark's prefetch, on
+/// its own connection (closed by the caller), and a database pool: what
+/// the raw loops start from.
+async fn raw_consumer(
+    env: &TestEnv,
+    tag: &str,
+) -> anyhow::Result<(lapin::Connection, lapin::Consumer, sqlx::PgPool)> {
     let conn =
         lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await?;
     let channel = conn.create_channel().await?;
     channel
         .basic_qos(PREFETCH, BasicQosOptions::default())
         .await?;
-    let mut consumer = channel
+    let consumer = channel
         .basic_consume(
             &env.topology.group_queue("default"),
-            "baseline",
+            tag,
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
@@ -126,6 +133,12 @@ async fn baseline(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
         .max_connections(8)
         .connect(&env.database_url)
         .await?;
+    Ok((conn, consumer, pool))
+}
+
+/// The baseline: consume, one UPDATE, ack; same prefetch and concurrency.
+async fn baseline(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
+    let (conn, mut consumer, pool) = raw_consumer(env, "baseline").await?;
     let permits = Arc::new(Semaphore::new(CONCURRENCY));
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -148,6 +161,71 @@ async fn baseline(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed();
+    let _ = conn.close(200, "done").await;
+    Ok(elapsed)
+}
+
+/// The batched loop: whatever deliveries are ready (up to the prefetch)
+/// become one `UPDATE ... WHERE id = ANY(...)` and one `multiple` ack, with
+/// up to [`BATCHES_IN_FLIGHT`] batches in flight, acked in delivery order.
+/// No belfry code: what the broker and the database allow.
+async fn batched_baseline(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
+    use futures::FutureExt;
+    let (conn, mut consumer, pool) = raw_consumer(env, "batched").await?;
+    let start = Instant::now();
+    let mut in_flight = futures::stream::FuturesOrdered::new();
+    let mut taken = 0;
+    let mut done = 0;
+    while done < n {
+        // A new batch when there is room for one, else (or when a batch
+        // finishes first) an ack: the broker sends nothing past the
+        // prefetch until something is acked.
+        let next = if taken < n && in_flight.len() < BATCHES_IN_FLIGHT {
+            tokio::select! {
+                d = consumer.next() => Ok(d.context("consumer closed")??),
+                b = in_flight.next(), if !in_flight.is_empty() => Err(b.context("no batch in flight")??),
+            }
+        } else {
+            Err(in_flight.next().await.context("no batch in flight")??)
+        };
+        match next {
+            Ok(first) => {
+                // One delivery awaited, then every one already there.
+                let mut batch = vec![first];
+                while batch.len() < usize::from(PREFETCH) {
+                    match consumer.next().now_or_never() {
+                        Some(Some(d)) => batch.push(d?),
+                        _ => break,
+                    }
+                }
+                taken += batch.len();
+                let ids: Vec<Uuid> = batch
+                    .iter()
+                    .filter_map(|d| JobMessage::from_slice(&d.data).ok().map(|m| m.message_id))
+                    .collect();
+                let pool = pool.clone();
+                in_flight.push_back(async move {
+                    sqlx::query(
+                        "UPDATE job_runs SET status = 'succeeded', finished_at = now() WHERE id = ANY($1)",
+                    )
+                    .bind(&ids)
+                    .execute(&pool)
+                    .await?;
+                    anyhow::Ok(batch)
+                });
+            }
+            Err(batch) => {
+                // Batches finish in the order they were taken
+                // (FuturesOrdered): the last tag of each acks every one
+                // before it.
+                if let Some(last) = batch.last() {
+                    last.acker.ack(BasicAckOptions { multiple: true }).await?;
+                }
+                done += batch.len();
+            }
+        }
+    }
     let elapsed = start.elapsed();
     let _ = conn.close(200, "done").await;
     Ok(elapsed)
@@ -274,6 +352,7 @@ async fn aged_workers(
 pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Result<()> {
     let rounds = rounds.max(1);
     let (mut base, mut one, mut three, mut s1, mut s3) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut batched = vec![];
     let mut aged = vec![];
     let (empty, nap) = (
         serde_json::json!({}),
@@ -287,14 +366,20 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
             })
             .await?,
         );
+        batched.push(
+            scenario("noop", empty.clone(), jobs, 0, |env| async move {
+                batched_baseline(&env, jobs).await
+            })
+            .await?,
+        );
         one.push(workers(noop, jobs, 1, CONCURRENCY).await?);
         aged.push(aged_workers(noop, jobs, 1, CONCURRENCY, AGED_DAYS).await?);
         three.push(workers(noop, jobs, 3, CONCURRENCY).await?);
         s1.push(workers(sleep, sleep_jobs, 1, SLEEP_CONCURRENCY).await?);
         s3.push(workers(sleep, sleep_jobs, 3, SLEEP_CONCURRENCY).await?);
         eprintln!(
-            "round {round}: baseline {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
-            base[round - 1], one[round - 1], aged[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
+            "round {round}: baseline {:.0}/s, batched {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
+            base[round - 1], batched[round - 1], one[round - 1], aged[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
         );
     }
     let (b, o, t, a, c) = (
@@ -311,9 +396,15 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
     println!(
         "| baseline: consume + 1 UPDATE + ack (noop) | {jobs} | {CONCURRENCY} | {b:.0} | 1.00 |"
     );
+    let bb = median(batched);
     println!(
-        "| belfry, 1 worker (noop) | {jobs} | {CONCURRENCY} | {o:.0} | {:.2} × baseline |",
-        o / b
+        "| batched: ready deliveries → 1 UPDATE + 1 multiple ack, {BATCHES_IN_FLIGHT} batches in flight (noop) | {jobs} | – | {bb:.0} | {:.2} × baseline |",
+        bb / b
+    );
+    println!(
+        "| belfry, 1 worker (noop) | {jobs} | {CONCURRENCY} | {o:.0} | {:.2} × baseline, {:.2} × batched |",
+        o / b,
+        o / bb
     );
     let g = median(aged);
     println!(
@@ -321,7 +412,7 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         g / b,
         g / o
     );
-    println!("| belfry, 3 workers of one group (noop) | {jobs} | {CONCURRENCY} | {t:.0} | {:.2} × baseline |", t / b);
+    println!("| belfry, 3 workers of one group (noop) | {jobs} | {CONCURRENCY} | {t:.0} | {:.2} × baseline, {:.2} × batched |", t / b, t / bb);
     println!(
         "| belfry, 1 worker (sleep 100 ms) | {sleep_jobs} | {SLEEP_CONCURRENCY} | {a:.1} | 1.00 |"
     );

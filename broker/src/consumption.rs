@@ -11,8 +11,10 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions};
+use lapin::options::BasicCancelOptions;
 use lapin::Channel;
+
+use crate::ack_window::{AckWindow, Nack};
 
 use crate::embedded_queue::{JobQueue, QueuedMessage};
 use belfry_protocol::topology::HEADER_TRACEPARENT;
@@ -37,7 +39,9 @@ pub struct Delivery {
 }
 
 enum Acker {
-    Amqp(lapin::acker::Acker),
+    /// Settled through the consumer's window (acks in order share one
+    /// `multiple` frame).
+    Amqp { window: AckWindow, tag: u64 },
     Embedded {
         queue: JobQueue,
         seq: i64,
@@ -55,7 +59,7 @@ impl std::fmt::Debug for Delivery {
 }
 
 impl Delivery {
-    fn from_amqp(d: lapin::message::Delivery) -> Self {
+    fn from_amqp(d: lapin::message::Delivery, window: &AckWindow) -> Self {
         let traceparent = d
             .properties
             .headers()
@@ -67,16 +71,26 @@ impl Delivery {
             routing_key: d.routing_key.to_string(),
             traceparent,
             data: d.data,
-            acker: Acker::Amqp(d.acker),
+            acker: Acker::Amqp {
+                window: window.clone(),
+                tag: d.delivery_tag,
+            },
         }
     }
 
     /// Acknowledges the delivery: the queue forgets the message.
     ///
+    /// On RabbitMQ the ack is handed to the consumer's acknowledgement
+    /// window and this returns at once: acks of deliveries that finished in
+    /// order go out together as one `multiple` ack, and none is held longer
+    /// than 20 ms behind a delivery still running. An ack that never reaches
+    /// the broker (channel lost) is logged there; the message is delivered
+    /// again, as after any lost ack.
+    ///
     /// # Errors
     ///
-    /// [`BrokerError`] when the ack could not be sent (the message will be
-    /// delivered again).
+    /// [`BrokerError`] when the ack could not be sent or queued (the message
+    /// will be delivered again).
     pub async fn ack(&self) -> Result<(), BrokerError> {
         self.settle(Settlement::Ack).await
     }
@@ -107,20 +121,13 @@ impl Delivery {
     async fn settle(&self, how: Settlement<'_>) -> Result<(), BrokerError> {
         let what = how.name();
         match &self.acker {
-            Acker::Amqp(a) => {
-                let sent = match how {
-                    Settlement::Ack => a.ack(BasicAckOptions::default()).await,
-                    Settlement::Requeue | Settlement::Reject { .. } => {
-                        let requeue = matches!(how, Settlement::Requeue);
-                        a.nack(BasicNackOptions {
-                            requeue,
-                            ..BasicNackOptions::default()
-                        })
-                        .await
-                    }
-                };
-                sent.map_err(BrokerError::amqp(what))
-            }
+            Acker::Amqp { window, tag } => match how {
+                Settlement::Ack => window.ack(*tag),
+                Settlement::Requeue | Settlement::Reject { .. } => {
+                    let requeue = matches!(how, Settlement::Requeue);
+                    window.nack(*tag, Nack { requeue }).await
+                }
+            },
             Acker::Embedded {
                 queue,
                 seq,
@@ -206,6 +213,7 @@ enum Kind {
         channel: Channel,
         consumer: lapin::Consumer,
         tag: String,
+        window: AckWindow,
     },
     Embedded {
         queue: JobQueue,
@@ -233,11 +241,13 @@ impl std::fmt::Debug for Consumption {
 
 impl Consumption {
     pub(crate) fn amqp(channel: Channel, consumer: lapin::Consumer, tag: &str) -> Self {
+        let window = AckWindow::start(channel.clone());
         Self {
             kind: Kind::Amqp {
                 channel,
                 consumer,
                 tag: tag.to_owned(),
+                window,
             },
         }
     }
@@ -271,9 +281,17 @@ impl Consumption {
     /// waits out database failures here instead.
     pub async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
         match &mut self.kind {
-            Kind::Amqp { consumer, .. } => consumer.next().await.map(|d| {
-                d.map(Delivery::from_amqp)
-                    .map_err(BrokerError::amqp("consume"))
+            Kind::Amqp {
+                consumer, window, ..
+            } => consumer.next().await.map(|d| {
+                d.map(|d| {
+                    // Registered before it is handed out: the window must
+                    // know every unsettled tag before any later one is
+                    // acked with `multiple`.
+                    window.delivered(d.delivery_tag);
+                    Delivery::from_amqp(d, window)
+                })
+                .map_err(BrokerError::amqp("consume"))
             }),
             Kind::Embedded {
                 queue,
@@ -356,7 +374,12 @@ impl Consumption {
     /// Closes the consumer: unacknowledged deliveries go back to the queue.
     pub async fn close(self) {
         match self.kind {
-            Kind::Amqp { channel, .. } => {
+            Kind::Amqp {
+                channel, window, ..
+            } => {
+                // Held acks first: closing the channel would give their
+                // messages back to the queue (delivered again, though done).
+                window.flush().await;
                 let _ = channel.close(200, "consumer closed").await;
             }
             Kind::Embedded { queue, tag, .. } => {

@@ -39,6 +39,10 @@ pub enum BrokerError {
     /// failed (its channel broke).
     #[error("publish not sent: an earlier publish of its batch failed ({0})")]
     NotSent(String),
+    /// A delivery was settled after its consumer was closed: the broker
+    /// gives the message back on its own (it is delivered again).
+    #[error("RabbitMQ {0} not sent: the consumer was closed (the message is delivered again)")]
+    ConsumerClosed(&'static str),
     /// The embedded queue (a table of the embedded database) failed.
     #[error("embedded queue: {0}")]
     Embedded(String),

@@ -10,6 +10,7 @@
 //! queue's code is here; its table lives in the embedded ledger's file,
 //! on connections the ledger hands out, so this crate needs no ledger.
 
+mod ack_window;
 pub mod amqp_tls;
 mod broker;
 mod cluster_nodes;

@@ -22,8 +22,14 @@ use crate::{Ledger, LedgerError, RunStatus};
 
 /// Most writes in one statement.
 const MAX_BATCH: usize = 256;
-/// Statements of one kind in flight at once.
-const IN_FLIGHT: usize = 4;
+/// Statements of one kind in flight at once. Few, so that a busy worker's
+/// writes gather into large batches: on the partitioned ledger a
+/// statement's fixed cost (planning over the partitions it names) is most
+/// of its cost, and with 4 in flight a noop worker sent batches of about
+/// 4 rows (BENCHMARKS.md, "The worker on the partitioned ledger"). Two, not
+/// one, so a statement waiting on a row lock does not hold up every other
+/// start or end.
+const IN_FLIGHT: usize = 2;
 
 /// A request to start an attempt (the common path: the row exists and is
 /// startable).

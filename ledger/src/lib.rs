@@ -233,6 +233,7 @@ impl Ledger {
                 route,
                 direct,
                 followers: Arc::new(followers),
+                hints: Arc::default(),
             }),
         })
     }
@@ -244,6 +245,7 @@ impl Ledger {
                 route: postgres::pooler::PgRoute::direct(pool),
                 direct: None,
                 followers: Arc::default(),
+                hints: Arc::default(),
             }),
         }
     }

@@ -7,6 +7,7 @@
 //! message layout, a run key or a queue name.
 
 pub mod job_options;
+pub mod key_instant;
 pub mod message;
 pub mod name;
 pub mod run_key;
@@ -17,6 +18,7 @@ pub mod topology;
 pub mod trace_context;
 
 pub use job_options::{JobOptions, RetryOverride};
+pub use key_instant::key_instant;
 pub use message::{JobMessage, MessageError, MESSAGE_VERSION};
 pub use name::{validate_name, NameError};
 pub use run_key::{check_identity, run_key, validate_run_key, InvalidRunKey, RunKeyError};

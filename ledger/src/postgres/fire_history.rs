@@ -148,6 +148,8 @@ impl FireHistoryStore for PgStore {
             !super::runs::claim_rows(self.route.on(&mut tx), std::slice::from_ref(run), buffered)
                 .await?
                 .is_empty();
+        // No partition hint is kept for this claim: it is dispatched (or
+        // buffered) through the outbox, whose statements find it by id.
         // Only the claim that won cancels.
         for id in cancel.into_iter().filter(|_| won) {
             let request = CancelRequest {

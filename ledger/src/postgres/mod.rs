@@ -17,6 +17,7 @@
 mod alerts;
 mod fire_history;
 mod outbox;
+mod partition_hints;
 pub(crate) mod pooler;
 pub(crate) mod primary;
 mod run_partitions;
@@ -55,6 +56,9 @@ pub(crate) struct PgStore {
     /// never read).
     #[allow(dead_code)]
     pub(crate) followers: Arc<Vec<tokio::sync::oneshot::Sender<()>>>,
+    /// The partitions of runs this process claimed or started, so finding
+    /// them again by id plans one partition ([`partition_hints`]).
+    pub(crate) hints: Arc<partition_hints::PartitionHints>,
 }
 
 /// A statement of the Postgres ledger, its values bound.

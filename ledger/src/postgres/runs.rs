@@ -21,6 +21,65 @@ use crate::status::{waiting_statuses, WAITING};
 use crate::store::RunStore;
 use crate::{LedgerError, RunStatus};
 
+/// The statement of [`RunStore::end_batch`]; `$hint` narrows it to the
+/// partitions named by `$8` (a literal: two prepared statements, each
+/// planned once).
+macro_rules! end_batch_sql {
+    ($hint:literal) => {
+        concat!(
+            "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::jsonb[], \
+                                    $6::timestamptz[], $7::int[]) \
+                                    AS b(id, status, last_error, terminal, entry, redispatch_at, attempt)), \
+                              locked AS ( \
+                             SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
+                             WHERE j.status = 'running' AND j.attempts = b.attempt", $hint, " \
+                             ORDER BY j.id FOR UPDATE OF j) \
+                         UPDATE job_runs j SET \
+                             status = CASE WHEN NOT b.terminal AND j.cancel_requested_at IS NOT NULL \
+                                 THEN 'cancelled' ELSE b.status END, \
+                             last_error = CASE WHEN b.status = 'cancelled' OR (NOT b.terminal AND j.cancel_requested_at IS NOT NULL) \
+                                 THEN COALESCE(j.cancel_reason, b.last_error) ELSE b.last_error END, \
+                             finished_at = CASE WHEN b.terminal OR j.cancel_requested_at IS NOT NULL THEN now() ELSE NULL END, \
+                             attempt_log = j.attempt_log || jsonb_build_array(b.entry), \
+                             next_dispatch_at = CASE WHEN j.cancel_requested_at IS NULL THEN b.redispatch_at END, \
+                             lease_until = NULL, updated_at = now() \
+                         FROM b, locked \
+                         WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt", $hint, " \
+                         RETURNING j.id, j.attempts"
+        )
+    };
+}
+
+/// The statement of [`RunStore::renew_leases`]; `$hint` narrows it to the
+/// partitions named by `$4` (as [`end_batch_sql`]).
+macro_rules! renew_leases_sql {
+    ($hint:literal) => {
+        concat!(
+            "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS b(id, attempt)), \
+                              locked AS ( \
+                             SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
+                             WHERE j.status = 'running' AND j.attempts = b.attempt", $hint, " \
+                             ORDER BY j.id FOR UPDATE OF j) \
+                         UPDATE job_runs j SET lease_until = now() + make_interval(secs => $3) \
+                         FROM b, locked \
+                         WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt", $hint, " \
+                         RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL, j.cancel_immediate"
+        )
+    };
+}
+
+/// `statement` with its partition hints bound as its last value, when it
+/// has them (its text then names them; see `partition_hints`).
+fn with_hints<'q, O>(
+    statement: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    hints: Option<Vec<DateTime<Utc>>>,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+    match hints {
+        Some(hints) => statement.bind(hints),
+        None => statement,
+    }
+}
+
 #[async_trait]
 impl RunStore for PgStore {
     async fn mark_dispatched(&self, id: Uuid) -> Result<bool, LedgerError> {
@@ -75,7 +134,9 @@ impl RunStore for PgStore {
     }
 
     async fn claim_many(&self, runs: &[NewRun]) -> Result<HashSet<Uuid>, LedgerError> {
-        claim_rows(&self.route, runs, false).await
+        let won = claim_rows(&self.route, runs, false).await?;
+        self.hints.remember(won.iter().copied());
+        Ok(won.into_iter().map(|(id, _)| id).collect())
     }
 
     async fn mark_dispatched_many(&self, ids: &[Uuid]) -> Result<u64, LedgerError> {
@@ -87,11 +148,14 @@ impl RunStore for PgStore {
         // decides the whole update of a row at once. The rows are locked in
         // id order first: the workers' batched attempt statements lock in
         // the same order, so the two wait for each other instead of
-        // deadlocking.
+        // deadlocking. `$2`: the runs' partitions when this process claimed
+        // them all (`partition_hints`), else NULL (every partition).
+        let hints = self.hints.of(ids.iter().copied());
         let done = sqlx::query(
             "WITH locked AS ( \
                  SELECT id FROM job_runs \
                  WHERE id = ANY($1) AND (status = 'claimed' OR dispatched_at IS NULL) \
+                   AND ($2::timestamptz[] IS NULL OR key_instant = ANY($2)) \
                  ORDER BY id FOR UPDATE) \
              UPDATE job_runs j SET \
                  status = CASE WHEN j.status = 'claimed' THEN 'dispatched' ELSE j.status END, \
@@ -99,11 +163,14 @@ impl RunStore for PgStore {
                  updated_at = CASE WHEN j.status = 'claimed' THEN now() ELSE j.updated_at END, \
                  dispatched_at = COALESCE(j.dispatched_at, now()) \
              FROM locked WHERE j.id = locked.id \
+               AND ($2::timestamptz[] IS NULL OR j.key_instant = ANY($2)) \
                AND (j.status = 'claimed' OR j.dispatched_at IS NULL)",
         )
         .bind(ids)
+        .bind(hints)
         .execute(pool)
         .await?;
+        self.hints.forget(ids.iter().copied());
         Ok(done.rows_affected())
     }
 
@@ -116,41 +183,54 @@ impl RunStore for PgStore {
         let keys: Vec<&str> = batch.iter().map(|r| r.run_key.as_str()).collect();
         let workers: Vec<&str> = batch.iter().map(|r| r.worker.as_str()).collect();
         let leases: Vec<f64> = batch.iter().map(|r| r.lease.as_secs_f64()).collect();
+        // The runs' partitions, computed here as the database does
+        // (`belfry_protocol::key_instant`), so only those are planned and
+        // probed. A run the hint misses is not started here and takes the
+        // slow path, which finds it by the database's own function.
+        let mut instants: Vec<DateTime<Utc>> = batch
+            .iter()
+            .map(|r| belfry_protocol::key_instant(&r.job_name, &r.run_key))
+            .collect();
+        instants.sort_unstable();
+        instants.dedup();
         // The guard of a startable run (waiting, or running under an
         // expired lease), row by row. A run named twice in one batch is
         // updated once; the other request gets no row and takes the slow
         // path, which sees the run held. Rows are locked in id order first
         // (as the schedulers' batched `dispatched` update and `end_batch`
         // do), so concurrent batches wait instead of deadlocking.
-        let rows: Vec<(String, String, Uuid, i32)> = sqlx::query_as(
+        let rows: Vec<(String, String, Uuid, i32, DateTime<Utc>)> = sqlx::query_as(
             concat!("WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) \
                         AS b(job_name, run_key, worker, lease)), \
                   locked AS ( \
                  SELECT j.id FROM job_runs j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
-                     AND j.key_instant = belfry_key_instant(b.job_name, b.run_key) \
-                 WHERE j.status IN ", waiting_statuses!(), " \
+                 WHERE j.key_instant = ANY($5) AND (j.status IN ", waiting_statuses!(), " \
                     OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
-                        AND j.cancel_requested_at IS NULL) \
+                        AND j.cancel_requested_at IS NULL)) \
                  ORDER BY j.id FOR UPDATE OF j) \
              UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
                  started_at = COALESCE(j.started_at, now()), worker = b.worker, next_dispatch_at = NULL, \
                  lease_until = now() + make_interval(secs => b.lease), updated_at = now() \
              FROM b, locked \
-             WHERE j.id = locked.id AND j.job_name = b.job_name AND j.run_key = b.run_key \
+             WHERE j.id = locked.id AND j.key_instant = ANY($5) \
+               AND j.job_name = b.job_name AND j.run_key = b.run_key \
                AND (j.status IN ", waiting_statuses!(), " \
                     OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
                         AND j.cancel_requested_at IS NULL)) \
-             RETURNING j.job_name, j.run_key, j.id, j.attempts"),
+             RETURNING j.job_name, j.run_key, j.id, j.attempts, j.key_instant"),
         )
         .bind(&names)
         .bind(&keys)
         .bind(&workers)
         .bind(&leases)
+        .bind(&instants)
         .fetch_all(pool)
         .await?;
+        self.hints
+            .remember(rows.iter().map(|(_, _, id, _, instant)| (*id, *instant)));
         let mut started: HashMap<_, _> = rows
             .into_iter()
-            .map(|(name, key, id, attempt)| ((name, key), (id, attempt)))
+            .map(|(name, key, id, attempt, _)| ((name, key), (id, attempt)))
             .collect();
         Ok(batch
             .iter()
@@ -171,42 +251,34 @@ impl RunStore for PgStore {
         let redispatch: Vec<Option<DateTime<Utc>>> =
             batch.iter().map(|r| r.redispatch_at).collect();
         let attempts: Vec<i32> = batch.iter().map(|r| r.entry.attempt).collect();
+        // With `$8`, the runs' partitions, when this process started them
+        // all (`partition_hints`); else the statement searches every one.
+        let hints = self.hints.of(ids.iter().copied());
         // Only the attempt that holds the run writes its outcome. Rows are
         // locked in id order first (see `begin_batch`). A run with a cancel
         // request does not continue: an outcome that is not terminal (a
         // retry) ends it `cancelled`, with the canceller's reason.
-        let written: HashSet<(Uuid, i32)> = sqlx::query_as(
-            "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::jsonb[], \
-                        $6::timestamptz[], $7::int[]) \
-                        AS b(id, status, last_error, terminal, entry, redispatch_at, attempt)), \
-                  locked AS ( \
-                 SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
-                 WHERE j.status = 'running' AND j.attempts = b.attempt \
-                 ORDER BY j.id FOR UPDATE OF j) \
-             UPDATE job_runs j SET \
-                 status = CASE WHEN NOT b.terminal AND j.cancel_requested_at IS NOT NULL \
-                     THEN 'cancelled' ELSE b.status END, \
-                 last_error = CASE WHEN b.status = 'cancelled' OR (NOT b.terminal AND j.cancel_requested_at IS NOT NULL) \
-                     THEN COALESCE(j.cancel_reason, b.last_error) ELSE b.last_error END, \
-                 finished_at = CASE WHEN b.terminal OR j.cancel_requested_at IS NOT NULL THEN now() ELSE NULL END, \
-                 attempt_log = j.attempt_log || jsonb_build_array(b.entry), \
-                 next_dispatch_at = CASE WHEN j.cancel_requested_at IS NULL THEN b.redispatch_at END, \
-                 lease_until = NULL, updated_at = now() \
-             FROM b, locked \
-             WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
-             RETURNING j.id, j.attempts",
-        )
-        .bind(&ids)
-        .bind(&statuses)
-        .bind(&errors)
-        .bind(&terminal)
-        .bind(&entries)
-        .bind(&redispatch)
-        .bind(&attempts)
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .collect();
+        let sql = match hints {
+            Some(_) => end_batch_sql!(" AND j.key_instant = ANY($8)"),
+            None => end_batch_sql!(""),
+        };
+        let statement = sqlx::query_as(sql)
+            .bind(&ids)
+            .bind(&statuses)
+            .bind(&errors)
+            .bind(&terminal)
+            .bind(&entries)
+            .bind(&redispatch)
+            .bind(&attempts);
+        let written: HashSet<(Uuid, i32)> = with_hints(statement, hints)
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .collect();
+        // Ended attempts' runs are forgotten (a retried run gets a fresh
+        // hint from its next start); a refused (superseded) attempt's run
+        // keeps its hint for the attempt that holds it.
+        self.hints.forget(written.iter().map(|(id, _)| *id));
         Ok(batch
             .iter()
             .map(|r| written.contains(&(r.id, r.entry.attempt)))
@@ -221,25 +293,20 @@ impl RunStore for PgStore {
         let pool = &self.route;
         let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
         let attempts: Vec<i32> = held.iter().map(|(_, a)| *a).collect();
+        let hints = self.hints.of(ids.iter().copied());
         // Rows are locked in id order first, as the other batched
         // statements do, so a heartbeat never deadlocks with them.
         // `updated_at` is left alone: a heartbeat is not progress.
-        let rows: Vec<(Uuid, i32, bool, bool)> = sqlx::query_as(
-            "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS b(id, attempt)), \
-                  locked AS ( \
-                 SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
-                 WHERE j.status = 'running' AND j.attempts = b.attempt \
-                 ORDER BY j.id FOR UPDATE OF j) \
-             UPDATE job_runs j SET lease_until = now() + make_interval(secs => $3) \
-             FROM b, locked \
-             WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt \
-             RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL, j.cancel_immediate",
-        )
-        .bind(&ids)
-        .bind(&attempts)
-        .bind(lease.as_secs_f64())
-        .fetch_all(pool)
-        .await?;
+        let sql = match hints {
+            Some(_) => renew_leases_sql!(" AND j.key_instant = ANY($4)"),
+            None => renew_leases_sql!(""),
+        };
+        let statement = sqlx::query_as(sql)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(lease.as_secs_f64());
+        let rows: Vec<(Uuid, i32, bool, bool)> =
+            with_hints(statement, hints).fetch_all(pool).await?;
         Ok(LeaseRenewal::from_rows(rows))
     }
 
@@ -331,19 +398,19 @@ impl RunStore for PgStore {
 /// NOTHING`, each row decided by the unique constraint on its own (the
 /// partition key `key_instant` is a function of the run key, see the
 /// partitioned-runs migration, so this is uniqueness of the run key); the
-/// ids inserted. With
+/// ids inserted, each with its `key_instant` (a partition hint). With
 /// `buffered` the rows are held (`buffered`, nothing due) for an overlap
 /// policy instead of `claimed`.
 pub(crate) async fn claim_rows<'e, E>(
     executor: E,
     runs: &[NewRun],
     buffered: bool,
-) -> Result<HashSet<Uuid>, LedgerError>
+) -> Result<Vec<(Uuid, DateTime<Utc>)>, LedgerError>
 where
     E: sqlx::Executor<'e, Database = sqlx::Postgres>,
 {
     if runs.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(Vec::new());
     }
     let mut ids = Vec::with_capacity(runs.len());
     let mut names = Vec::with_capacity(runs.len());
@@ -371,7 +438,7 @@ where
     }
     // Rows of the batch are inserted in its order; each conflict is
     // decided per row, exactly as the single-row claim.
-    let won: Vec<Uuid> = sqlx::query_scalar(
+    let won: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
         "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
              claimed_by, claimed_at, trace_id, traceparent, options, next_dispatch_at, key_instant) \
          SELECT id, job_name, run_key, job_type, CASE WHEN $12 THEN 'buffered' ELSE 'claimed' END, \
@@ -383,7 +450,7 @@ where
               AS b(id, job_name, run_key, job_type, payload, scheduled_at, claimed_by, \
                    trace_id, traceparent, options, next_dispatch_at) \
          ON CONFLICT (job_name, run_key, key_instant) DO NOTHING \
-         RETURNING id",
+         RETURNING id, key_instant",
     )
     .bind(&ids)
     .bind(&names)
@@ -399,7 +466,7 @@ where
     .bind(buffered)
     .fetch_all(executor)
     .await?;
-    Ok(won.into_iter().collect())
+    Ok(won)
 }
 
 /// Cancels a run inside the open transaction on `conn` (see

@@ -7,6 +7,7 @@
 //! Run one module with `cargo test -p belfry-tests --test e2e api::`, one
 //! test with its full path, e.g. `exactly_once::three_replicas_two_workers_every_fire_runs_exactly_once`.
 
+mod ack_window;
 mod alerts;
 mod api;
 mod api_operator_story;

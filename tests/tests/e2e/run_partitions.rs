@@ -496,3 +496,136 @@ async fn a_message_reusing_another_runs_id_on_another_day_is_refused() {
     assert!(e.to_string().contains("job_runs_key_instant_check"), "{e}");
     env.teardown(&[]).await;
 }
+
+/// Statements that name their partitions as values compute `key_instant`
+/// in Rust (`belfry_protocol::key_instant`); it must agree with the
+/// database's `belfry_key_instant` on every kind of key, or those
+/// statements would look in the wrong partition (a start would fall back
+/// to the slow path every time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_key_instant_agrees_with_the_database() {
+    let env = belfry_testkit::service_env!("noop");
+    if env.is_embedded() {
+        return;
+    }
+    let mut keys: Vec<(String, String)> = Vec::new();
+    let names = ["n", "report.daily", "a-b_c", "ünï", "x@y", "(re)+gex"];
+    for name in names {
+        for year in [1000, 1969, 1970, 2000, 2024, 2025, 2100, 9999] {
+            for (month, day) in [
+                (1, 1),
+                (2, 28),
+                (2, 29),
+                (2, 30),
+                (4, 31),
+                (12, 31),
+                (13, 1),
+                (0, 1),
+            ] {
+                for time in ["00:00:00", "23:59:59", "24:00:00", "12:60:00", "12:00:60"] {
+                    keys.push((
+                        name.into(),
+                        format!("{name}@{year:04}-{month:02}-{day:02}T{time}Z"),
+                    ));
+                }
+            }
+        }
+        for k in [
+            "0999-12-31T23:59:59Z",
+            "2026-07-26T03:00:00",
+            "2026-07-26T03:00:00z",
+            "2026-07-26 03:00:00Z",
+            "2026-07-26T03:00:00.5Z",
+            "2026-7-26T03:00:00Z",
+            "２026-07-26T03:00:00Z",
+            "invoice-42",
+            "",
+            "01938f2a-1c3e-7abc-8def-0123456789ab",
+            "01938F2A-1C3E-7ABC-8DEF-0123456789AB",
+            "01938f2a-1c3e-4abc-8def-0123456789ab",
+            "01938f2a-1c3e-7abc-cdef-0123456789ab",
+            "01938f2a1c3e7abc8def0123456789ab",
+            "ffffffff-ffff-7fff-bfff-ffffffffffff",
+            "00000000-0000-7000-8000-000000000000",
+        ] {
+            keys.push((name.into(), format!("{name}@{k}")));
+            keys.push((name.into(), format!("other@{k}")));
+            keys.push((name.into(), format!("{name}{k}")));
+        }
+        for _ in 0..50 {
+            keys.push((name.into(), format!("{name}@{}", Uuid::now_v7())));
+        }
+    }
+    let (names, run_keys): (Vec<String>, Vec<String>) = keys.iter().cloned().unzip();
+    let in_db: Vec<DateTime<Utc>> = sqlx::query_scalar(
+        "SELECT belfry_key_instant(n, k) FROM unnest($1::text[], $2::text[]) \
+         WITH ORDINALITY AS t(n, k, i) ORDER BY i",
+    )
+    .bind(&names)
+    .bind(&run_keys)
+    .fetch_all(pool(&env))
+    .await
+    .unwrap();
+    assert_eq!(in_db.len(), keys.len());
+    let mut named = 0;
+    for ((name, key), db) in keys.iter().zip(&in_db) {
+        assert_eq!(
+            belfry_protocol::key_instant(name, key),
+            *db,
+            "key_instant({name:?}, {key:?})"
+        );
+        named += usize::from(db.timestamp() != 0);
+    }
+    assert!(named > 500, "the corpus names instants too ({named})");
+    env.teardown(&[]).await;
+}
+
+/// A worker's end and heartbeat name the run's partition when the same
+/// ledger handle started it, and search every partition when it did not
+/// (another handle, or hints forgotten): both forms find the run, and a
+/// stale attempt is refused by either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_end_and_renew_with_and_without_partition_hints() {
+    let env = belfry_testkit::service_env!("noop");
+    if env.is_embedded() {
+        return;
+    }
+    let other = Ledger::connect(&env.database_url, 2).await.unwrap();
+    let lease = Duration::from_secs(60);
+    let yesterday = Utc::now() - chrono::Duration::days(1);
+    for (i, ender) in [&env.ledger, &other].into_iter().enumerate() {
+        // Yesterday's run: not in the partition of today's.
+        let at = yesterday + chrono::Duration::seconds(i64::try_from(i).unwrap());
+        let message = env
+            .enqueue("hinted", "noop", serde_json::json!({}), at)
+            .await;
+        let (id, attempt) = env.start_attempt(&message, "w", lease).await;
+        let renewed = ender
+            .renew_leases(&[(id, attempt), (id, attempt + 1)], lease)
+            .await
+            .unwrap();
+        assert!(
+            renewed.renewed.contains(&(id, attempt)),
+            "handle {i}: renewed"
+        );
+        assert!(
+            !renewed.renewed.contains(&(id, attempt + 1)),
+            "handle {i}: a stale attempt is not"
+        );
+        let ok = belfry_ledger::RunStatus::Succeeded;
+        let stale = belfry_testkit::attempt_entry(attempt + 1, "w", ok);
+        assert!(
+            !ender.end_attempt(id, ok, &stale, None, None).await.unwrap(),
+            "handle {i}: a stale attempt's outcome is refused"
+        );
+        // The refusal kept the hint of the attempt that holds the run.
+        let entry = belfry_testkit::attempt_entry(attempt, "w", ok);
+        assert!(
+            ender.end_attempt(id, ok, &entry, None, None).await.unwrap(),
+            "handle {i}: the outcome is written"
+        );
+        let run = env.ledger.run(id).await.unwrap().unwrap();
+        assert_eq!(run.status().unwrap(), ok);
+    }
+    env.teardown(&[]).await;
+}
