@@ -7,8 +7,9 @@
 //! the hour": a cron on `T`'s second, minute and hour), a little after the
 //! replicas start. Measured:
 //!
-//! * load: from a replica's spawn to its "scheduler replica running" line
-//!   (its share of the schedules loaded, compiled and in its timer);
+//! * load: from a replica's spawn to its last line saying how many
+//!   schedules its timer holds ("scheduler replica running", "schedules of
+//!   taken shards added"), once every schedule is in some replica's timer;
 //! * memory: each process's resident set once loaded, and its peak after
 //!   the burst (`VmRSS`, `VmHWM`);
 //! * the burst: from `T` until every run is claimed, dispatched and
@@ -24,7 +25,7 @@
 //! first lease pass takes its third of the shards (as in a rolling restart
 //! of a running cluster) instead of the first loading everything.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -50,6 +51,25 @@ fn memory_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
         Ok(kb / 1024.0)
     };
     Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// `text` without the terminal colour codes of the processes' log lines.
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ ... m
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Runs the benchmark.
@@ -107,33 +127,39 @@ pub async fn run(schedules: usize, raw: usize) -> anyhow::Result<()> {
             .envs(env.process_env())
             .env("BELFRY_INSTANCE", name)
             .env("RUST_LOG", "warn,belfry_scheduler::replica::run_loop=info")
-            .stdout(Stdio::null())
+            // Logs go to stdout (errors of the start-up to stderr): both kept.
+            .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
         spawned.push(Instant::now());
         procs.0.push((name.to_owned(), child));
     }
-    // Loaded: each scheduler's "running" line, with its schedule count.
-    let mut loaded = [None; 3];
+    // Loaded: every schedule in some replica's timer. A replica logs its
+    // timer's size when it starts ("scheduler replica running": the shards
+    // its first lease pass took) and "schedules of taken shards added" with
+    // a count each time a later pass takes more; its load time is when its
+    // last such line appeared.
+    let mut loaded = [(0.0_f64, 0_usize); 3];
     let deadline = Instant::now() + Duration::from_secs(u64::try_from(lead)?);
-    while loaded.iter().any(Option::is_none) {
+    while loaded.iter().map(|l| l.1).sum::<usize>() < schedules {
         for (i, slot) in loaded.iter_mut().enumerate() {
-            if slot.is_some() {
-                continue;
-            }
             let name = &procs.0[i].0;
-            let text = std::fs::read_to_string(dir.join(format!("{name}.log")))?;
-            if let Some(line) = text
+            let text = without_colours(&std::fs::read_to_string(dir.join(format!("{name}.log")))?);
+            let held: usize = text
                 .lines()
-                .find(|l| l.contains("scheduler replica running"))
-            {
-                let count: usize = line
-                    .split("schedules=")
-                    .nth(1)
-                    .and_then(|r| r.split_whitespace().next())
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-                *slot = Some((spawned[i].elapsed().as_secs_f64(), count));
+                .filter(|l| {
+                    l.contains("scheduler replica running")
+                        || l.contains("schedules of taken shards added")
+                })
+                .filter_map(|l| {
+                    l.split("schedules=")
+                        .nth(1)
+                        .and_then(|r| r.split_whitespace().next())
+                        .and_then(|n| n.parse::<usize>().ok())
+                })
+                .sum();
+            if held != slot.1 {
+                *slot = (spawned[i].elapsed().as_secs_f64(), held);
             }
         }
         anyhow::ensure!(
@@ -208,8 +234,7 @@ pub async fn run(schedules: usize, raw: usize) -> anyhow::Result<()> {
     println!();
     println!("| replica | schedules held | load time | memory once loaded | peak memory |");
     println!("|---|---:|---:|---:|---:|");
-    for (i, l) in loaded.iter().enumerate() {
-        let (secs, count) = l.unwrap_or((f64::NAN, 0));
+    for (i, (secs, count)) in loaded.iter().enumerate() {
         println!(
             "| scheduler {} | {count} | {secs:.1} s | {:.0} MiB | {:.0} MiB |",
             i + 1,

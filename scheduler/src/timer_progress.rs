@@ -1,10 +1,12 @@
 //! Whether a replica's timer loop is moving: what a shard lease is renewed
 //! on.
 //!
-//! The loop marks itself busy when it wakes and idle when it waits again.
-//! Waiting is healthy however long it lasts (nothing is due); being busy
-//! for long is not — the loop is stuck handing fires off (every in-flight
-//! permit taken by claims that do not finish, a blocked task). A replica
+//! The loop marks itself busy when it wakes and again after each batch of
+//! fires it hands off, and idle when it waits again. Waiting is healthy
+//! however long it lasts (nothing is due), and so is handing off a long
+//! burst batch after batch; going long without handing anything off is
+//! not — the loop is stuck (every in-flight permit taken by claims that do
+//! not finish, a blocked task). A replica
 //! whose loop has been busy longer than the stall bound stops renewing its
 //! shard leases, so the other replicas take its shards when the leases
 //! expire and fire their schedules: the safety net that does not depend on
@@ -33,7 +35,8 @@ impl Default for TimerProgress {
 }
 
 impl TimerProgress {
-    /// The loop woke at `now` and is handing fires off.
+    /// The loop woke, or handed off a batch, at `now`: it is busy from
+    /// there.
     pub fn busy(&self, now: DateTime<Utc>) {
         // Relaxed: one writer (the loop), readers only compare instants; a
         // reading a moment old is as good as a fresh one.

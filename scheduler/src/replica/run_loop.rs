@@ -219,6 +219,13 @@ impl Replica {
                     let _permit = permit;
                     this.fire_batch(&batch, FireSource::Timer).await
                 });
+                // A batch handed off is progress: an instant with more fires
+                // than the claims get through in the stall bound (a million
+                // schedules on one top of the hour) keeps the loop busy for
+                // minutes, and must not make every replica let its shards go
+                // (each would take the others' and find them as busy). Only
+                // a hand-off that does not come for the stall bound is one.
+                self.progress.busy(clock.now());
             }
             if let Some(change) = change {
                 self.apply_change(timer, change, clock.now());
