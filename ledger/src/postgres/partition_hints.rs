@@ -52,14 +52,11 @@ impl PartitionHints {
     /// (search every partition) otherwise.
     pub(crate) fn of(&self, ids: impl IntoIterator<Item = Uuid>) -> Option<Vec<DateTime<Utc>>> {
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        let mut instants = Vec::new();
-        for id in ids {
-            let instant = *known.get(&id)?;
-            if !instants.contains(&instant) {
-                instants.push(instant);
-            }
-        }
-        Some(instants)
+        let instants = ids
+            .into_iter()
+            .map(|id| known.get(&id).copied())
+            .collect::<Option<Vec<_>>>()?;
+        Some(distinct(instants))
     }
 
     /// Forgets `ids` (their runs were dispatched or their attempt ended).
@@ -69,6 +66,14 @@ impl PartitionHints {
             known.remove(&id);
         }
     }
+}
+
+/// `instants` once each: the values a statement binds as `key_instant =
+/// ANY(...)`.
+pub(crate) fn distinct(mut instants: Vec<DateTime<Utc>>) -> Vec<DateTime<Utc>> {
+    instants.sort_unstable();
+    instants.dedup();
+    instants
 }
 
 #[cfg(test)]

@@ -187,12 +187,12 @@ impl RunStore for PgStore {
         // (`belfry_protocol::key_instant`), so only those are planned and
         // probed. A run the hint misses is not started here and takes the
         // slow path, which finds it by the database's own function.
-        let mut instants: Vec<DateTime<Utc>> = batch
-            .iter()
-            .map(|r| belfry_protocol::key_instant(&r.job_name, &r.run_key))
-            .collect();
-        instants.sort_unstable();
-        instants.dedup();
+        let instants = super::partition_hints::distinct(
+            batch
+                .iter()
+                .map(|r| belfry_protocol::key_instant(&r.job_name, &r.run_key))
+                .collect(),
+        );
         // The guard of a startable run (waiting, or running under an
         // expired lease), row by row. A run named twice in one batch is
         // updated once; the other request gets no row and takes the slow
