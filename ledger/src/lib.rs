@@ -234,6 +234,7 @@ impl Ledger {
                 direct,
                 followers: Arc::new(followers),
                 hints: Arc::default(),
+                tables: Arc::default(),
             }),
         })
     }
@@ -246,6 +247,7 @@ impl Ledger {
                 direct: None,
                 followers: Arc::default(),
                 hints: Arc::default(),
+                tables: Arc::default(),
             }),
         }
     }

@@ -18,6 +18,7 @@ mod alerts;
 mod fire_history;
 mod outbox;
 mod partition_hints;
+mod partition_map;
 pub(crate) mod pooler;
 pub(crate) mod primary;
 mod run_partitions;
@@ -59,6 +60,9 @@ pub(crate) struct PgStore {
     /// The partitions of runs this process claimed or started, so finding
     /// them again by id plans one partition ([`partition_hints`]).
     pub(crate) hints: Arc<partition_hints::PartitionHints>,
+    /// The day partitions, so the worker's batched statements can write
+    /// one day's table instead of the parent ([`partition_map`]).
+    pub(crate) tables: Arc<partition_map::PartitionMap>,
 }
 
 /// A statement of the Postgres ledger, its values bound.

@@ -276,7 +276,7 @@ impl PgStore {
 }
 
 /// Reads the partitions of `job_runs` from the catalog ([`list_in`]).
-async fn list(route: &super::pooler::PgRoute) -> Result<Vec<RunPartition>, LedgerError> {
+pub(super) async fn list(route: &super::pooler::PgRoute) -> Result<Vec<RunPartition>, LedgerError> {
     let mut tx = route.begin().await?;
     let out = list_in(route, &mut tx).await?;
     tx.commit().await?;

@@ -12,6 +12,7 @@ use belfry_protocol::JobMessage;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::partition_map::{Lookup, PARENT};
 use super::PgStore;
 use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
 use crate::cancel::{CancelNotice, CancelOutcome, CancelRequest, CANCEL_CHANNEL};
@@ -21,9 +22,10 @@ use crate::status::{waiting_statuses, WAITING};
 use crate::store::RunStore;
 use crate::{LedgerError, RunStatus};
 
-/// The statement of [`RunStore::end_batch`]; `$hint` narrows it to the
-/// partitions named by `$8` (a literal: two prepared statements, each
-/// planned once).
+/// The statement of [`RunStore::end_batch`], a format string: `{table}` is
+/// the table written (the parent or one day's partition, see
+/// `partition_map`); `$hint` narrows it to the partitions named by `$8` (a
+/// literal: two prepared statements per table, each planned once).
 macro_rules! end_batch_sql {
     ($hint:literal) => {
         concat!(
@@ -31,10 +33,10 @@ macro_rules! end_batch_sql {
                                     $6::timestamptz[], $7::int[]) \
                                     AS b(id, status, last_error, terminal, entry, redispatch_at, attempt)), \
                               locked AS ( \
-                             SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
+                             SELECT j.id FROM {table} j JOIN b ON j.id = b.id \
                              WHERE j.status = 'running' AND j.attempts = b.attempt", $hint, " \
                              ORDER BY j.id FOR UPDATE OF j) \
-                         UPDATE job_runs j SET \
+                         UPDATE {table} j SET \
                              status = CASE WHEN NOT b.terminal AND j.cancel_requested_at IS NOT NULL \
                                  THEN 'cancelled' ELSE b.status END, \
                              last_error = CASE WHEN b.status = 'cancelled' OR (NOT b.terminal AND j.cancel_requested_at IS NOT NULL) \
@@ -50,17 +52,17 @@ macro_rules! end_batch_sql {
     };
 }
 
-/// The statement of [`RunStore::renew_leases`]; `$hint` narrows it to the
-/// partitions named by `$4` (as [`end_batch_sql`]).
+/// The statement of [`RunStore::renew_leases`]; `{table}` and `$hint` as
+/// in [`end_batch_sql`], the partitions in `$4`.
 macro_rules! renew_leases_sql {
     ($hint:literal) => {
         concat!(
             "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS b(id, attempt)), \
                               locked AS ( \
-                             SELECT j.id FROM job_runs j JOIN b ON j.id = b.id \
+                             SELECT j.id FROM {table} j JOIN b ON j.id = b.id \
                              WHERE j.status = 'running' AND j.attempts = b.attempt", $hint, " \
                              ORDER BY j.id FOR UPDATE OF j) \
-                         UPDATE job_runs j SET lease_until = now() + make_interval(secs => $3) \
+                         UPDATE {table} j SET lease_until = now() + make_interval(secs => $3) \
                          FROM b, locked \
                          WHERE j.id = locked.id AND j.id = b.id AND j.status = 'running' AND j.attempts = b.attempt", $hint, " \
                          RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL, j.cancel_immediate"
@@ -77,6 +79,215 @@ fn with_hints<'q, O>(
     match hints {
         Some(hints) => statement.bind(hints),
         None => statement,
+    }
+}
+
+/// The statement of [`RunStore::begin_batch`], a format string: `{table}`
+/// as in [`end_batch_sql`]. The guard of a startable run (waiting, or
+/// running under an expired lease), row by row. A run named twice in one
+/// batch is updated once; the other request gets no row and takes the slow
+/// path, which sees the run held. Rows are locked in id order first (as the
+/// schedulers' batched `dispatched` update and `end_batch` do), so
+/// concurrent batches wait instead of deadlocking.
+macro_rules! begin_batch_sql {
+    () => {
+        concat!("WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) \
+                    AS b(job_name, run_key, worker, lease)), \
+              locked AS ( \
+             SELECT j.id FROM {table} j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
+             WHERE j.key_instant = ANY($5) AND (j.status IN ", waiting_statuses!(), " \
+                OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
+                    AND j.cancel_requested_at IS NULL)) \
+             ORDER BY j.id FOR UPDATE OF j) \
+         UPDATE {table} j SET status = 'running', attempts = j.attempts + 1, \
+             started_at = COALESCE(j.started_at, now()), worker = b.worker, next_dispatch_at = NULL, \
+             lease_until = now() + make_interval(secs => b.lease), updated_at = now() \
+         FROM b, locked \
+         WHERE j.id = locked.id AND j.key_instant = ANY($5) \
+           AND j.job_name = b.job_name AND j.run_key = b.run_key \
+           AND (j.status IN ", waiting_statuses!(), " \
+                OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
+                    AND j.cancel_requested_at IS NULL)) \
+         RETURNING j.job_name, j.run_key, j.id, j.attempts, j.key_instant")
+    };
+}
+
+/// Whether `e` says a table a statement named does not exist: a day
+/// partition retention dropped after the map was read.
+fn is_undefined_table(e: &LedgerError) -> bool {
+    matches!(e, LedgerError::Query(sqlx::Error::Database(d)) if d.code().as_deref() == Some("42P01"))
+}
+
+/// A row [`RunStore::begin_batch`] started: name, key, id, attempt, key
+/// instant.
+type StartedRow = (String, String, Uuid, i32, DateTime<Utc>);
+/// A lease [`RunStore::renew_leases`] extended: id, attempt, cancel
+/// requested, immediate.
+type RenewedRow = (Uuid, i32, bool, bool);
+
+impl PgStore {
+    /// The table a statement on runs with partition keys `instants` names:
+    /// the one day partition holding them all, else the parent (see
+    /// `partition_map`). Reads the catalog when the map is stale; a failed
+    /// read names the parent (the statement then reports the outage).
+    async fn day_table(&self, instants: &[DateTime<Utc>]) -> String {
+        let now = std::time::Instant::now();
+        let lookup = match self.tables.lookup(instants, now) {
+            Lookup::Stale => match super::run_partitions::list(&self.route).await {
+                Ok(partitions) => {
+                    self.tables.store(partitions, now);
+                    self.tables.lookup(instants, now)
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read the run partitions; writing through the parent table");
+                    Lookup::Parent
+                }
+            },
+            known => known,
+        };
+        match lookup {
+            Lookup::Table(table) => table,
+            Lookup::Parent | Lookup::Stale => PARENT.to_owned(),
+        }
+    }
+
+    /// Runs a batched by-id statement `run` (its table, its rows, their
+    /// partition hints) on the day table holding every row of `rows` when
+    /// there is one, then on the parent for every row that did not settle
+    /// there (`key` of a request against `settled` of an answer): a row
+    /// the day's table did not hold, or all of them when the table was
+    /// gone. A superseded attempt is thus asked twice and refused twice;
+    /// a stale map can cost a statement, never an outcome.
+    async fn on_day_table<'a, T, R, F, Fut>(
+        &self,
+        rows: &[&'a T],
+        key: impl Fn(&T) -> (Uuid, i32),
+        settled: impl Fn(&R) -> (Uuid, i32),
+        run: F,
+    ) -> Result<Vec<R>, LedgerError>
+    where
+        F: Fn(String, Vec<&'a T>, Option<Vec<DateTime<Utc>>>) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<R>, LedgerError>>,
+    {
+        let hints = self.hints.of(rows.iter().map(|r| key(r).0));
+        let table = match &hints {
+            Some(h) => self.day_table(h).await,
+            None => PARENT.to_owned(),
+        };
+        if table == PARENT {
+            return run(table, rows.to_vec(), hints).await;
+        }
+        let mut out = match run(table, rows.to_vec(), hints).await {
+            Ok(out) => out,
+            Err(e) if is_undefined_table(&e) => {
+                self.tables.invalidate();
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let done: HashSet<(Uuid, i32)> = out.iter().map(&settled).collect();
+        let rest: Vec<&T> = rows
+            .iter()
+            .copied()
+            .filter(|r| !done.contains(&key(r)))
+            .collect();
+        if !rest.is_empty() {
+            let hints = self.hints.of(rest.iter().map(|r| key(r).0));
+            out.extend(run(PARENT.to_owned(), rest, hints).await?);
+        }
+        Ok(out)
+    }
+
+    /// [`RunStore::begin_batch`]'s statement on `table`.
+    async fn begin_rows(
+        &self,
+        table: &str,
+        batch: &[BeginRequest],
+        instants: &[DateTime<Utc>],
+    ) -> Result<Vec<StartedRow>, LedgerError> {
+        let names: Vec<&str> = batch.iter().map(|r| r.job_name.as_str()).collect();
+        let keys: Vec<&str> = batch.iter().map(|r| r.run_key.as_str()).collect();
+        let workers: Vec<&str> = batch.iter().map(|r| r.worker.as_str()).collect();
+        let leases: Vec<f64> = batch.iter().map(|r| r.lease.as_secs_f64()).collect();
+        let sql = format!(begin_batch_sql!(), table = table);
+        Ok(sqlx::query_as(&sql)
+            .bind(&names)
+            .bind(&keys)
+            .bind(&workers)
+            .bind(&leases)
+            .bind(instants)
+            .fetch_all(&self.route)
+            .await?)
+    }
+
+    /// [`RunStore::end_batch`]'s statement on `table` for `batch`: the
+    /// `(id, attempt)` of every outcome written.
+    async fn end_rows(
+        &self,
+        table: String,
+        batch: Vec<&EndRequest>,
+        hints: Option<Vec<DateTime<Utc>>>,
+    ) -> Result<Vec<(Uuid, i32)>, LedgerError> {
+        let ids: Vec<Uuid> = batch.iter().map(|r| r.id).collect();
+        let statuses: Vec<&str> = batch.iter().map(|r| r.status.as_str()).collect();
+        let errors: Vec<Option<&str>> = batch.iter().map(|r| r.last_error.as_deref()).collect();
+        let terminal: Vec<bool> = batch.iter().map(|r| r.status.is_terminal()).collect();
+        let entries = batch
+            .iter()
+            .map(|r| r.entry.to_json())
+            .collect::<Result<Vec<_>, _>>()?;
+        let redispatch: Vec<Option<DateTime<Utc>>> =
+            batch.iter().map(|r| r.redispatch_at).collect();
+        let attempts: Vec<i32> = batch.iter().map(|r| r.entry.attempt).collect();
+        // With `$8`, the runs' partitions, when this process started them
+        // all (`partition_hints`); else the statement searches every one.
+        // Only the attempt that holds the run writes its outcome. Rows are
+        // locked in id order first (see `begin_batch`). A run with a cancel
+        // request does not continue: an outcome that is not terminal (a
+        // retry) ends it `cancelled`, with the canceller's reason.
+        let sql = match hints {
+            Some(_) => format!(
+                end_batch_sql!(" AND j.key_instant = ANY($8)"),
+                table = table
+            ),
+            None => format!(end_batch_sql!(""), table = table),
+        };
+        let statement = sqlx::query_as(&sql)
+            .bind(&ids)
+            .bind(&statuses)
+            .bind(&errors)
+            .bind(&terminal)
+            .bind(&entries)
+            .bind(&redispatch)
+            .bind(&attempts);
+        Ok(with_hints(statement, hints).fetch_all(&self.route).await?)
+    }
+
+    /// [`RunStore::renew_leases`]'s statement on `table` for `held`.
+    async fn renew_rows(
+        &self,
+        table: String,
+        held: Vec<&(Uuid, i32)>,
+        hints: Option<Vec<DateTime<Utc>>>,
+        lease: Duration,
+    ) -> Result<Vec<RenewedRow>, LedgerError> {
+        let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
+        let attempts: Vec<i32> = held.iter().map(|(_, a)| *a).collect();
+        // Rows are locked in id order first, as the other batched
+        // statements do, so a heartbeat never deadlocks with them.
+        // `updated_at` is left alone: a heartbeat is not progress.
+        let sql = match hints {
+            Some(_) => format!(
+                renew_leases_sql!(" AND j.key_instant = ANY($4)"),
+                table = table
+            ),
+            None => format!(renew_leases_sql!(""), table = table),
+        };
+        let statement = sqlx::query_as(&sql)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(lease.as_secs_f64());
+        Ok(with_hints(statement, hints).fetch_all(&self.route).await?)
     }
 }
 
@@ -178,11 +389,6 @@ impl RunStore for PgStore {
         &self,
         batch: &[BeginRequest],
     ) -> Result<Vec<Option<(Uuid, i32)>>, LedgerError> {
-        let pool = &self.route;
-        let names: Vec<&str> = batch.iter().map(|r| r.job_name.as_str()).collect();
-        let keys: Vec<&str> = batch.iter().map(|r| r.run_key.as_str()).collect();
-        let workers: Vec<&str> = batch.iter().map(|r| r.worker.as_str()).collect();
-        let leases: Vec<f64> = batch.iter().map(|r| r.lease.as_secs_f64()).collect();
         // The runs' partitions, computed here as the database does
         // (`belfry_protocol::key_instant`), so only those are planned and
         // probed. A run the hint misses is not started here and takes the
@@ -193,39 +399,16 @@ impl RunStore for PgStore {
                 .map(|r| belfry_protocol::key_instant(&r.job_name, &r.run_key))
                 .collect(),
         );
-        // The guard of a startable run (waiting, or running under an
-        // expired lease), row by row. A run named twice in one batch is
-        // updated once; the other request gets no row and takes the slow
-        // path, which sees the run held. Rows are locked in id order first
-        // (as the schedulers' batched `dispatched` update and `end_batch`
-        // do), so concurrent batches wait instead of deadlocking.
-        let rows: Vec<(String, String, Uuid, i32, DateTime<Utc>)> = sqlx::query_as(
-            concat!("WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) \
-                        AS b(job_name, run_key, worker, lease)), \
-                  locked AS ( \
-                 SELECT j.id FROM job_runs j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
-                 WHERE j.key_instant = ANY($5) AND (j.status IN ", waiting_statuses!(), " \
-                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
-                        AND j.cancel_requested_at IS NULL)) \
-                 ORDER BY j.id FOR UPDATE OF j) \
-             UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
-                 started_at = COALESCE(j.started_at, now()), worker = b.worker, next_dispatch_at = NULL, \
-                 lease_until = now() + make_interval(secs => b.lease), updated_at = now() \
-             FROM b, locked \
-             WHERE j.id = locked.id AND j.key_instant = ANY($5) \
-               AND j.job_name = b.job_name AND j.run_key = b.run_key \
-               AND (j.status IN ", waiting_statuses!(), " \
-                    OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
-                        AND j.cancel_requested_at IS NULL)) \
-             RETURNING j.job_name, j.run_key, j.id, j.attempts, j.key_instant"),
-        )
-        .bind(&names)
-        .bind(&keys)
-        .bind(&workers)
-        .bind(&leases)
-        .bind(&instants)
-        .fetch_all(pool)
-        .await?;
+        // The day's table when every run lies in one (`partition_map`): a
+        // run it does not hold is not started and takes the slow path too.
+        let table = self.day_table(&instants).await;
+        let rows = match self.begin_rows(&table, batch, &instants).await {
+            Err(e) if table != PARENT && is_undefined_table(&e) => {
+                self.tables.invalidate();
+                self.begin_rows(PARENT, batch, &instants).await?
+            }
+            rows => rows?,
+        };
         self.hints
             .remember(rows.iter().map(|(_, _, id, _, instant)| (*id, *instant)));
         let mut started: HashMap<_, _> = rows
@@ -239,42 +422,16 @@ impl RunStore for PgStore {
     }
 
     async fn end_batch(&self, batch: &[EndRequest]) -> Result<Vec<bool>, LedgerError> {
-        let pool = &self.route;
-        let ids: Vec<Uuid> = batch.iter().map(|r| r.id).collect();
-        let statuses: Vec<&str> = batch.iter().map(|r| r.status.as_str()).collect();
-        let errors: Vec<Option<&str>> = batch.iter().map(|r| r.last_error.as_deref()).collect();
-        let terminal: Vec<bool> = batch.iter().map(|r| r.status.is_terminal()).collect();
-        let entries = batch
-            .iter()
-            .map(|r| r.entry.to_json())
-            .collect::<Result<Vec<_>, _>>()?;
-        let redispatch: Vec<Option<DateTime<Utc>>> =
-            batch.iter().map(|r| r.redispatch_at).collect();
-        let attempts: Vec<i32> = batch.iter().map(|r| r.entry.attempt).collect();
-        // With `$8`, the runs' partitions, when this process started them
-        // all (`partition_hints`); else the statement searches every one.
-        let hints = self.hints.of(ids.iter().copied());
-        // Only the attempt that holds the run writes its outcome. Rows are
-        // locked in id order first (see `begin_batch`). A run with a cancel
-        // request does not continue: an outcome that is not terminal (a
-        // retry) ends it `cancelled`, with the canceller's reason.
-        let sql = match hints {
-            Some(_) => end_batch_sql!(" AND j.key_instant = ANY($8)"),
-            None => end_batch_sql!(""),
-        };
-        let statement = sqlx::query_as(sql)
-            .bind(&ids)
-            .bind(&statuses)
-            .bind(&errors)
-            .bind(&terminal)
-            .bind(&entries)
-            .bind(&redispatch)
-            .bind(&attempts);
-        let written: HashSet<(Uuid, i32)> = with_hints(statement, hints)
-            .fetch_all(pool)
-            .await?
-            .into_iter()
-            .collect();
+        let all: Vec<&EndRequest> = batch.iter().collect();
+        let written = self
+            .on_day_table(
+                &all,
+                |r| (r.id, r.entry.attempt),
+                |w| *w,
+                |table, rows, hints| self.end_rows(table, rows, hints),
+            )
+            .await?;
+        let written: HashSet<(Uuid, i32)> = written.into_iter().collect();
         // Ended attempts' runs are forgotten (a retried run gets a fresh
         // hint from its next start); a refused (superseded) attempt's run
         // keeps its hint for the attempt that holds it.
@@ -290,23 +447,15 @@ impl RunStore for PgStore {
         held: &[(Uuid, i32)],
         lease: Duration,
     ) -> Result<LeaseRenewal, LedgerError> {
-        let pool = &self.route;
-        let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
-        let attempts: Vec<i32> = held.iter().map(|(_, a)| *a).collect();
-        let hints = self.hints.of(ids.iter().copied());
-        // Rows are locked in id order first, as the other batched
-        // statements do, so a heartbeat never deadlocks with them.
-        // `updated_at` is left alone: a heartbeat is not progress.
-        let sql = match hints {
-            Some(_) => renew_leases_sql!(" AND j.key_instant = ANY($4)"),
-            None => renew_leases_sql!(""),
-        };
-        let statement = sqlx::query_as(sql)
-            .bind(&ids)
-            .bind(&attempts)
-            .bind(lease.as_secs_f64());
-        let rows: Vec<(Uuid, i32, bool, bool)> =
-            with_hints(statement, hints).fetch_all(pool).await?;
+        let all: Vec<&(Uuid, i32)> = held.iter().collect();
+        let rows = self
+            .on_day_table(
+                &all,
+                |held| *held,
+                |(id, attempt, _, _)| (*id, *attempt),
+                |table, rows, hints| self.renew_rows(table, rows, hints, lease),
+            )
+            .await?;
         Ok(LeaseRenewal::from_rows(rows))
     }
 

@@ -629,3 +629,100 @@ async fn attempts_end_and_renew_with_and_without_partition_hints() {
     }
     env.teardown(&[]).await;
 }
+
+/// A worker's batched writes name the day partition's own table when
+/// every run of a statement lies in it (`partition_map`). Retention can drop
+/// that table after the worker read the list of partitions, and a late run
+/// of that day then lives in the default partition: the batched start, the
+/// heartbeat and the end (each probed once, on a day of its own) find the
+/// table gone and write through the parent instead, with the same result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_writes_survive_the_drop_of_the_day_table_they_named() {
+    use belfry_ledger::{AttemptBatcher, BeginRequest, RunStatus};
+    let env = belfry_testkit::service_env!("noop");
+    if env.is_embedded() {
+        return;
+    }
+    // Another handle, which starts runs when the worker's must not (so the
+    // worker's map is not read again before the write under test).
+    let other = AttemptBatcher::new(env.ledger.clone());
+    let lease = Duration::from_secs(60);
+    let ok = RunStatus::Succeeded;
+    let name = "daytable";
+    let begin = |key: &str| BeginRequest {
+        job_name: name.into(),
+        run_key: key.into(),
+        worker: "w".into(),
+        lease,
+    };
+    for (probe, ago) in ["begin", "renew", "end"].into_iter().zip(10u64..) {
+        let date = Utc::now().date_naive() - Days::new(ago);
+        let at = |h| date.and_hms_opt(h, 0, 0).unwrap().and_utc();
+        env.ledger.prepare_run_partitions(&[date]).await.unwrap();
+        // The worker's handle, new for each probe: it reads the list of
+        // partitions (now with this day) at its first write, and keeps it.
+        let worker = Ledger::connect(&env.database_url, 2).await.unwrap();
+        let batcher = AttemptBatcher::new(worker.clone());
+        // A run of the day through the worker's handle: its start reads
+        // the partitions, and its writes name the day's table.
+        let first = belfry_protocol::run_key(name, at(1)).unwrap();
+        worker
+            .claim_many(&[run(name, &first, at(1))])
+            .await
+            .unwrap();
+        let (id, attempt) = batcher
+            .begin(begin(&first))
+            .await
+            .unwrap()
+            .expect("started");
+        let entry = belfry_testkit::attempt_entry(attempt, "w", ok);
+        assert!(worker
+            .end_attempt(id, ok, &entry, None, None)
+            .await
+            .unwrap());
+        assert_eq!(partition_of(pool(&env), name, &first).await, day(at(1)));
+        // Retention drops the day (its only run finished before the
+        // cutoff); a late run of that day lands in the default partition.
+        let dropped = env
+            .ledger
+            .drop_expired_run_partitions(Utc::now() + chrono::Duration::seconds(1))
+            .await
+            .unwrap();
+        assert!(
+            dropped.dropped.contains(&day(at(1))),
+            "{probe}: {dropped:?}"
+        );
+        let late = belfry_protocol::run_key(name, at(2)).unwrap();
+        // Claimed through the worker's handle, which so knows its
+        // partition key (as a worker sharing a process with a replica).
+        worker.claim_many(&[run(name, &late, at(2))]).await.unwrap();
+        assert_eq!(
+            partition_of(pool(&env), name, &late).await,
+            "job_runs_default"
+        );
+        let starter = if probe == "begin" { &batcher } else { &other };
+        let (id, attempt) = starter
+            .begin(begin(&late))
+            .await
+            .unwrap_or_else(|e| panic!("{probe}: {e}"))
+            .unwrap_or_else(|| panic!("{probe}: the late run did not start"));
+        if probe == "renew" {
+            let renewed = worker
+                .renew_leases(&[(id, attempt)], lease)
+                .await
+                .unwrap_or_else(|e| panic!("{probe}: {e}"));
+            assert!(renewed.renewed.contains(&(id, attempt)), "{probe}");
+        }
+        let entry = belfry_testkit::attempt_entry(attempt, "w", ok);
+        assert!(
+            worker
+                .end_attempt(id, ok, &entry, None, None)
+                .await
+                .unwrap_or_else(|e| panic!("{probe}: {e}")),
+            "{probe}: the outcome is written"
+        );
+        let run = env.ledger.run(id).await.unwrap().unwrap();
+        assert_eq!(run.status().unwrap(), ok, "{probe}");
+    }
+    env.teardown(&[]).await;
+}
