@@ -460,3 +460,166 @@ async fn sharded_replicas_fire_each_instant_once_without_racing_through_a_join_a
     }
     env.teardown(&["default"]).await;
 }
+
+/// A clock the test sets.
+#[derive(Debug)]
+struct ManualClock(std::sync::Mutex<DateTime<Utc>>);
+
+impl belfry_runtime::Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        *self.0.lock().unwrap()
+    }
+}
+
+impl ManualClock {
+    fn set(&self, at: DateTime<Utc>) {
+        *self.0.lock().unwrap() = at;
+    }
+}
+
+/// Holds the claim of each fire of `names` at `at` in an open transaction
+/// (a row with its key, not committed), so a replica's claim of any of
+/// them waits until the transaction ends.
+async fn hold_claims(
+    env: &TestEnv,
+    names: &[String],
+    at: DateTime<Utc>,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool(env).begin().await.unwrap();
+    for name in names {
+        sqlx::query(
+            "INSERT INTO job_runs (id, job_name, run_key, job_type, status, payload, scheduled_at, \
+                 claimed_by, key_instant) \
+             VALUES ($1, $2, $3, 'noop', 'claimed', 'null', $4, 'holder', belfry_key_instant($2, $3))",
+        )
+        .bind(uuid::Uuid::now_v7())
+        .bind(name)
+        .bind(belfry_protocol::run_key(name, at).unwrap())
+        .bind(at)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    tx
+}
+
+/// Whether a statement of the test's database waits for a lock.
+async fn a_claim_waits(env: &TestEnv) -> bool {
+    sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+                        WHERE datname = current_database() AND wait_event_type = 'Lock')",
+    )
+    .fetch_one(pool(env))
+    .await
+    .unwrap()
+}
+
+/// How many runs `instance` claimed.
+async fn claimed_by(env: &TestEnv, instance: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM job_runs WHERE claimed_by = $1")
+        .bind(instance)
+        .fetch_one(pool(env))
+        .await
+        .unwrap()
+}
+
+/// Polls `ready` every 20 ms until it holds; panics after 30 s with `what`.
+async fn until<F, Fut>(what: &str, mut ready: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !ready().await {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The real timer loop through an instant with more fires than one batch:
+/// each batch it hands off is progress, so a burst that outlasts the stall
+/// bound batch after batch (a million schedules on one top of the hour)
+/// does not make the replica stop renewing its shards; a hand-off that does
+/// not come for the bound still is a stall. Fifteen fires due at one
+/// instant, batches of five with five in flight: the claims of the first
+/// two batches are held in transactions of the test's (so the loop waits
+/// for a batch's permits before handing off the next, and is busy, not
+/// waiting for a wake-up, until the third is handed off), and the loop's
+/// clock is the test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_handed_off_batch_after_batch_is_progress_not_a_stall() {
+    let env = belfry_testkit::service_env!("noop");
+    if env.is_embedded() {
+        return;
+    }
+    let names: Vec<String> = (0..15).map(|i| format!("burst-{i}")).collect();
+    let schedules: Vec<Arc<Schedule>> = names
+        .iter()
+        .map(|n| belfry_tests::every(n, "1h", "noop"))
+        .collect();
+    // Fires of one instant leave the timer in the order the schedules were
+    // given: the first five are the first batch.
+    let mut timer = Timer::new(schedules, Utc::now());
+    let t0 = timer.next_at().unwrap();
+    let clock = Arc::new(ManualClock(std::sync::Mutex::new(
+        t0 - chrono::Duration::seconds(1),
+    )));
+    let timing = belfry_scheduler::ReplicaTiming {
+        max_inflight: 5,
+        max_batch: 5,
+        // The test's clock runs ahead of the database's.
+        max_clock_skew: Duration::from_secs(86_400),
+        shutdown_timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let instance = "burst";
+    let ledger = belfry_ledger::Ledger::connect(&env.database_url, 4)
+        .await
+        .unwrap();
+    let broker =
+        belfry_broker::Broker::connect(&belfry_testkit::amqp_url(), env.topology.clone(), instance)
+            .await
+            .unwrap();
+    let replica =
+        Arc::new(Replica::new(instance, None, ledger, broker, timing).with_clock(clock.clone()));
+    let progress = replica.timer_progress().clone();
+    let bound = Duration::from_secs(15);
+    let at = |s: i64| t0 + chrono::Duration::seconds(s);
+    let first = hold_claims(&env, &names[..5], t0).await;
+    let second = hold_claims(&env, &names[5..10], t0).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(replica.clone().run(timer, clock.clone(), stop.clone()));
+    // The instant comes: the loop wakes and hands off the first batch,
+    // whose claims wait for the test's transaction.
+    clock.set(t0);
+    until("the first batch's claims wait", || a_claim_waits(&env)).await;
+    // Ten seconds later the first batch's claims go through; the loop hands
+    // off the second, whose claims wait in turn, and waits for their
+    // permits to hand off the third.
+    clock.set(at(10));
+    first.rollback().await.unwrap();
+    until("the first batch is claimed", || async {
+        claimed_by(&env, instance).await == 5
+    })
+    .await;
+    until("the second batch's claims wait", || a_claim_waits(&env)).await;
+    // 24 s after the wake, 14 s after the second hand-off: not stalled
+    // (counted from the wake, it would be 24 s past a 15 s bound).
+    until("the second hand-off counts as progress", || async {
+        progress.stalled(at(24), bound).is_none()
+    })
+    .await;
+    // Nothing handed off for longer than the bound is a stall.
+    assert_eq!(
+        progress.stalled(at(26), bound),
+        Some(Duration::from_secs(16))
+    );
+    second.rollback().await.unwrap();
+    until("the last batches are claimed", || async {
+        claimed_by(&env, instance).await == 15
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+    env.teardown(&[]).await;
+}
