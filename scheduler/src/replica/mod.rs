@@ -139,6 +139,10 @@ impl FireOutcome {
 /// A fire lost at the lock: the schedule, its instant, when it was lost.
 type LockLoss = (Arc<Schedule>, DateTime<Utc>, std::time::Instant);
 
+/// Connections of a sharded replica's lease passes, besides
+/// `BELFRY_DB_POOL`: one for the pass, one for a recovery running beside it.
+pub const LEASE_POOL: u32 = 2;
+
 /// Default bound on fires in flight.
 pub const DEFAULT_MAX_INFLIGHT: usize = 1024;
 /// Default largest batch.
@@ -257,8 +261,10 @@ impl Replica {
 
     /// [`Replica::start`] on a ledger and broker the caller opened (the
     /// embedded single-process mode shares one database between the
-    /// scheduler and the worker). `config`'s service URLs are not used;
-    /// the Redis lock is only taken on a distributed ledger.
+    /// scheduler and the worker). `config`'s service URLs are not used,
+    /// except on a distributed ledger: the Redis lock, and for a sharded
+    /// replica a pool of [`LEASE_POOL`] connections to `config`'s database
+    /// for its lease passes.
     ///
     /// # Errors
     ///
@@ -335,7 +341,15 @@ impl Replica {
         let mut sync = ScheduleSync::new(ledger.clone());
         // One process owns an embedded database: it fires everything.
         if let Some(settings) = config.sharding.clone().filter(|_| !ledger.is_embedded()) {
-            replica = replica.sharded(settings);
+            // Lease passes get connections of their own (see
+            // `Replica::sharded_on`).
+            let leases = Ledger::connect_routed(
+                &config.database_url,
+                config.database_direct_url.as_deref(),
+                LEASE_POOL,
+            )
+            .await?;
+            replica = replica.sharded_on(settings, leases);
             if let Some(keeper) = &replica.shards {
                 // The first pass takes this replica's share (or refuses a
                 // shard count the running replicas do not use) before the
@@ -407,8 +421,18 @@ impl Replica {
     /// it holds. Give it its clock first ([`Replica::with_clock`]); the
     /// leases are taken by its loop, or by [`ShardKeeper::pass_once`].
     pub fn sharded(self, settings: ShardSettings) -> Self {
+        let ledger = self.ledger.clone();
+        self.sharded_on(settings, ledger)
+    }
+
+    /// [`Replica::sharded`], its lease passes on `ledger`: a handle of the
+    /// same database with a pool of its own, so a lease is renewed on time
+    /// while a burst's claims hold every connection of the replica's pool
+    /// (a pass waiting in that pool's queue past the lease's expiry would
+    /// lose the replica its shards in the middle of the burst).
+    pub fn sharded_on(self, settings: ShardSettings, ledger: Ledger) -> Self {
         let keeper = ShardKeeper::new(
-            self.ledger.clone(),
+            ledger,
             &self.instance,
             settings,
             self.progress.clone(),
