@@ -58,9 +58,9 @@ const DEFAULT_LOCK_PAUSE: std::time::Duration = std::time::Duration::from_millis
 /// SQLSTATE of `lock_not_available` (NOWAIT, `lock_timeout`).
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// SQLSTATE of `undefined_table`: a partition another replica dropped.
-const UNDEFINED_TABLE: &str = "42P01";
+pub(super) const UNDEFINED_TABLE: &str = "42P01";
 
-fn is_code(e: &sqlx::Error, code: &str) -> bool {
+pub(super) fn is_code(e: &sqlx::Error, code: &str) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(code))
 }
 

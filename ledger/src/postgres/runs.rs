@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::partition_map::{Lookup, PARENT};
+use super::run_partitions::{is_code, UNDEFINED_TABLE};
 use super::PgStore;
 use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
 use crate::cancel::{CancelNotice, CancelOutcome, CancelRequest, CANCEL_CHANNEL};
@@ -132,7 +133,7 @@ macro_rules! begin_batch_sql {
 /// Whether `e` says a table a statement named does not exist: a day
 /// partition retention dropped after the map was read.
 fn is_undefined_table(e: &LedgerError) -> bool {
-    matches!(e, LedgerError::Query(sqlx::Error::Database(d)) if d.code().as_deref() == Some("42P01"))
+    matches!(e, LedgerError::Query(q) if is_code(q, UNDEFINED_TABLE))
 }
 
 /// A row [`RunStore::begin_batch`] started: name, key, id, attempt, key

@@ -820,14 +820,12 @@ async fn the_batched_start_and_end_never_scan_the_index_of_unfinished_runs() {
     }
     // The statistics of the worker's connection reach the view once it is
     // idle; its ends' probes of the primary key show they have.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while index_scans(pool(&env), &pkey).await < before.1 + 20 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the statistics never showed the ends' primary key probes"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    belfry_testkit::eventually(
+        "the statistics to show the ends' primary key probes",
+        Duration::from_secs(30),
+        || async { (index_scans(pool(&env), &pkey).await >= before.1 + 20).then_some(()) },
+    )
+    .await;
     assert_eq!(
         index_scans(pool(&env), &status_index).await,
         before.0,

@@ -12,7 +12,7 @@ use belfry_protocol::ScheduleSpec;
 use belfry_scheduler::{
     FireOutcome, PassOutcome, Replica, Schedule, ScheduleChange, ScheduleSync, ShardSettings, Timer,
 };
-use belfry_testkit::{redis_url, TestEnv};
+use belfry_testkit::{eventually, redis_url, TestEnv};
 use belfry_tests::replica;
 use chrono::{DateTime, SubsecRound, Utc};
 
@@ -523,18 +523,8 @@ async fn claimed_by(env: &TestEnv, instance: &str) -> i64 {
         .unwrap()
 }
 
-/// Polls `ready` every 20 ms until it holds; panics after 30 s with `what`.
-async fn until<F, Fut>(what: &str, mut ready: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !ready().await {
-        assert!(std::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+/// How long the burst test waits for each step.
+const WAIT: Duration = Duration::from_secs(30);
 
 /// The real timer loop through an instant with more fires than one batch:
 /// each batch it hands off is progress, so a burst that outlasts the stall
@@ -592,21 +582,27 @@ async fn a_burst_handed_off_batch_after_batch_is_progress_not_a_stall() {
     // The instant comes: the loop wakes and hands off the first batch,
     // whose claims wait for the test's transaction.
     clock.set(t0);
-    until("the first batch's claims wait", || a_claim_waits(&env)).await;
+    eventually("the first batch's claims wait", WAIT, || async {
+        a_claim_waits(&env).await.then_some(())
+    })
+    .await;
     // Ten seconds later the first batch's claims go through; the loop hands
     // off the second, whose claims wait in turn, and waits for their
     // permits to hand off the third.
     clock.set(at(10));
     first.rollback().await.unwrap();
-    until("the first batch is claimed", || async {
-        claimed_by(&env, instance).await == 5
+    eventually("the first batch is claimed", WAIT, || async {
+        (claimed_by(&env, instance).await == 5).then_some(())
     })
     .await;
-    until("the second batch's claims wait", || a_claim_waits(&env)).await;
+    eventually("the second batch's claims wait", WAIT, || async {
+        a_claim_waits(&env).await.then_some(())
+    })
+    .await;
     // 24 s after the wake, 14 s after the second hand-off: not stalled
     // (counted from the wake, it would be 24 s past a 15 s bound).
-    until("the second hand-off counts as progress", || async {
-        progress.stalled(at(24), bound).is_none()
+    eventually("the second hand-off counts as progress", WAIT, || async {
+        progress.stalled(at(24), bound).is_none().then_some(())
     })
     .await;
     // Nothing handed off for longer than the bound is a stall.
@@ -615,8 +611,8 @@ async fn a_burst_handed_off_batch_after_batch_is_progress_not_a_stall() {
         Some(Duration::from_secs(16))
     );
     second.rollback().await.unwrap();
-    until("the last batches are claimed", || async {
-        claimed_by(&env, instance).await == 15
+    eventually("the last batches are claimed", WAIT, || async {
+        (claimed_by(&env, instance).await == 15).then_some(())
     })
     .await;
     stop.cancel();
