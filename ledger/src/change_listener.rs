@@ -5,7 +5,7 @@
 //! process `LISTEN`s; the embedded ledger announces its own writes
 //! in-process.
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::broadcast;
 
@@ -25,7 +25,15 @@ enum Source {
 
 impl ChangeListener {
     pub(crate) async fn postgres(pool: &PgPool, channel: &str) -> Result<Self, LedgerError> {
-        let mut listener = PgListener::connect_with(pool).await?;
+        // A connection of its own, with the pool's options (TLS, host):
+        // `PgListener` keeps the connection it listens on for as long as it
+        // lives, and taken from `pool` that would be one fewer for the work
+        // for good — with `BELFRY_DB_POOL=1`, none, and nothing would run.
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(pool.options().get_acquire_timeout())
+            .connect_lazy_with((*pool.connect_options()).clone());
+        let mut listener = PgListener::connect_with(&own).await?;
         listener.listen(channel).await?;
         Ok(Self {
             source: Source::Postgres(Box::new(listener)),

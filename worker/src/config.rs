@@ -21,7 +21,7 @@
 //! | `BELFRY_RETRY_MAX_DELAY` | `5m` | cap of the delay |
 //! | `BELFRY_RETRY_JITTER` | `true` | stretch delays randomly by up to 100 % |
 //! | `BELFRY_RETRY_REQUEUE_AFTER` | `10s` | longer delays go through the ledger instead of holding a prefetch slot |
-//! | `BELFRY_DB_POOL` | `8` | Postgres connections (embedded: readers; writes use one more) |
+//! | `BELFRY_DB_POOL` | `8` | Postgres connections (embedded: readers; writes use one more); the lease heartbeat has 1 more of its own |
 //! | `BELFRY_SHUTDOWN_TIMEOUT` | `30s` | how long in-flight jobs may finish after SIGTERM |
 //! | `BELFRY_LOG_FORMAT` | `text` | `text` or `json` |
 //! | `BELFRY_START_TIMEOUT` | `30s` | how long start-up retries while Postgres or RabbitMQ is unreachable (then exit 1); `0s` fails at once |

@@ -56,4 +56,4 @@ pub use job::{Job, JobContext, JobError};
 pub use process::ProcessOutcome;
 pub use registry::{Registry, RegistryBuilder, RegistryError};
 pub use retry_policy::RetryPolicy;
-pub use worker::Worker;
+pub use worker::{Worker, HEARTBEAT_POOL};

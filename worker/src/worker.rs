@@ -49,6 +49,10 @@ pub struct Worker {
     _heartbeat: tokio_util::sync::DropGuard,
 }
 
+/// Connections of the lease heartbeat, besides `BELFRY_DB_POOL` (one
+/// statement renews every held lease, one at a time).
+pub const HEARTBEAT_POOL: u32 = 1;
+
 impl Worker {
     /// Connects to the services of `config`, applies migrations, declares
     /// the topology and binds the group's queue to the registry's job types.
@@ -87,7 +91,21 @@ impl Worker {
             &format!("belfry-worker {} ({})", config.instance, config.group),
         )
         .await?;
-        Self::start_on(config, registry, ledger, broker).await
+        // The lease heartbeat gets a connection of its own (not the
+        // embedded file, which one pool owns): a burst of starts and ends
+        // holding every connection of the pool must not delay a renewal
+        // past the lease and stop handlers that are running fine.
+        let heartbeat = if ledger.is_embedded() {
+            ledger.clone()
+        } else {
+            Ledger::connect_routed(
+                &config.database_url,
+                config.database_direct_url.as_deref(),
+                HEARTBEAT_POOL,
+            )
+            .await?
+        };
+        Self::start_on_pools(config, registry, ledger, heartbeat, broker).await
     }
 
     /// [`Worker::start`] on a ledger and broker the caller opened (the
@@ -104,6 +122,23 @@ impl Worker {
         ledger: Ledger,
         broker: Broker,
     ) -> Result<Self, WorkerError> {
+        Self::start_on_pools(config, registry, ledger.clone(), ledger, broker).await
+    }
+
+    /// [`Worker::start_on`], with the lease heartbeat on `heartbeat` (a
+    /// pool of its own: [`Worker::start`] opens one of [`HEARTBEAT_POOL`]
+    /// connections) and everything else on `ledger`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Worker::start_on`].
+    pub async fn start_on_pools(
+        config: &WorkerConfig,
+        registry: Registry,
+        ledger: Ledger,
+        heartbeat: Ledger,
+        broker: Broker,
+    ) -> Result<Self, WorkerError> {
         validate_name("worker group", &config.group)?;
         let registry = match &config.job_types {
             Some(types) => registry.restrict(types)?,
@@ -117,21 +152,20 @@ impl Worker {
         // The heartbeat runs for as long as the worker exists, so attempts
         // started through `process_one` alone are renewed too.
         let leases = crate::lease::Leases::new(config.lease);
-        let heartbeat = CancellationToken::new();
+        let heartbeat_stop = CancellationToken::new();
         {
             let leases = leases.clone();
-            let ledger = ledger.clone();
-            let stop = heartbeat.clone();
-            tokio::spawn(async move { leases.run(ledger, stop).await });
+            let stop = heartbeat_stop.clone();
+            tokio::spawn(async move { leases.run(heartbeat, stop).await });
         }
         tokio::spawn(crate::cancel_listener::follow_cancels(
             leases.clone(),
             ledger.clone(),
-            heartbeat.clone(),
+            heartbeat_stop.clone(),
         ));
         Ok(Self {
             leases,
-            _heartbeat: heartbeat.drop_guard(),
+            _heartbeat: heartbeat_stop.drop_guard(),
             instance: config.instance.clone(),
             group: config.group.clone(),
             queue,

@@ -117,3 +117,124 @@ async fn an_unrenewable_lease_stops_the_handler_before_it_expires() {
     running.stop().await;
     env.teardown(&["default"]).await;
 }
+
+/// Sleeps `SLEEP` unless interrupted; records how it ended.
+#[derive(Clone, Default)]
+struct Steady {
+    interrupted: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Steady {
+    const SLEEP: Duration = Duration::from_secs(6);
+}
+
+impl Job for Steady {
+    const TYPE: &'static str = "steady";
+    type Payload = serde_json::Value;
+
+    async fn run(&self, ctx: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        tokio::select! {
+            // Either ends the attempt: a cancel is recorded as one.
+            _ = ctx.cancel.cancelled() => {
+                self.interrupted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(ctx.attempt);
+                Err(JobError::retryable("interrupted"))
+            }
+            _ = tokio::time::sleep(Self::SLEEP) => Ok(()),
+        }
+    }
+}
+
+/// Runs one `steady` job on a worker whose pool is small, holds all of
+/// its connections for longer than the lease while the handler runs, and
+/// returns the attempts that were interrupted. `own_heartbeat_pool` gives
+/// the heartbeat a connection of its own (as `Worker::start` does).
+async fn hold_the_pool_through_a_run(
+    env: &belfry_testkit::TestEnv,
+    name: &str,
+    own_heartbeat_pool: bool,
+) -> Vec<u32> {
+    let job = Steady::default();
+    let registry = Registry::builder().job(job.clone()).build().unwrap();
+    let mut pairs = env.process_env();
+    pairs.extend(
+        [
+            ("BELFRY_INSTANCE", "w1"),
+            ("BELFRY_WORKER_GROUP", "default"),
+            ("BELFRY_LEASE", "2s"),
+            ("BELFRY_RETRY_JITTER", "false"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    let config =
+        belfry_worker::WorkerConfig::from_settings(&belfry_runtime::Settings::from_pairs(pairs))
+            .unwrap();
+    // One connection (the smallest `BELFRY_DB_POOL`; the cancel listener
+    // has one of its own).
+    let ledger = belfry_ledger::Ledger::connect(&env.database_url, 1)
+        .await
+        .unwrap();
+    let heartbeat = if own_heartbeat_pool {
+        belfry_ledger::Ledger::connect(&env.database_url, belfry_worker::HEARTBEAT_POOL)
+            .await
+            .unwrap()
+    } else {
+        ledger.clone()
+    };
+    let w = belfry_worker::Worker::start_on_pools(
+        &config,
+        registry,
+        ledger.clone(),
+        heartbeat,
+        env.broker.clone(),
+    )
+    .await
+    .unwrap();
+    let running = RunningWorker::spawn(w);
+    let m = env.enqueue(name, "steady", json!({}), Utc::now()).await;
+    belfry_testkit::wait_running(env, &m, Duration::from_secs(10)).await;
+    // Every connection of the worker's pool busy for 4 s (twice the lease),
+    // as a burst of starts and ends holds them on a saturated database:
+    // taken until one more does not come.
+    let pool = ledger.pg_pool().unwrap();
+    let mut held = Vec::new();
+    while let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(300), pool.acquire()).await {
+        held.push(c);
+    }
+    assert!(
+        !held.is_empty(),
+        "the worker's pool had no connection to hold"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    drop(held);
+    let done = env
+        .wait_terminal(&m.job_name, &m.run_key, Duration::from_secs(30))
+        .await;
+    assert_eq!(done.status_text, "succeeded", "{done:?}");
+    running.stop().await;
+    let interrupted = job.interrupted.lock().unwrap_or_else(|p| p.into_inner());
+    interrupted.clone()
+}
+
+/// The heartbeat has a connection of its own: a pool held busy for twice
+/// the lease does not stop a handler that is running fine (with the
+/// heartbeat on the same pool, the same hold interrupts it: the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_does_not_starve_the_lease_heartbeat() {
+    let env = belfry_testkit::service_env!();
+    if env.is_embedded() {
+        return;
+    }
+    assert_eq!(
+        hold_the_pool_through_a_run(&env, "shared-pool", false).await,
+        vec![1],
+        "control: the hold must starve a heartbeat that shares the pool"
+    );
+    assert_eq!(
+        hold_the_pool_through_a_run(&env, "own-pool", true).await,
+        Vec::<u32>::new()
+    );
+    env.teardown(&["default"]).await;
+}
