@@ -218,9 +218,19 @@ impl ScheduleSync {
         // Read before anything changes, so a failed read leaves the
         // follower as it was (and it tries again shortly: the watch has
         // marked this set seen).
-        let rows = match self.ledger.schedules_in_shards(now.shards, &added).await {
+        follow.keeper.report_loading();
+        // Bounded: a read that hangs (a dead connection) is a failed load,
+        // tried again, and the keeper counts the follower behind.
+        let read = tokio::time::timeout(
+            follow.keeper.load_bound(),
+            self.ledger.schedules_in_shards(now.shards, &added),
+        )
+        .await
+        .unwrap_or(Err(LedgerError::Query(sqlx::Error::PoolTimedOut)));
+        let rows = match read {
             Ok(rows) => rows,
             Err(e) => {
+                follow.keeper.report_load_failed();
                 follow.retry = true;
                 return Err(e);
             }

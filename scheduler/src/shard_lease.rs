@@ -25,7 +25,11 @@
 //! - a replica whose schedule follower has not loaded the shards it owns
 //!   for longer than the stall bound (its loads keep failing, or the task
 //!   is gone) stops renewing too: owning a shard whose schedules are not in
-//!   the timer would fire nothing;
+//!   the timer would fire nothing. A load in progress is progress, up to
+//!   [`ShardKeeper::load_bound`] (the follower gives a read up after as
+//!   long): reading a third of a million schedules from a database busy
+//!   with a burst takes longer than the stall bound, and a replica that
+//!   let its shards go for that would hand the same load to the next one;
 //! - every pass and the leave are bounded in time, so a hung connection
 //!   neither holds a lease nor blocks shutdown;
 //! - a replica keeps firing the shards it believes it owns while it cannot
@@ -130,7 +134,10 @@ struct Followed {
     reporting: bool,
     /// The owned set whose schedules are loaded.
     loaded: BTreeSet<u32>,
-    /// Since when the published set and the loaded one differ.
+    /// Since when a load of taken shards has been running, if one is.
+    loading_since: Option<std::time::Instant>,
+    /// Since when the published set and the loaded one differ with no
+    /// load running.
     behind_since: Option<std::time::Instant>,
 }
 
@@ -183,6 +190,35 @@ impl ShardKeeper {
         let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
         followed.reporting = true;
         followed.loaded = loaded.owned.clone();
+        followed.loading_since = None;
+        // A load that went through is progress, whatever was taken since.
+        followed.behind_since = None;
+    }
+
+    /// The schedule follower started reading the schedules of shards it
+    /// took: until it reports them loaded (or the read failed), or for at
+    /// most [`ShardKeeper::load_bound`], it is not behind.
+    pub fn report_loading(&self) {
+        let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+        followed.loading_since = Some(std::time::Instant::now());
+    }
+
+    /// The follower's read of taken shards failed: it is behind from here
+    /// (or from when it was last seen behind with no read running).
+    pub fn report_load_failed(&self) {
+        let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+        followed.loading_since = None;
+    }
+
+    /// The longest a load of taken shards counts as progress (and the
+    /// follower's bound on one read): [`MAX_STRETCH`] times the stall bound,
+    /// as the timer loop's bound stretches at most that far.
+    ///
+    /// [`MAX_STRETCH`]: crate::timer_progress::MAX_STRETCH
+    pub fn load_bound(&self) -> Duration {
+        self.settings
+            .stall_after
+            .saturating_mul(crate::timer_progress::MAX_STRETCH)
     }
 
     /// How long the follower has been behind the published set, if it
@@ -192,6 +228,14 @@ impl ShardKeeper {
         let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
         if !followed.reporting || followed.loaded == owned.owned {
             followed.behind_since = None;
+            return None;
+        }
+        if followed
+            .loading_since
+            .is_some_and(|since| since.elapsed() < self.load_bound())
+        {
+            // Loading is catching up. The clock of a follower seen behind
+            // before is kept: loads that keep failing add up.
             return None;
         }
         let since = *followed

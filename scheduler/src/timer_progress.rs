@@ -11,8 +11,21 @@
 //! shard leases, so the other replicas take its shards when the leases
 //! expire and fire their schedules: the safety net that does not depend on
 //! the lease table being right about who is alive.
+//!
+//! A slow database is not a stuck loop. When every claim takes long (a
+//! million fires on one instant saturating Postgres and the broker), the
+//! loop waits for permits as long as a batch takes, and a fixed bound
+//! would let every replica drop its shards to the others, just as slow,
+//! which then spend the database's time loading and recovering them. So
+//! the bound stretches with the claims' own pace: it is the larger of the
+//! configured bound and [`SLOW_BATCH_FACTOR`] times the slowest recent
+//! batch (a decaying maximum, so one slow batch stretches it at once and
+//! the stretch fades over the batches after it), up to
+//! [`MAX_STRETCH`] times the configured bound. A claim that never finishes
+//! reports no duration and stretches nothing: the loop waiting on it is a
+//! stall within the bound the finished batches set.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -20,16 +33,29 @@ use chrono::{DateTime, Utc};
 /// The value of an idle loop.
 const IDLE: i64 = i64::MIN;
 
-/// When the timer loop last became busy, if it is busy now.
+/// How many times the slowest recent batch the loop may wait for permits
+/// before it counts as stalled: it waits for the oldest batch in flight,
+/// which may have started just before it began waiting.
+pub const SLOW_BATCH_FACTOR: u32 = 3;
+
+/// The bound never stretches beyond this many times the configured one.
+pub const MAX_STRETCH: u32 = 8;
+
+/// When the timer loop last became busy, if it is busy now, and how long
+/// recent batches took.
 #[derive(Debug)]
 pub struct TimerProgress {
     busy_since_ms: AtomicI64,
+    /// The slowest recent batch, in milliseconds, decaying by an eighth per
+    /// batch.
+    slow_batch_ms: AtomicU64,
 }
 
 impl Default for TimerProgress {
     fn default() -> Self {
         Self {
             busy_since_ms: AtomicI64::new(IDLE),
+            slow_batch_ms: AtomicU64::new(0),
         }
     }
 }
@@ -49,8 +75,31 @@ impl TimerProgress {
         self.busy_since_ms.store(IDLE, Ordering::Relaxed);
     }
 
+    /// A batch handed off at `started` finished (claimed and published, or
+    /// failed) at `now`.
+    pub fn batch_done(&self, started: DateTime<Utc>, now: DateTime<Utc>) {
+        let took = u64::try_from((now - started).num_milliseconds()).unwrap_or(0);
+        // Relaxed: batches finish on several tasks; each update is one
+        // atomic read-modify-write, and the stall check only needs a recent
+        // value.
+        let _ = self
+            .slow_batch_ms
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |slow| {
+                Some(took.max(slow - slow / 8))
+            });
+    }
+
+    /// The bound the loop is judged by: `bound`, stretched to the pace of
+    /// recent batches (see the module header).
+    pub fn bound(&self, bound: Duration) -> Duration {
+        let slow = Duration::from_millis(self.slow_batch_ms.load(Ordering::Relaxed));
+        bound
+            .max(slow.saturating_mul(SLOW_BATCH_FACTOR))
+            .min(bound.saturating_mul(MAX_STRETCH))
+    }
+
     /// How long the loop has been busy at `now`, if it has been for more
-    /// than `bound`.
+    /// than `bound` stretched to the pace of recent batches.
     pub fn stalled(&self, now: DateTime<Utc>, bound: Duration) -> Option<Duration> {
         let since = self.busy_since_ms.load(Ordering::Relaxed);
         if since == IDLE {
@@ -58,7 +107,7 @@ impl TimerProgress {
         }
         let busy = u64::try_from(now.timestamp_millis().saturating_sub(since)).unwrap_or(0);
         let busy = Duration::from_millis(busy);
-        (busy > bound).then_some(busy)
+        (busy > self.bound(bound)).then_some(busy)
     }
 }
 
@@ -66,10 +115,14 @@ impl TimerProgress {
 mod tests {
     use super::*;
 
+    fn t() -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap()
+    }
+
     #[test]
     fn waiting_is_never_a_stall_and_long_busy_is() {
         let progress = TimerProgress::default();
-        let t = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap();
+        let t = t();
         let bound = Duration::from_secs(15);
         assert_eq!(
             progress.stalled(t + chrono::Duration::hours(1), bound),
@@ -89,5 +142,35 @@ mod tests {
             progress.stalled(t + chrono::Duration::seconds(60), bound),
             None
         );
+    }
+
+    #[test]
+    fn slow_batches_stretch_the_bound_and_the_stretch_fades() {
+        let progress = TimerProgress::default();
+        let t = t();
+        let bound = Duration::from_secs(15);
+        // Fast batches leave the bound as configured.
+        progress.batch_done(t, t + chrono::Duration::milliseconds(40));
+        assert_eq!(progress.bound(bound), bound);
+        // A batch of 20 s: the loop may wait 60 s for permits.
+        progress.batch_done(t, t + chrono::Duration::seconds(20));
+        assert_eq!(progress.bound(bound), Duration::from_secs(60));
+        progress.busy(t);
+        assert_eq!(
+            progress.stalled(t + chrono::Duration::seconds(59), bound),
+            None
+        );
+        assert_eq!(
+            progress.stalled(t + chrono::Duration::seconds(61), bound),
+            Some(Duration::from_secs(61))
+        );
+        // Never beyond eight times the bound, however slow.
+        progress.batch_done(t, t + chrono::Duration::hours(1));
+        assert_eq!(progress.bound(bound), Duration::from_secs(120));
+        // Fast batches after it bring the bound back down.
+        for _ in 0..200 {
+            progress.batch_done(t, t + chrono::Duration::milliseconds(40));
+        }
+        assert_eq!(progress.bound(bound), bound);
     }
 }

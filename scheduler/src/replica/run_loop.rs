@@ -215,9 +215,15 @@ impl Replica {
                 };
                 let this = self.clone();
                 let batch = batch.to_vec();
+                let batch_clock = clock.clone();
                 inflight.spawn(async move {
                     let _permit = permit;
-                    this.fire_batch(&batch, FireSource::Timer).await
+                    let started = batch_clock.now();
+                    let outcomes = this.fire_batch(&batch, FireSource::Timer).await;
+                    // How long claims take now sets how long the loop may
+                    // wait for permits before it counts as stalled.
+                    this.progress.batch_done(started, batch_clock.now());
+                    outcomes
                 });
                 // A batch handed off is progress: an instant with more fires
                 // than the claims get through in the stall bound (a million

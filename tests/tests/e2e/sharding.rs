@@ -289,6 +289,21 @@ async fn a_replica_whose_schedules_of_owned_shards_are_not_loaded_stops_renewing
         keeper.pass_once().await.unwrap(),
         PassOutcome::FollowerBehind(_)
     ));
+    // A load in progress is progress, however long past the bound (up to
+    // the load bound): a slow read of many taken schedules does not make
+    // the replica let them go.
+    keeper.report_loading();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(matches!(
+        keeper.pass_once().await.unwrap(),
+        PassOutcome::Settled(_)
+    ));
+    // The load failed: behind again, counted from before it.
+    keeper.report_load_failed();
+    assert!(matches!(
+        keeper.pass_once().await.unwrap(),
+        PassOutcome::FollowerBehind(_)
+    ));
     // Once it catches up, renewal resumes.
     keeper.report_loaded(&keeper.owned());
     assert!(matches!(
@@ -529,8 +544,11 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The real timer loop through an instant with more fires than one batch:
 /// each batch it hands off is progress, so a burst that outlasts the stall
 /// bound batch after batch (a million schedules on one top of the hour)
-/// does not make the replica stop renewing its shards; a hand-off that does
-/// not come for the bound still is a stall. Fifteen fires due at one
+/// does not make the replica stop renewing its shards; and a batch that
+/// took long (a saturated database) stretches the bound to three times its
+/// time, so the loop waiting as long for the next batch's permits is not a
+/// stall either; a hand-off that does not come for the stretched bound
+/// still is one. Fifteen fires due at one
 /// instant, batches of five with five in flight: the claims of the first
 /// two batches are held in transactions of the test's (so the loop waits
 /// for a batch's permits before handing off the next, and is busy, not
@@ -605,10 +623,19 @@ async fn a_burst_handed_off_batch_after_batch_is_progress_not_a_stall() {
         progress.stalled(at(24), bound).is_none().then_some(())
     })
     .await;
-    // Nothing handed off for longer than the bound is a stall.
+    // The first batch took 10 s: the loop may wait 30 s for the second's
+    // permits (a fixed bound would call 16 s a stall).
+    eventually(
+        "the first batch's time stretches the bound",
+        WAIT,
+        || async { (progress.bound(bound) == Duration::from_secs(30)).then_some(()) },
+    )
+    .await;
+    assert_eq!(progress.stalled(at(26), bound), None);
+    // Nothing handed off for longer than the stretched bound is a stall.
     assert_eq!(
-        progress.stalled(at(26), bound),
-        Some(Duration::from_secs(16))
+        progress.stalled(at(41), bound),
+        Some(Duration::from_secs(31))
     );
     second.rollback().await.unwrap();
     eventually("the last batches are claimed", WAIT, || async {
