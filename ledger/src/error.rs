@@ -57,6 +57,16 @@ pub enum LedgerError {
     /// The operation needs a Postgres ledger.
     #[error("{0} needs a Postgres ledger; the embedded ledger runs one process")]
     Unsupported(&'static str),
+    /// An operation was given up on after its bound: the database is slow
+    /// or unreachable (the server-side bound, where one is set, ends the
+    /// statement there too).
+    #[error("{what} took longer than {after:?}; given up (the database is slow or unreachable)")]
+    TimedOut {
+        /// What was given up on.
+        what: &'static str,
+        /// The bound.
+        after: std::time::Duration,
+    },
     /// A message id is already used by a different run.
     #[error("message id {id} already belongs to another run; refusing to reuse it for {run_key}")]
     IdConflict {
@@ -121,6 +131,7 @@ impl LedgerError {
         matches!(
             self,
             Self::Connect { .. }
+                | Self::TimedOut { .. }
                 | Self::Query(
                     sqlx::Error::Io(_)
                         | sqlx::Error::PoolTimedOut

@@ -20,8 +20,8 @@
 //! | `BELFRY_LOCK_TTL` | `60s` | how long a fire's Redis lock lives |
 //! | `BELFRY_SHARDING` | `on` | `on`: replicas share the fires by shard, each firing the schedules of the shards it leases; `off`: every replica races every fire (the embedded ledger never shards) |
 //! | `BELFRY_SHARDS` | `256` | shards the schedules are split into (1 to 65536; the same on every replica: one with another count is refused while others run) |
-//! | `BELFRY_SHARD_LEASE_TTL` | `5s` | how long a shard lease lasts unless renewed (renewed every fifth of it); a dead replica's shards are taken within about this |
-//! | `BELFRY_SHARD_STALL_AFTER` | `15s` | a timer loop busy longer than this stops renewing its leases, so other replicas take its shards |
+//! | `BELFRY_SHARD_LEASE_TTL` | `5s` | how long a shard lease lasts unless renewed (renewed every fifth of it; stretched to 4 × the slowest recent lease pass, at most 4 ×); a dead replica's shards are taken within about this |
+//! | `BELFRY_SHARD_STALL_AFTER` | `15s` | a timer loop busy this long without handing off a batch of fires (stretched to 3 × the slowest recent batch, at most 8 ×) stops renewing its leases, so other replicas take its shards |
 //! | `BELFRY_MAX_INFLIGHT_FIRES` | `1024` | fires claimed/published concurrently |
 //! | `BELFRY_MAX_BATCH` | `256` | most fires due together claimed and published as one batch |
 //! | `BELFRY_DB_POOL` | `8` | Postgres connections (embedded: readers; writes use one more) |

@@ -26,6 +26,7 @@ pub mod error;
 pub mod lock;
 pub mod misfire;
 pub mod ops;
+pub mod pace;
 pub mod preview;
 pub mod redis_topology;
 pub mod replica;

@@ -221,12 +221,13 @@ impl ScheduleSync {
         follow.keeper.report_loading();
         // Bounded: a read that hangs (a dead connection) is a failed load,
         // tried again, and the keeper counts the follower behind.
-        let read = tokio::time::timeout(
-            follow.keeper.load_bound(),
-            self.ledger.schedules_in_shards(now.shards, &added),
-        )
-        .await
-        .unwrap_or(Err(LedgerError::Query(sqlx::Error::PoolTimedOut)));
+        let bound = follow.keeper.load_bound();
+        let read = tokio::time::timeout(bound, self.ledger.schedules_in_shards(now.shards, &added))
+            .await
+            .unwrap_or(Err(LedgerError::TimedOut {
+                what: "reading the schedules of taken shards",
+                after: bound,
+            }));
         let rows = match read {
             Ok(rows) => rows,
             Err(e) => {

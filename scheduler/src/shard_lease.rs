@@ -30,8 +30,19 @@
 //!   long): reading a third of a million schedules from a database busy
 //!   with a burst takes longer than the stall bound, and a replica that
 //!   let its shards go for that would hand the same load to the next one;
-//! - every pass and the leave are bounded in time, so a hung connection
-//!   neither holds a lease nor blocks shutdown;
+//! - every pass and the leave are bounded in time, on this side and in
+//!   the database, so a hung connection neither holds a lease nor blocks
+//!   shutdown, and a pass given up on does not go on queueing for the pass
+//!   lock ahead of the next ones;
+//! - a slow database is not a dead replica: the lease a pass writes lasts
+//!   [`SLOW_PASS_FACTOR`] times the slowest recent pass when that is longer
+//!   than the configured lifetime (up to [`MAX_LEASE_STRETCH`] times it;
+//!   see [`crate::pace`]). Renewals keep their pace, so a live owner
+//!   whose passes take seconds on a saturated database still renews in
+//!   time, rather than every replica's leases lapsing in turn and the
+//!   shards churning between replicas that are all just as slow. The cost
+//!   is failover time while the database is slow: a dead owner's shards
+//!   are taken within the stretched lifetime;
 //! - a replica keeps firing the shards it believes it owns while it cannot
 //!   reach the database (nothing can be claimed then anyway, and it fires
 //!   them the moment the database is back, before its next pass says
@@ -54,6 +65,7 @@ use belfry_ledger::{Ledger, LedgerError, ShardPass};
 use belfry_runtime::SharedClock;
 
 use crate::clock_guard::ClockGuard;
+use crate::pace::Pace;
 use crate::timer_progress::TimerProgress;
 
 /// Default shard count (`BELFRY_SHARDS`).
@@ -62,6 +74,12 @@ pub const DEFAULT_SHARDS: u32 = 256;
 /// shards are taken within this plus one pass interval — inside the
 /// default misfire threshold (10 s), so its fires are late, not skipped.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+/// How many times the slowest recent lease pass a lease lasts at least:
+/// the next renewal comes a pass and a renewal interval later, and may be
+/// as slow again.
+pub const SLOW_PASS_FACTOR: u32 = 4;
+/// A lease never lasts more than this many times the configured lifetime.
+pub const MAX_LEASE_STRETCH: u32 = 4;
 /// Default bound on a busy timer loop before its leases are let go.
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(15);
 
@@ -152,6 +170,9 @@ pub struct ShardKeeper {
     clock: SharedClock,
     guard: Option<Arc<ClockGuard>>,
     followed: std::sync::Mutex<Followed>,
+    /// How long recent passes took (a pass given up on counts as long as
+    /// it was given).
+    passes: Pace,
 }
 
 /// The longest a leave may take before the leases are left to expire.
@@ -181,6 +202,7 @@ impl ShardKeeper {
             clock,
             guard: None,
             followed: std::sync::Mutex::default(),
+            passes: Pace::default(),
         }
     }
 
@@ -252,6 +274,14 @@ impl ShardKeeper {
         }
     }
 
+    /// How long the lease the next pass writes lasts: the configured
+    /// lifetime, stretched to the pace of recent passes (see the module
+    /// header). The pass is given as long, here and in the database.
+    pub fn lease_ttl(&self) -> Duration {
+        self.passes
+            .stretch(self.settings.lease_ttl, SLOW_PASS_FACTOR, MAX_LEASE_STRETCH)
+    }
+
     /// The owned shards as they change.
     pub fn subscribe(&self) -> watch::Receiver<Arc<OwnedShards>> {
         self.owned.subscribe()
@@ -307,16 +337,19 @@ impl ShardKeeper {
         }
         // Bounded by the lease's life: a pass that takes longer could only
         // renew leases already expired.
+        let ttl = self.lease_ttl();
+        let started = std::time::Instant::now();
         let pass = tokio::time::timeout(
-            self.settings.lease_ttl,
-            self.ledger.shard_pass(
-                &self.instance,
-                self.settings.shards,
-                self.settings.lease_ttl,
-            ),
+            ttl,
+            self.ledger
+                .shard_pass(&self.instance, self.settings.shards, ttl),
         )
         .await
-        .unwrap_or(Err(LedgerError::Query(sqlx::Error::PoolTimedOut)));
+        .unwrap_or(Err(LedgerError::TimedOut {
+            what: "a shard lease pass",
+            after: ttl,
+        }));
+        self.passes.record(started.elapsed());
         let pass = match pass {
             Ok(pass) => pass,
             Err(e @ LedgerError::ShardCount { .. }) => {
@@ -375,7 +408,10 @@ impl ShardKeeper {
         self.publish(BTreeSet::new());
         let left = tokio::time::timeout(LEAVE_TIMEOUT, self.ledger.leave_shards(&self.instance))
             .await
-            .unwrap_or(Err(LedgerError::Query(sqlx::Error::PoolTimedOut)));
+            .unwrap_or(Err(LedgerError::TimedOut {
+                what: "freeing this replica's shards",
+                after: LEAVE_TIMEOUT,
+            }));
         match left {
             Ok(0) => {}
             Ok(freed) => tracing::info!(freed, "shards freed for the other replicas"),

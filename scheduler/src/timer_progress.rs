@@ -19,16 +19,18 @@
 //! which then spend the database's time loading and recovering them. So
 //! the bound stretches with the claims' own pace: it is the larger of the
 //! configured bound and [`SLOW_BATCH_FACTOR`] times the slowest recent
-//! batch (a decaying maximum, so one slow batch stretches it at once and
+//! batch (a decaying maximum, [`crate::pace`], so one slow batch stretches it at once and
 //! the stretch fades over the batches after it), up to
 //! [`MAX_STRETCH`] times the configured bound. A claim that never finishes
 //! reports no duration and stretches nothing: the loop waiting on it is a
 //! stall within the bound the finished batches set.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+
+use crate::pace::Pace;
 
 /// The value of an idle loop.
 const IDLE: i64 = i64::MIN;
@@ -46,16 +48,15 @@ pub const MAX_STRETCH: u32 = 8;
 #[derive(Debug)]
 pub struct TimerProgress {
     busy_since_ms: AtomicI64,
-    /// The slowest recent batch, in milliseconds, decaying by an eighth per
-    /// batch.
-    slow_batch_ms: AtomicU64,
+    /// The slowest recent batch, decaying by an eighth per batch.
+    batches: Pace,
 }
 
 impl Default for TimerProgress {
     fn default() -> Self {
         Self {
             busy_since_ms: AtomicI64::new(IDLE),
-            slow_batch_ms: AtomicU64::new(0),
+            batches: Pace::default(),
         }
     }
 }
@@ -78,24 +79,14 @@ impl TimerProgress {
     /// A batch handed off at `started` finished (claimed and published, or
     /// failed) at `now`.
     pub fn batch_done(&self, started: DateTime<Utc>, now: DateTime<Utc>) {
-        let took = u64::try_from((now - started).num_milliseconds()).unwrap_or(0);
-        // Relaxed: batches finish on several tasks; each update is one
-        // atomic read-modify-write, and the stall check only needs a recent
-        // value.
-        let _ = self
-            .slow_batch_ms
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |slow| {
-                Some(took.max(slow - slow / 8))
-            });
+        self.batches
+            .record((now - started).to_std().unwrap_or_default());
     }
 
     /// The bound the loop is judged by: `bound`, stretched to the pace of
     /// recent batches (see the module header).
     pub fn bound(&self, bound: Duration) -> Duration {
-        let slow = Duration::from_millis(self.slow_batch_ms.load(Ordering::Relaxed));
-        bound
-            .max(slow.saturating_mul(SLOW_BATCH_FACTOR))
-            .min(bound.saturating_mul(MAX_STRETCH))
+        self.batches.stretch(bound, SLOW_BATCH_FACTOR, MAX_STRETCH)
     }
 
     /// How long the loop has been busy at `now`, if it has been for more

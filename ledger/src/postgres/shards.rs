@@ -1,6 +1,16 @@
 //! Shard leases on Postgres (`crate::shards`): one transaction per pass,
 //! serialised across replicas by a transaction-scoped advisory lock, every
 //! expiry judged by the database's clock.
+//!
+//! Every statement of a pass is bounded on the server by the lease's own
+//! lifetime (`statement_timeout`, local to the transaction), and a leave
+//! by [`LEAVE_BOUND`]. The caller gives up on a pass after as long, but
+//! giving up only drops the client's side: without the server's bound the
+//! abandoned backend would go on waiting for the pass lock (Postgres does
+//! not notice a closed socket while a statement waits), queue ahead of
+//! the next passes and, once it had the lock, hold it for the rest of its
+//! statements. Under a saturated database that turned one slow pass into
+//! a line of them.
 
 use std::time::Duration;
 
@@ -15,6 +25,10 @@ use crate::LedgerError;
 /// locks, a key space apart from the one-key locks of the claim path.
 const PASS_LOCK: &str = "SELECT pg_advisory_xact_lock(21, 0)";
 
+/// The server-side bound on each statement of a leave (the scheduler
+/// gives a leave as long).
+pub const LEAVE_BOUND: Duration = Duration::from_secs(5);
+
 /// Heartbeats expired this long are forgotten.
 const FORGET_AFTER: &str = "interval '1 day'";
 
@@ -27,8 +41,9 @@ impl ShardStore for PgStore {
         ttl: Duration,
     ) -> Result<ShardPass, LedgerError> {
         let shards_i32 = i32::try_from(shards.clamp(1, 65_536)).unwrap_or(256);
-        let ttl = ttl.as_secs_f64();
         let mut tx = self.route.begin().await?;
+        bound_statements(self, &mut tx, ttl).await?;
+        let ttl = ttl.as_secs_f64();
         // Serialises passes: each sees the counts the previous one left, so
         // two replicas joining at once never both take the same excess.
         sqlx::query(PASS_LOCK)
@@ -166,6 +181,7 @@ impl ShardStore for PgStore {
 
     async fn leave_shards(&self, instance: &str) -> Result<u64, LedgerError> {
         let mut tx = self.route.begin().await?;
+        bound_statements(self, &mut tx, LEAVE_BOUND).await?;
         // Under the pass lock, so a pass running now counts this replica
         // either live with its shards or gone without them.
         sqlx::query(PASS_LOCK)
@@ -196,4 +212,21 @@ impl ShardStore for PgStore {
         .fetch_all(&self.route)
         .await?)
     }
+}
+
+/// Bounds every statement of `tx` on the server to `bound` (at least a
+/// millisecond: zero would mean no bound at all).
+async fn bound_statements(
+    store: &PgStore,
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    bound: Duration,
+) -> Result<(), LedgerError> {
+    let ms = bound.as_millis().clamp(1, i32::MAX as u128);
+    // `true`: local to this transaction, so the pooled connection (and a
+    // transaction-mode pooler's server connection) goes back unbounded.
+    sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+        .bind(format!("{ms}ms"))
+        .execute(store.route.on(tx))
+        .await?;
+    Ok(())
 }

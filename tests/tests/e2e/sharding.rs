@@ -313,6 +313,73 @@ async fn a_replica_whose_schedules_of_owned_shards_are_not_loaded_stops_renewing
     env.teardown(&[]).await;
 }
 
+/// Backends of the test's database waiting for an advisory lock.
+async fn waiting_for_the_pass_lock(env: &TestEnv) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+    )
+    .fetch_one(pool(env))
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_given_up_on_ends_in_the_database_and_stretches_the_next_lease() {
+    let env = belfry_testkit::service_env!();
+    let ttl = Duration::from_secs(1);
+    let r = replica(&env, "slow", Some(&redis_url()))
+        .await
+        .sharded(ShardSettings {
+            shards: 16,
+            lease_ttl: ttl,
+            stall_after: LONG,
+        });
+    let keeper = r.shard_keeper().unwrap().clone();
+    assert!(
+        matches!(keeper.pass_once().await.unwrap(), PassOutcome::Settled(p) if p.owned.len() == 16)
+    );
+    assert_eq!(
+        keeper.lease_ttl(),
+        ttl,
+        "fast passes: the lease as configured"
+    );
+    // Another session holds the pass lock (a pass of a replica on a
+    // saturated database): this pass waits, and is given up on.
+    let mut holder = pool(&env).begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(21, 0)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let e = keeper.pass_once().await.unwrap_err();
+    assert!(matches!(e, LedgerError::TimedOut { .. }), "{e:?}");
+    assert!(e.is_transient());
+    // Given up in the database too: nothing is left queueing for the lock
+    // behind the holder (it would take the lock ahead of the next pass).
+    eventually(
+        "the abandoned pass to end in the database",
+        Duration::from_secs(10),
+        || async { (waiting_for_the_pass_lock(&env).await == 0).then_some(()) },
+    )
+    .await;
+    holder.commit().await.unwrap();
+    // The next lease outlasts a pass as slow as that one, and the pass
+    // that writes it is given as long.
+    assert_eq!(keeper.lease_ttl(), ttl * 4);
+    assert!(matches!(
+        keeper.pass_once().await.unwrap(),
+        PassOutcome::Settled(_)
+    ));
+    let left: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM shard_leases",
+    )
+    .fetch_one(pool(&env))
+    .await
+    .unwrap();
+    assert!(left > 3.0, "the lease lasts {left} s");
+    env.teardown(&[]).await;
+}
+
 /// One sharded replica with its follower and timer.
 struct Member {
     replica: Arc<Replica>,
