@@ -26,6 +26,7 @@ mod attempt_batch;
 mod cancel;
 mod change_listener;
 mod claim_batch;
+mod concurrency;
 mod dashboard;
 mod error;
 mod fire_history;
@@ -58,6 +59,7 @@ pub use alerts::{
 pub use attempt_batch::{AttemptBatcher, BeginRequest, EndRequest, LeaseRenewal};
 pub use cancel::{CancelNotice, CancelOutcome, CancelRequest, CANCEL_CHANNEL};
 pub use change_listener::ChangeListener;
+pub use concurrency::ConcurrencyLimit;
 pub use dashboard::{MinuteCount, Overview, RecentFire};
 pub use error::LedgerError;
 pub use fire_history::{ExclusiveClaim, LateClaim};

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use belfry_protocol::{JobMessage, JobOptions, TraceContext, MESSAGE_VERSION};
 
 use crate::attempt_batch::{BeginRequest, EndRequest};
+use crate::concurrency::ConcurrencyLimit;
 use crate::run_rows::{FromMessage, RunLookup};
 use crate::{Ledger, LedgerError, RunStatus};
 
@@ -274,6 +275,15 @@ pub enum AttemptStart {
         /// Its terminal status.
         status: RunStatus,
     },
+    /// Every slot of the run's concurrency limit is taken: the run did not
+    /// start, used no attempt, and waits in the ledger to be published
+    /// again (see `crate::concurrency`); the delivery is done with.
+    Waiting {
+        /// The run's id.
+        id: Uuid,
+        /// Runs holding a slot of its limit key when it asked.
+        running: i64,
+    },
 }
 
 /// [`RUN_COLUMNS`] of the table aliased `alias` (`j.id, j.job_name, ...`),
@@ -356,24 +366,44 @@ impl Ledger {
         worker: &str,
         lease: std::time::Duration,
     ) -> Result<AttemptStart, LedgerError> {
+        self.begin_attempt_limited(message, worker, lease, None)
+            .await
+    }
+
+    /// [`Ledger::begin_attempt`] under a cluster-wide concurrency `limit`
+    /// (see `crate::concurrency`): the attempt starts only with a free
+    /// slot of the limit's key, and otherwise the run waits in the ledger
+    /// ([`AttemptStart::Waiting`]) without using an attempt.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::begin_attempt`].
+    pub async fn begin_attempt_limited(
+        &self,
+        message: &JobMessage,
+        worker: &str,
+        lease: std::time::Duration,
+        limit: Option<&ConcurrencyLimit>,
+    ) -> Result<AttemptStart, LedgerError> {
         let request = BeginRequest {
             job_name: message.job_name.clone(),
             run_key: message.run_key.clone(),
             worker: worker.to_owned(),
             lease,
         };
-        // The common path is one statement: the row exists and is startable.
-        if let Some(start) = self.try_begin(&request).await? {
+        // The common path is one statement (a limited start: one
+        // transaction): the row exists and is startable.
+        if let Some(start) = self.try_begin(&request, limit).await? {
             return Ok(start);
         }
         if let Some(state) = self.store.state_of(message).await? {
-            return self.not_startable(&request, state).await;
+            return self.not_startable(&request, limit, state).await;
         }
         // A message published by hand: record it as dispatched (the broker
         // had it) and start it like any other.
         self.insert_from_message(FromMessage::Dispatched(message))
             .await?;
-        if let Some(start) = self.try_begin(&request).await? {
+        if let Some(start) = self.try_begin(&request, limit).await? {
             return Ok(start);
         }
         let state = self
@@ -381,12 +411,19 @@ impl Ledger {
             .state_of(message)
             .await?
             .ok_or_else(|| LedgerError::Corrupt(format!("run {} vanished", message.run_key)))?;
-        self.not_startable(&request, state).await
+        self.not_startable(&request, limit, state).await
     }
 
     /// Starts the run's next attempt if it is startable: a batch of one,
     /// whose guard is the only one (as [`Ledger::claim`] is a batch of one).
-    async fn try_begin(&self, request: &BeginRequest) -> Result<Option<AttemptStart>, LedgerError> {
+    async fn try_begin(
+        &self,
+        request: &BeginRequest,
+        limit: Option<&ConcurrencyLimit>,
+    ) -> Result<Option<AttemptStart>, LedgerError> {
+        if let Some(limit) = limit {
+            return self.store.begin_limited(request, limit).await;
+        }
         let started = self.begin_batch(std::slice::from_ref(request)).await?;
         Ok(started
             .into_iter()
@@ -401,6 +438,7 @@ impl Ledger {
     async fn not_startable(
         &self,
         request: &BeginRequest,
+        limit: Option<&ConcurrencyLimit>,
         state: RunState,
     ) -> Result<AttemptStart, LedgerError> {
         if state.status.is_terminal() {
@@ -431,7 +469,7 @@ impl Ledger {
         // The row became startable between the two statements (another
         // transition raced us, or the lease just expired); one more try
         // settles it.
-        match self.try_begin(request).await? {
+        match self.try_begin(request, limit).await? {
             Some(start) => Ok(start),
             None => Ok(AttemptStart::Busy {
                 id: state.id,

@@ -32,6 +32,7 @@ use crate::alerts::{
 use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
 use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::change_listener::ChangeListener;
+use crate::concurrency::ConcurrencyLimit;
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::{ExclusiveClaim, LateClaim};
 use crate::postgres::PgStore;
@@ -39,7 +40,7 @@ use crate::retention::PruneBatch;
 use crate::run_partitions::{PartitionDrop, RunPartition};
 use crate::run_query::RunPage;
 use crate::run_rows::{FromMessage, RunLookup};
-use crate::runs::{NewRun, RunRecord, RunState};
+use crate::runs::{AttemptStart, NewRun, RunRecord, RunState};
 use crate::schedules::{IfStored, ScheduleLookup, ScheduleRow};
 use crate::shards::{ShardLease, ShardPass};
 use crate::skipped_range::SkippedRange;
@@ -56,6 +57,7 @@ pub(crate) trait Store:
     + ViewStore
     + AlertStore
     + ShardStore
+    + LimitStore
     + RunPartitionStore
     + std::fmt::Debug
     + Send
@@ -373,6 +375,20 @@ pub(crate) trait AlertStore {
 
     /// [`crate::Ledger::prune_alerts`].
     async fn prune_alerts(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, LedgerError>;
+}
+
+/// Cluster-wide concurrency limits (`crate::concurrency`).
+#[async_trait]
+pub(crate) trait LimitStore {
+    /// Starts the run of `request` if it is startable and `limit` has a
+    /// free slot; puts it back to wait (no attempt used) if every slot is
+    /// taken; `None` when the run is not startable (missing, finished or
+    /// held), for the caller's full path to say which.
+    async fn begin_limited(
+        &self,
+        request: &BeginRequest,
+        limit: &ConcurrencyLimit,
+    ) -> Result<Option<AttemptStart>, LedgerError>;
 }
 
 /// Shard leases (`crate::shards`); Postgres only.

@@ -6,6 +6,9 @@
 //! retried message keeps it. Unset fields fall back to the job type's
 //! setting, then to the worker's default.
 //!
+//! A run may also carry a cluster-wide concurrency limit (`concurrency`,
+//! and optionally `concurrency_key`): the one it is started under.
+//!
 //! Precedence, most specific first: run (schedule / request) → job type
 //! (registered with the handler) → worker default (environment).
 
@@ -20,13 +23,25 @@ pub struct JobOptions {
     /// Per-attempt timeout in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// At most this many runs with the same limit key run at once, across
+    /// every worker of every host (see `belfry_worker`'s `concurrency_limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// What the concurrency limit counts by: a template over the payload
+    /// such as `"{payload.tenant}"` (one limit per tenant); absent, the
+    /// job type as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
 }
 
 impl JobOptions {
     /// True when nothing is overridden (the field is then left out of
     /// messages).
     pub fn is_empty(&self) -> bool {
-        self.retry.is_none() && self.timeout_ms.is_none()
+        self.retry.is_none()
+            && self.timeout_ms.is_none()
+            && self.concurrency.is_none()
+            && self.concurrency_key.is_none()
     }
 }
 

@@ -660,7 +660,11 @@ pub fn job_options_of(
             })
         }
     };
-    Ok(JobOptions { retry, timeout_ms })
+    Ok(JobOptions {
+        retry,
+        timeout_ms,
+        ..JobOptions::default()
+    })
 }
 
 /// A `start_at`/`end_at` bound: an RFC 3339 instant, or none.

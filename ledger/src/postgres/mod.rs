@@ -15,6 +15,7 @@
 //! [`primary`] follows the primary among several hosts.
 
 mod alerts;
+mod concurrency;
 mod fire_history;
 mod outbox;
 mod partition_hints;

@@ -24,6 +24,7 @@
 //!   commits back.
 
 mod alerts;
+mod concurrency;
 mod fire_history;
 mod outbox;
 mod run_partitions;
