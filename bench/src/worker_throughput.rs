@@ -231,12 +231,15 @@ async fn batched_baseline(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
     Ok(elapsed)
 }
 
-/// `workers` belfry workers of one group until `n` runs succeeded.
+/// `workers` belfry workers of one group until `n` runs succeeded; with
+/// `limit`, `noop` is registered under a cluster-wide concurrency limit of
+/// that many.
 async fn belfry(
     env: &TestEnv,
     n: usize,
     workers: usize,
     concurrency: usize,
+    limit: Option<u32>,
 ) -> anyhow::Result<Duration> {
     let mut started = Vec::new();
     for i in 0..workers {
@@ -247,7 +250,17 @@ async fn belfry(
             ("BELFRY_CONCURRENCY".to_owned(), concurrency.to_string()),
         ]);
         let config = WorkerConfig::from_settings(&Settings::from_pairs(pairs))?;
-        let worker = Worker::start(&config, Registry::builder().builtins().build()?).await?;
+        let registry = match limit {
+            None => Registry::builder().builtins(),
+            Some(max) => Registry::builder().job_with(
+                belfry_worker::builtin::Noop,
+                belfry_protocol::JobOptions {
+                    concurrency: Some(max),
+                    ..Default::default()
+                },
+            ),
+        };
+        let worker = Worker::start(&config, registry.build()?).await?;
         started.push(worker);
     }
     let stop = tokio_util::sync::CancellationToken::new();
@@ -343,7 +356,7 @@ async fn aged_workers(
     past_days: u64,
 ) -> anyhow::Result<f64> {
     scenario(job_type, payload.clone(), n, past_days, |env| async move {
-        belfry(&env, n, count, concurrency).await
+        belfry(&env, n, count, concurrency, None).await
     })
     .await
 }
@@ -354,6 +367,7 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
     let (mut base, mut one, mut three, mut s1, mut s3) = (vec![], vec![], vec![], vec![], vec![]);
     let mut batched = vec![];
     let mut aged = vec![];
+    let mut limited = vec![];
     let (empty, nap) = (
         serde_json::json!({}),
         serde_json::json!({"duration_ms": 100}),
@@ -374,12 +388,21 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         );
         one.push(workers(noop, jobs, 1, CONCURRENCY).await?);
         aged.push(aged_workers(noop, jobs, 1, CONCURRENCY, AGED_DAYS).await?);
+        // A limit as large as the worker's concurrency is never full: this
+        // is the cost of the limited start itself (lock, count, start in
+        // one transaction instead of a share of a batched statement).
+        limited.push(
+            scenario("noop", empty.clone(), jobs, 0, |env| async move {
+                belfry(&env, jobs, 1, CONCURRENCY, Some(CONCURRENCY as u32)).await
+            })
+            .await?,
+        );
         three.push(workers(noop, jobs, 3, CONCURRENCY).await?);
         s1.push(workers(sleep, sleep_jobs, 1, SLEEP_CONCURRENCY).await?);
         s3.push(workers(sleep, sleep_jobs, 3, SLEEP_CONCURRENCY).await?);
         eprintln!(
-            "round {round}: baseline {:.0}/s, batched {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
-            base[round - 1], batched[round - 1], one[round - 1], aged[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
+            "round {round}: baseline {:.0}/s, batched {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s, with a concurrency limit {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
+            base[round - 1], batched[round - 1], one[round - 1], aged[round - 1], limited[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
         );
     }
     let (b, o, t, a, c) = (
@@ -411,6 +434,12 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         "| belfry, 1 worker (noop), {AGED_DAYS} days more of run partitions | {jobs} | {CONCURRENCY} | {g:.0} | {:.2} × baseline, {:.2} × fresh ledger |",
         g / b,
         g / o
+    );
+    let l = median(limited);
+    println!(
+        "| belfry, 1 worker (noop) under a cluster-wide concurrency limit of {CONCURRENCY} (never full) | {jobs} | {CONCURRENCY} | {l:.0} | {:.2} × baseline, {:.2} × no limit |",
+        l / b,
+        l / o
     );
     println!("| belfry, 3 workers of one group (noop) | {jobs} | {CONCURRENCY} | {t:.0} | {:.2} × baseline, {:.2} × batched |", t / b, t / bb);
     println!(

@@ -150,6 +150,8 @@ mod tests {
                     ..Default::default()
                 }),
                 timeout_ms: Some(1000),
+                concurrency: Some(4),
+                concurrency_key: Some("{payload.k}".into()),
             },
         }
     }

@@ -294,3 +294,25 @@ impl Drop for TestApi {
         self.stop.cancel();
     }
 }
+
+/// Sleeps 300 ms and records the highest number of its runs running at
+/// once (across every worker it is registered with).
+#[derive(Clone, Default)]
+pub struct Gauge {
+    /// Runs running now.
+    pub now: Arc<std::sync::atomic::AtomicUsize>,
+    /// The most seen running at once.
+    pub peak: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Job for Gauge {
+    const TYPE: &'static str = "gauge";
+    type Payload = serde_json::Value;
+    async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}

@@ -51,6 +51,9 @@ pub struct WorkerCounters {
     pub handed_back: AtomicU64,
     /// Retries whose back-off was handed to the ledger.
     pub deferred: AtomicU64,
+    /// Deliveries of runs that found every slot of their concurrency
+    /// limit taken (the runs wait in the ledger).
+    pub limited: AtomicU64,
     /// Attempts that lost their lease before recording.
     pub superseded: AtomicU64,
     /// Attempts interrupted because their lease could not be renewed in
@@ -58,7 +61,7 @@ pub struct WorkerCounters {
     pub lease_lost: AtomicU64,
     /// Runs finished here, by job type and outcome (`succeeded`,
     /// `failed`, `dead`, `cancelled`, `deferred`, `handed_back`,
-    /// `duplicate`, `superseded`).
+    /// `duplicate`, `superseded`, `waiting`).
     pub jobs: Family<JobLabels, Counter>,
     /// Attempts started, by job type.
     pub attempts_by_type: Family<JobLabels, Counter>,
@@ -81,6 +84,7 @@ impl Default for WorkerCounters {
             duplicates: AtomicU64::default(),
             handed_back: AtomicU64::default(),
             deferred: AtomicU64::default(),
+            limited: AtomicU64::default(),
             superseded: AtomicU64::default(),
             lease_lost: AtomicU64::default(),
             jobs: Family::default(),
@@ -118,6 +122,12 @@ impl Collector for WorkerCounters {
             "belfry_handed_back",
             "Deliveries returned to the queue (shutdown, database down, run held elsewhere)",
             get(&self.handed_back),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_concurrency_limit_waits",
+            "Deliveries of runs whose concurrency limit was full; the runs wait in the ledger",
+            get(&self.limited),
         )?;
         encode_counter(
             &mut e,

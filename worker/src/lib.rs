@@ -38,6 +38,7 @@
 pub mod attempt;
 pub mod builtin;
 mod cancel_listener;
+pub mod concurrency_limit;
 pub mod config;
 pub mod counters;
 pub mod error;

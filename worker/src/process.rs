@@ -17,7 +17,9 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use belfry_broker::Delivery;
-use belfry_ledger::{AttemptEntry, AttemptStart, BeginRequest, EndRequest, LedgerError, RunStatus};
+use belfry_ledger::{
+    AttemptEntry, AttemptStart, BeginRequest, ConcurrencyLimit, EndRequest, LedgerError, RunStatus,
+};
 use belfry_protocol::JobMessage;
 
 use crate::attempt::{run_attempt, AttemptResult};
@@ -47,6 +49,9 @@ pub enum ProcessOutcome {
     Cancelled,
     /// The run was already finished; the delivery was dropped.
     Duplicate,
+    /// Every slot of the run's concurrency limit was taken: the run waits
+    /// in the ledger (no attempt used) and the delivery was acked.
+    Waiting,
     /// The body was not a job message; it was dead-lettered.
     Undecodable,
     /// The retry back-off was handed to the ledger; the delivery was acked
@@ -69,6 +74,7 @@ impl ProcessOutcome {
             ProcessOutcome::Dead => "dead",
             ProcessOutcome::Cancelled => "cancelled",
             ProcessOutcome::Duplicate => "duplicate",
+            ProcessOutcome::Waiting => "waiting",
             ProcessOutcome::Undecodable => "undecodable",
             ProcessOutcome::Deferred => "deferred",
             ProcessOutcome::HandedBack => "handed_back",
@@ -157,25 +163,36 @@ fn refused(e: &LedgerError) -> String {
 
 impl Worker {
     /// Starts an attempt: the batched common path first, the ledger's full
-    /// path when the row is missing, finished or held.
-    async fn begin(&self, message: &JobMessage, lease: Duration) -> Result<AttemptStart, Begin> {
-        let request = BeginRequest {
-            job_name: message.job_name.clone(),
-            run_key: message.run_key.clone(),
-            worker: self.instance.clone(),
-            lease,
-        };
-        // A data error is about this message alone: refused (dead-lettered
-        // once), never mistaken for an outage and handed back forever.
-        match self.attempts.begin(request).await {
-            Ok(Some((id, attempt))) => return Ok(AttemptStart::Started { id, attempt }),
-            Ok(None) => {}
-            Err(e) if e.is_data_error() => return Err(Begin::Refused(refused(&e))),
-            Err(e) => return Err(Begin::Unavailable(e.to_string())),
+    /// path when the row is missing, finished or held. A run under a
+    /// concurrency `limit` takes the ledger's limited path only (its slot
+    /// count and its start are one transaction; see
+    /// [`crate::concurrency_limit`]).
+    async fn begin(
+        &self,
+        message: &JobMessage,
+        lease: Duration,
+        limit: Option<&ConcurrencyLimit>,
+    ) -> Result<AttemptStart, Begin> {
+        if limit.is_none() {
+            let request = BeginRequest {
+                job_name: message.job_name.clone(),
+                run_key: message.run_key.clone(),
+                worker: self.instance.clone(),
+                lease,
+            };
+            // A data error is about this message alone: refused
+            // (dead-lettered once), never mistaken for an outage and
+            // handed back forever.
+            match self.attempts.begin(request).await {
+                Ok(Some((id, attempt))) => return Ok(AttemptStart::Started { id, attempt }),
+                Ok(None) => {}
+                Err(e) if e.is_data_error() => return Err(Begin::Refused(refused(&e))),
+                Err(e) => return Err(Begin::Unavailable(e.to_string())),
+            }
         }
         match self
             .ledger
-            .begin_attempt(message, &self.instance, lease)
+            .begin_attempt_limited(message, &self.instance, lease, limit)
             .await
         {
             Ok(start) => Ok(start),
@@ -304,13 +321,16 @@ impl Worker {
             return self.give_up(&delivery, message, &reason).await;
         };
         let (policy, timeout) = effective(self, &registered, message);
+        let limit = crate::concurrency_limit::limit_of(&registered.options, message);
         loop {
             // The lease is short and renewed by the heartbeat while the
             // attempt runs (see `crate::lease`); `sent` is when the
             // statement setting it left, so the lease cannot end earlier
             // than `sent + lease`.
             let sent = std::time::Instant::now();
-            let started = self.begin(message, self.leases.lease()).await;
+            let started = self
+                .begin(message, self.leases.lease(), limit.as_ref())
+                .await;
             let (id, attempt) = match started {
                 Ok(AttemptStart::Started { id, attempt }) => (id, attempt),
                 Ok(AttemptStart::AlreadyFinished { id, status }) => {
@@ -318,6 +338,15 @@ impl Worker {
                     tracing::info!(%id, run_key = %message.run_key, %status, "run already finished; dropping duplicate delivery");
                     self.ack(&delivery).await;
                     return ProcessOutcome::Duplicate;
+                }
+                Ok(AttemptStart::Waiting { id, running }) => {
+                    // The run waits in the ledger, which publishes it again
+                    // after the limit's wait: this delivery is done with,
+                    // and the worker's slot goes to other work.
+                    WorkerCounters::add(&self.counters.limited);
+                    tracing::debug!(%id, run_key = %message.run_key, running, "concurrency limit full; the run waits in the ledger");
+                    self.ack(&delivery).await;
+                    return ProcessOutcome::Waiting;
                 }
                 Ok(AttemptStart::Busy { id, until }) => {
                     // Another attempt holds the run (this delivery is a

@@ -17,6 +17,7 @@ mod bounded;
 mod builtin_jobs;
 mod cancel;
 mod exactly_once;
+mod flow_control;
 mod lease;
 mod metrics;
 mod overlap;

@@ -2,7 +2,7 @@
 //! through the ledger, worker groups, concurrency limits, ad-hoc jobs,
 //! hand-written messages, the outbox reconciler and run leases.
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use belfry_dispatch::{AdHocJob, Client, DispatchError, Enqueued};
 use belfry_ledger::{NewRun, RunStatus};
 use belfry_protocol::{JobOptions, RetryOverride, TraceContext};
 use belfry_testkit::{eventually, redis_url, run_outcome};
-use belfry_tests::{builtins, one_job, replica, serve, t0, worker, Flaky, RunningWorker};
+use belfry_tests::{builtins, one_job, replica, serve, t0, worker, Flaky, Gauge, RunningWorker};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
 use chrono::Utc;
 use serde::Deserialize;
@@ -34,25 +34,6 @@ impl Job for Report {
     }
 }
 
-/// Sleeps 300 ms and records the highest number of concurrent runs.
-#[derive(Clone, Default)]
-struct Gauge {
-    now: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
-}
-
-impl Job for Gauge {
-    const TYPE: &'static str = "gauge";
-    type Payload = serde_json::Value;
-    async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
-        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak.fetch_max(n, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        self.now.fetch_sub(1, Ordering::SeqCst);
-        Ok(())
-    }
-}
-
 fn retry(max_attempts: u32) -> JobOptions {
     JobOptions {
         retry: Some(RetryOverride {
@@ -60,6 +41,7 @@ fn retry(max_attempts: u32) -> JobOptions {
             ..Default::default()
         }),
         timeout_ms: None,
+        ..JobOptions::default()
     }
 }
 
@@ -111,6 +93,7 @@ belfry_testkit::both_backends! {
                 ..Default::default()
             }),
             timeout_ms: Some(100),
+            ..JobOptions::default()
         };
         let registry = Registry::builder()
             .job_with(belfry_worker::builtin::Sleep, short)
