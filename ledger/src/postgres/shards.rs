@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::run_partitions::is_code;
 use super::PgStore;
 use crate::shards::{ShardLease, ShardPass};
 use crate::store::ShardStore;
@@ -29,12 +30,63 @@ const PASS_LOCK: &str = "SELECT pg_advisory_xact_lock(21, 0)";
 /// gives a leave as long).
 pub const LEAVE_BOUND: Duration = Duration::from_secs(5);
 
+/// SQLSTATE of a statement cancelled by `statement_timeout`.
+const QUERY_CANCELED: &str = "57014";
+
 /// Heartbeats expired this long are forgotten.
 const FORGET_AFTER: &str = "interval '1 day'";
 
 #[async_trait]
 impl ShardStore for PgStore {
     async fn shard_pass(
+        &self,
+        instance: &str,
+        shards: u32,
+        ttl: Duration,
+    ) -> Result<ShardPass, LedgerError> {
+        self.pass(instance, shards, ttl)
+            .await
+            .map_err(|e| over_bound(e, "a shard lease pass", ttl))
+    }
+
+    async fn leave_shards(&self, instance: &str) -> Result<u64, LedgerError> {
+        self.leave(instance)
+            .await
+            .map_err(|e| over_bound(e, "freeing this replica's shards", LEAVE_BOUND))
+    }
+
+    async fn shard_leases(&self) -> Result<Vec<ShardLease>, LedgerError> {
+        Ok(sqlx::query_as(
+            // A free lease expires at -infinity, which chrono cannot hold.
+            "SELECT shard, owner, epoch, GREATEST(expires_at, 'epoch'::timestamptz) AS expires_at, \
+                    expires_at > now() AS live \
+             FROM shard_leases ORDER BY shard",
+        )
+        .fetch_all(&self.route)
+        .await?)
+    }
+}
+
+/// Bounds every statement of `tx` on the server to `bound` (at least a
+/// millisecond: zero would mean no bound at all).
+async fn bound_statements(
+    store: &PgStore,
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    bound: Duration,
+) -> Result<(), LedgerError> {
+    let ms = bound.as_millis().clamp(1, i32::MAX as u128);
+    // `true`: local to this transaction, so the pooled connection (and a
+    // transaction-mode pooler's server connection) goes back unbounded.
+    sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+        .bind(format!("{ms}ms"))
+        .execute(store.route.on(tx))
+        .await?;
+    Ok(())
+}
+
+impl PgStore {
+    /// [`ShardStore::shard_pass`], its errors as the database gave them.
+    async fn pass(
         &self,
         instance: &str,
         shards: u32,
@@ -179,7 +231,8 @@ impl ShardStore for PgStore {
         })
     }
 
-    async fn leave_shards(&self, instance: &str) -> Result<u64, LedgerError> {
+    /// [`ShardStore::leave_shards`], its errors as the database gave them.
+    async fn leave(&self, instance: &str) -> Result<u64, LedgerError> {
         let mut tx = self.route.begin().await?;
         bound_statements(self, &mut tx, LEAVE_BOUND).await?;
         // Under the pass lock, so a pass running now counts this replica
@@ -201,32 +254,16 @@ impl ShardStore for PgStore {
         tx.commit().await?;
         Ok(freed)
     }
-
-    async fn shard_leases(&self) -> Result<Vec<ShardLease>, LedgerError> {
-        Ok(sqlx::query_as(
-            // A free lease expires at -infinity, which chrono cannot hold.
-            "SELECT shard, owner, epoch, GREATEST(expires_at, 'epoch'::timestamptz) AS expires_at, \
-                    expires_at > now() AS live \
-             FROM shard_leases ORDER BY shard",
-        )
-        .fetch_all(&self.route)
-        .await?)
-    }
 }
 
-/// Bounds every statement of `tx` on the server to `bound` (at least a
-/// millisecond: zero would mean no bound at all).
-async fn bound_statements(
-    store: &PgStore,
-    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-    bound: Duration,
-) -> Result<(), LedgerError> {
-    let ms = bound.as_millis().clamp(1, i32::MAX as u128);
-    // `true`: local to this transaction, so the pooled connection (and a
-    // transaction-mode pooler's server connection) goes back unbounded.
-    sqlx::query("SELECT set_config('statement_timeout', $1, true)")
-        .bind(format!("{ms}ms"))
-        .execute(store.route.on(tx))
-        .await?;
-    Ok(())
+/// The server-side bound's cancel (`57014`, `statement_timeout`) as what it
+/// is: the operation took longer than `after`, as when the client gives up
+/// first (both bounds are the same, and either may fire first).
+fn over_bound(e: LedgerError, what: &'static str, after: Duration) -> LedgerError {
+    match e {
+        LedgerError::Query(ref q) if is_code(q, QUERY_CANCELED) => {
+            LedgerError::TimedOut { what, after }
+        }
+        e => e,
+    }
 }
