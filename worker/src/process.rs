@@ -133,6 +133,18 @@ enum Begin {
     Unavailable(String),
 }
 
+impl Begin {
+    /// A data error is about this message alone: refused (dead-lettered
+    /// once), never mistaken for an outage and handed back forever.
+    fn from_ledger(e: &LedgerError) -> Self {
+        if e.is_data_error() {
+            Self::Refused(refused(e))
+        } else {
+            Self::Unavailable(e.to_string())
+        }
+    }
+}
+
 /// Why an outcome could not be written.
 pub(crate) enum EndFailed {
     /// The database refused the outcome's data: writing it again would fail
@@ -180,25 +192,16 @@ impl Worker {
                 worker: self.instance.clone(),
                 lease,
             };
-            // A data error is about this message alone: refused
-            // (dead-lettered once), never mistaken for an outage and
-            // handed back forever.
             match self.attempts.begin(request).await {
                 Ok(Some((id, attempt))) => return Ok(AttemptStart::Started { id, attempt }),
                 Ok(None) => {}
-                Err(e) if e.is_data_error() => return Err(Begin::Refused(refused(&e))),
-                Err(e) => return Err(Begin::Unavailable(e.to_string())),
+                Err(e) => return Err(Begin::from_ledger(&e)),
             }
         }
-        match self
-            .ledger
+        self.ledger
             .begin_attempt_limited(message, &self.instance, lease, limit)
             .await
-        {
-            Ok(start) => Ok(start),
-            Err(e) if e.is_data_error() => Err(Begin::Refused(refused(&e))),
-            Err(e) => Err(Begin::Unavailable(e.to_string())),
-        }
+            .map_err(|e| Begin::from_ledger(&e))
     }
 
     /// Ends an attempt through the batcher; `Ok(false)`: the attempt lost

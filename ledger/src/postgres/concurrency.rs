@@ -6,11 +6,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::runs::startable;
 use super::PgStore;
 use crate::attempt_batch::BeginRequest;
 use crate::concurrency::ConcurrencyLimit;
 use crate::runs::AttemptStart;
-use crate::status::waiting_statuses;
 use crate::store::LimitStore;
 use crate::LedgerError;
 
@@ -21,15 +21,12 @@ use crate::LedgerError;
 const KEY_LOCK: &str = "SELECT pg_advisory_xact_lock(22, hashtext($1))";
 
 /// The run of `$1`/`$2` (its partition named by the key), if no attempt is
-/// running it: waiting, or running under a lease that expired.
-macro_rules! startable {
+/// running it (the batched start's guard).
+macro_rules! this_run_if_startable {
     () => {
         concat!(
-            "j.job_name = $1 AND j.run_key = $2 AND j.key_instant = belfry_key_instant($1, $2) \
-             AND (j.status IN ",
-            waiting_statuses!(),
-            " OR (j.status = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
-                  AND j.cancel_requested_at IS NULL))"
+            "j.job_name = $1 AND j.run_key = $2 AND j.key_instant = belfry_key_instant($1, $2) AND ",
+            startable!()
         )
     };
 }
@@ -65,7 +62,7 @@ impl LimitStore for PgStore {
                      next_dispatch_at = now() + make_interval(secs => $3), last_error = $4, \
                      updated_at = now() \
                  WHERE ",
-                startable!(),
+                this_run_if_startable!(),
                 " RETURNING j.id"
             ))
             .bind(&request.job_name)
@@ -82,7 +79,7 @@ impl LimitStore for PgStore {
                  started_at = COALESCE(j.started_at, now()), worker = $3, next_dispatch_at = NULL, \
                  lease_until = now() + make_interval(secs => $4), updated_at = now(), limit_key = $5 \
              WHERE ",
-            startable!(),
+            this_run_if_startable!(),
             " RETURNING j.id, j.attempts, j.key_instant"
         ))
         .bind(&request.job_name)

@@ -39,6 +39,27 @@ macro_rules! guard_status {
         "coalesce(j.status, '')"
     };
 }
+pub(crate) use guard_status;
+
+/// The guard of a start: the run `j` is not being run by any attempt —
+/// waiting, or running under a lease that expired (and not being
+/// cancelled). Shared by the batched start and the limited one
+/// (`super::concurrency`), so both start exactly the same runs.
+macro_rules! startable {
+    () => {
+        concat!(
+            "(",
+            $crate::postgres::runs::guard_status!(),
+            " IN ",
+            $crate::status::waiting_statuses!(),
+            " OR (",
+            $crate::postgres::runs::guard_status!(),
+            " = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
+             AND j.cancel_requested_at IS NULL))"
+        )
+    };
+}
+pub(crate) use startable;
 
 /// The statement of [`RunStore::end_batch`], a format string: `{table}` is
 /// the table written (the parent or one day's partition, see
@@ -113,9 +134,7 @@ macro_rules! begin_batch_sql {
                     AS b(job_name, run_key, worker, lease)), \
               locked AS ( \
              SELECT j.id FROM {table} j JOIN b ON j.job_name = b.job_name AND j.run_key = b.run_key \
-             WHERE j.key_instant = ANY($5) AND (", guard_status!(), " IN ", waiting_statuses!(), " \
-                OR (", guard_status!(), " = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
-                    AND j.cancel_requested_at IS NULL)) \
+             WHERE j.key_instant = ANY($5) AND ", startable!(), " \
              ORDER BY j.id FOR UPDATE OF j) \
          UPDATE {table} j SET status = 'running', attempts = j.attempts + 1, \
              started_at = COALESCE(j.started_at, now()), worker = b.worker, next_dispatch_at = NULL, \
@@ -123,9 +142,7 @@ macro_rules! begin_batch_sql {
          FROM b, locked \
          WHERE j.id = locked.id AND j.key_instant = ANY($5) \
            AND j.job_name = b.job_name AND j.run_key = b.run_key \
-           AND (", guard_status!(), " IN ", waiting_statuses!(), " \
-                OR (", guard_status!(), " = 'running' AND (j.lease_until IS NULL OR j.lease_until < now()) \
-                    AND j.cancel_requested_at IS NULL)) \
+           AND ", startable!(), " \
          RETURNING j.job_name, j.run_key, j.id, j.attempts, j.key_instant")
     };
 }

@@ -6,25 +6,13 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
+use super::runs::this_run_if_startable;
 use super::{now, now_plus, SqliteLedger};
 use crate::attempt_batch::BeginRequest;
 use crate::concurrency::ConcurrencyLimit;
 use crate::runs::AttemptStart;
-use crate::status::waiting_statuses;
 use crate::store::LimitStore;
 use crate::LedgerError;
-
-/// The run of `?1`/`?2` if no attempt is running it (`?3`: now).
-macro_rules! startable {
-    () => {
-        concat!(
-            "job_name = ?1 AND run_key = ?2 AND (status IN ",
-            waiting_statuses!(),
-            " OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?3) \
-                  AND cancel_requested_at IS NULL))"
-        )
-    };
-}
 
 #[async_trait]
 impl LimitStore for SqliteLedger {
@@ -46,16 +34,16 @@ impl LimitStore for SqliteLedger {
         .await?;
         if running >= i64::from(limit.max) {
             let waiting: Option<Uuid> = sqlx::query_scalar(concat!(
-                "UPDATE job_runs SET status = 'retrying', next_dispatch_at = ?4, last_error = ?5, \
-                     updated_at = ?3 \
+                "UPDATE job_runs SET status = 'retrying', next_dispatch_at = ?3, last_error = ?5, \
+                     updated_at = ?4 \
                  WHERE ",
-                startable!(),
+                this_run_if_startable!(),
                 " RETURNING id"
             ))
             .bind(&request.job_name)
             .bind(&request.run_key)
-            .bind(&at)
             .bind(now_plus(limit.wait))
+            .bind(&at)
             .bind(limit.waiting_reason(running))
             .fetch_optional(&mut *tx)
             .await?;
@@ -64,16 +52,16 @@ impl LimitStore for SqliteLedger {
         }
         let started: Option<(Uuid, i32)> = sqlx::query_as(concat!(
             "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
-                 started_at = COALESCE(started_at, ?3), worker = ?4, next_dispatch_at = NULL, \
-                 lease_until = ?5, updated_at = ?3, limit_key = ?6 \
+                 started_at = COALESCE(started_at, ?4), worker = ?3, next_dispatch_at = NULL, \
+                 lease_until = ?5, updated_at = ?4, limit_key = ?6 \
              WHERE ",
-            startable!(),
+            this_run_if_startable!(),
             " RETURNING id, attempts"
         ))
         .bind(&request.job_name)
         .bind(&request.run_key)
-        .bind(&at)
         .bind(&request.worker)
+        .bind(&at)
         .bind(now_plus(request.lease))
         .bind(&limit.key)
         .fetch_optional(&mut *tx)

@@ -34,19 +34,30 @@ const MARK_DISPATCHED: &str = "UPDATE job_runs SET \
      WHERE id = ?1 AND (status = 'claimed' OR dispatched_at IS NULL) \
      RETURNING status";
 
+/// The run `?1`/`?2` if no attempt is running it: waiting, or running
+/// under a lease that expired before `?4` (now), and not being cancelled.
+/// Shared by the start and the limited start (`super::concurrency`).
+macro_rules! this_run_if_startable {
+    () => {
+        concat!(
+            "job_name = ?1 AND run_key = ?2 AND (status IN ",
+            $crate::status::waiting_statuses!(),
+            " OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?4) \
+                  AND cancel_requested_at IS NULL))"
+        )
+    };
+}
+pub(crate) use this_run_if_startable;
+
 /// Starts an attempt of a startable run (waiting, or running under an
 /// expired lease); see `Ledger::begin_attempt`.
 const BEGIN: &str = concat!(
     "UPDATE job_runs SET status = 'running', attempts = attempts + 1, \
          started_at = COALESCE(started_at, ?4), worker = ?3, next_dispatch_at = NULL, \
          lease_until = ?5, updated_at = ?4 \
-     WHERE job_name = ?1 AND run_key = ?2 \
-       AND (status IN ",
-    waiting_statuses!(),
-    " \
-            OR (status = 'running' AND (lease_until IS NULL OR lease_until < ?4) \
-                AND cancel_requested_at IS NULL)) \
-     RETURNING id, attempts"
+     WHERE ",
+    this_run_if_startable!(),
+    " RETURNING id, attempts"
 );
 
 /// Ends the attempt that holds the run (see `Ledger::end_attempt`); a run
