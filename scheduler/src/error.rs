@@ -27,6 +27,10 @@ pub enum SchedulerError {
     /// Dispatching failed.
     #[error(transparent)]
     Dispatch(#[from] belfry_dispatch::DispatchError),
+    /// The shard keeper's thread could not be started (the process is out
+    /// of threads or file descriptors).
+    #[error("cannot start the shard keeper's thread: {0}")]
+    KeeperThread(#[source] std::io::Error),
     /// A name (namespace, job name) breaks the naming rule.
     #[error(transparent)]
     Name(#[from] belfry_protocol::NameError),

@@ -23,6 +23,7 @@ pub mod config;
 pub mod counters;
 pub mod describe;
 pub mod error;
+pub mod keeper_runtime;
 pub mod lock;
 pub mod misfire;
 pub mod ops;

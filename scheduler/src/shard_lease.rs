@@ -34,6 +34,10 @@
 //!   the database, so a hung connection neither holds a lease nor blocks
 //!   shutdown, and a pass given up on does not go on queueing for the pass
 //!   lock ahead of the next ones;
+//! - a busy replica is not a dead one: a replica started with
+//!   [`crate::Replica::sharded_apart`] (as the binary is) runs this keeper
+//!   on a thread and runtime of its own ([`crate::keeper_runtime`]), so
+//!   the tasks of a burst on the replica's runtime do not delay a renewal;
 //! - a slow database is not a dead replica: the lease a pass writes lasts
 //!   [`SLOW_PASS_FACTOR`] times the slowest recent pass when that is longer
 //!   than the configured lifetime (up to [`MAX_LEASE_STRETCH`] times it;

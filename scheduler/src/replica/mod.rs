@@ -37,16 +37,18 @@ use belfry_broker::{Broker, JobQueue};
 use belfry_ledger::Ledger;
 use belfry_protocol::Topology;
 use belfry_runtime::SharedClock;
+use tokio_util::sync::CancellationToken;
 
 use belfry_dispatch::{Dispatcher, Reconciler};
 
 use crate::claim::Claimer;
 use crate::clock_guard::ClockGuard;
 use crate::counters::FireCounters;
+use crate::keeper_runtime::KeeperRuntime;
 use crate::lock::ClaimLock;
 use crate::schedule::Schedule;
 use crate::schedule_sync::ScheduleSync;
-use crate::shard_lease::{ShardKeeper, ShardSettings};
+use crate::shard_lease::{PassOutcome, ShardKeeper, ShardSettings};
 use crate::timer_progress::TimerProgress;
 use crate::{schedule_file, SchedulerConfig, SchedulerError};
 
@@ -219,6 +221,9 @@ pub struct Replica {
     /// This replica's shard leases, when it shares the fires by shard
     /// (`None`: it races every fire).
     shards: Option<Arc<ShardKeeper>>,
+    /// The thread and runtime the keeper's loop runs on, when it has its
+    /// own (`None`: the caller's runtime).
+    keeper_runtime: Option<Arc<KeeperRuntime>>,
 }
 
 impl Replica {
@@ -341,20 +346,20 @@ impl Replica {
         let mut sync = ScheduleSync::new(ledger.clone());
         // One process owns an embedded database: it fires everything.
         if let Some(settings) = config.sharding.clone().filter(|_| !ledger.is_embedded()) {
-            // Lease passes get connections of their own (see
-            // `Replica::sharded_on`).
-            let leases = Ledger::connect_routed(
-                &config.database_url,
-                config.database_direct_url.as_deref(),
-                LEASE_POOL,
-            )
-            .await?;
-            replica = replica.sharded_on(settings, leases);
+            // Lease passes get a thread, a runtime and connections of
+            // their own (see `Replica::sharded_apart`).
+            replica = replica
+                .sharded_apart(
+                    settings,
+                    &config.database_url,
+                    config.database_direct_url.as_deref(),
+                )
+                .await?;
             if let Some(keeper) = &replica.shards {
                 // The first pass takes this replica's share (or refuses a
                 // shard count the running replicas do not use) before the
                 // schedules are loaded: only the owned ones are.
-                keeper.pass_once().await?;
+                replica.first_pass().await?;
                 sync = sync.with_shards(keeper.clone());
                 let ttl = keeper.settings().lease_ttl;
                 if ttl + keeper.settings().renew_every() > config.timing.misfire_threshold {
@@ -413,6 +418,7 @@ impl Replica {
             clock: belfry_runtime::process_clock(),
             progress: Arc::default(),
             shards: None,
+            keeper_runtime: None,
         }
     }
 
@@ -443,6 +449,68 @@ impl Replica {
             shards: Some(Arc::new(keeper)),
             ..self
         }
+    }
+
+    /// [`Replica::sharded`], its keeper on a thread and runtime of its own
+    /// (see [`crate::keeper_runtime`]) and its lease passes on a pool of
+    /// [`LEASE_POOL`] connections to `url` (through `direct_url` when the
+    /// ledger is behind a pooler) opened on that runtime: the leases are
+    /// renewed on time while this replica's runtime is saturated by a
+    /// burst and its pool is held by the burst's claims.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::KeeperThread`] when the thread cannot be started;
+    /// [`SchedulerError::Ledger`] when the pool cannot connect.
+    pub async fn sharded_apart(
+        self,
+        settings: ShardSettings,
+        url: &str,
+        direct_url: Option<&str>,
+    ) -> Result<Self, SchedulerError> {
+        let runtime = KeeperRuntime::start(&format!("belfry-keeper {}", self.instance))
+            .map_err(SchedulerError::KeeperThread)?;
+        let (url, direct_url) = (url.to_owned(), direct_url.map(str::to_owned));
+        let leases =
+            runtime
+                .run(async move {
+                    Ledger::connect_routed(&url, direct_url.as_deref(), LEASE_POOL).await
+                })
+                .await?;
+        Ok(Self {
+            keeper_runtime: Some(Arc::new(runtime)),
+            ..self.sharded_on(settings, leases)
+        })
+    }
+
+    /// One lease pass where the keeper's loop runs (its own runtime, when
+    /// it has one), as the replica's first: nothing when it does not shard.
+    ///
+    /// # Errors
+    ///
+    /// As [`ShardKeeper::pass_once`].
+    pub async fn first_pass(&self) -> Result<Option<PassOutcome>, belfry_ledger::LedgerError> {
+        let Some(keeper) = self.shards.clone() else {
+            return Ok(None);
+        };
+        let pass = async move { keeper.pass_once().await };
+        match &self.keeper_runtime {
+            Some(runtime) => runtime.run(pass).await.map(Some),
+            None => pass.await.map(Some),
+        }
+    }
+
+    /// Spawns the keeper's loop where it runs (its own runtime, when it
+    /// has one), when this replica shards.
+    pub(crate) fn spawn_keeper(
+        &self,
+        cancel: CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let keeping = self.shards.clone()?.run(cancel);
+        Some(match &self.keeper_runtime {
+            Some(runtime) => runtime.spawn(keeping),
+            None => tokio::spawn(keeping),
+        })
     }
 
     /// This replica's shard leases, when it shards.

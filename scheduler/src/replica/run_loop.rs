@@ -141,10 +141,7 @@ impl Replica {
         };
         // The keeper frees this replica's shards as soon as `cancel` fires
         // (before the drain), so the others take them at their next pass.
-        let keeping = self
-            .shards
-            .clone()
-            .map(|keeper| tokio::spawn(keeper.run(cancel.clone())));
+        let keeping = self.spawn_keeper(cancel.clone());
         let recovering = tokio::spawn(self.clone().recovery_loop(
             timer.schedules(),
             clock.clone(),

@@ -240,12 +240,7 @@ async fn a_replica_whose_timer_loop_is_stuck_stops_renewing_its_leases() {
     assert!(
         matches!(keeper.pass_once().await.unwrap(), PassOutcome::Settled(p) if p.owned.len() == 16)
     );
-    let expiry = || async {
-        sqlx::query_scalar::<_, DateTime<Utc>>("SELECT max(expires_at) FROM shard_leases")
-            .fetch_one(pool(&env))
-            .await
-            .unwrap()
-    };
+    let expiry = || latest_expiry(&env);
     let renewed = expiry().await;
     // The loop woke 20 s ago and has not come back to wait.
     stuck
@@ -263,6 +258,94 @@ async fn a_replica_whose_timer_loop_is_stuck_stops_renewing_its_leases() {
     assert!(
         matches!(keeper.pass_once().await.unwrap(), PassOutcome::Settled(p) if p.owned.len() == 8)
     );
+    env.teardown(&[]).await;
+}
+
+/// The latest expiry of any lease.
+async fn latest_expiry(env: &TestEnv) -> DateTime<Utc> {
+    sqlx::query_scalar::<_, DateTime<Utc>>("SELECT max(expires_at) FROM shard_leases")
+        .fetch_one(pool(env))
+        .await
+        .unwrap()
+}
+
+/// Each shard's owner and fencing epoch (moved by every take).
+async fn epochs(env: &TestEnv) -> Vec<(Option<String>, i64)> {
+    env.ledger
+        .shard_leases()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.owner, l.epoch))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_renewed_on_time_while_the_replicas_runtime_is_saturated() {
+    let env = belfry_testkit::service_env!();
+    if env.is_embedded() {
+        return;
+    }
+    // Five passes a second, each lease lasting one.
+    let settings = ShardSettings {
+        shards: 16,
+        lease_ttl: Duration::from_secs(1),
+        ..ShardSettings::default()
+    };
+    let busy = Arc::new(
+        replica(&env, "busy", None)
+            .await
+            .sharded_apart(settings, &env.database_url, None)
+            .await
+            .unwrap(),
+    );
+    assert!(matches!(
+        busy.first_pass().await.unwrap(),
+        Some(PassOutcome::Settled(p)) if p.owned.len() == 16
+    ));
+    let taken = epochs(&env).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(busy.clone().run(
+        Timer::new(Vec::new(), Utc::now()),
+        belfry_runtime::process_clock(),
+        stop.clone(),
+    ));
+    // The replica's loop is running (it renewed once since the first
+    // pass) when the burst comes.
+    let expiry = || latest_expiry(&env);
+    let first = expiry().await;
+    eventually("the keeper's loop renews", WAIT, || async {
+        (expiry().await > first).then_some(())
+    })
+    .await;
+    // Both of the runtime's workers are taken for three lease lifetimes
+    // at once (the barrier holds the first until the second has one too),
+    // as a burst's tasks take them on a saturated machine.
+    let both = Arc::new(std::sync::Barrier::new(2));
+    let hogs: Vec<_> = (0..2)
+        .map(|_| {
+            let both = both.clone();
+            tokio::spawn(async move {
+                both.wait();
+                std::thread::sleep(Duration::from_secs(3));
+            })
+        })
+        .collect();
+    for hog in hogs {
+        hog.await.unwrap();
+    }
+    // A pass after the hogs, had the leases lapsed, takes them again and
+    // moves every epoch.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        epochs(&env).await,
+        taken,
+        "every lease renewed in time by its owner, none taken again"
+    );
+    stop.cancel();
+    running.await.unwrap();
+    // The keeper on its own runtime still leaves at shutdown.
+    assert!(epochs(&env).await.iter().all(|(owner, _)| owner.is_none()));
     env.teardown(&[]).await;
 }
 
