@@ -35,9 +35,71 @@ mod worker_throughput;
 #[global_allocator]
 static ALLOC: timer_lateness::CountingAlloc = timer_lateness::CountingAlloc;
 
+/// Every command and the flags it reads (each takes a whole number).
+const COMMANDS: &[(&str, &[&str])] = &[
+    ("worker", &["--jobs", "--sleep-jobs", "--rounds"]),
+    ("timer", &["--seconds", "--big"]),
+    ("traces", &["--fires", "--rounds"]),
+    ("dispatch", &["--raw-fires", "--steady-seconds"]),
+    ("ui", &["--schedules", "--runs", "--rounds"]),
+    ("embedded", &["--fires", "--jobs", "--rounds"]),
+    ("pooler", &["--fires", "--rounds"]),
+    ("fire-cost", &["--fires", "--rounds"]),
+    ("shard-scale", &["--small", "--large", "--rounds"]),
+    ("failover", &["--schedules", "--rounds"]),
+    ("retention", &["--rows", "--rounds"]),
+    ("million", &["--schedules", "--raw"]),
+];
+
+fn usage() -> String {
+    let lines: Vec<String> = COMMANDS
+        .iter()
+        .map(|(command, flags)| {
+            let flags: Vec<String> = flags.iter().map(|f| format!("[{f} N]")).collect();
+            format!("belfry-bench {command} {}", flags.join(" "))
+        })
+        .collect();
+    format!("usage: {}", lines.join("\n       "))
+}
+
+/// Refuses `args` (after the command) unless they are `flag value` pairs
+/// of the command's flags: a mistyped flag must not start a long run with
+/// defaults (`--help` once started the million-schedule run).
+fn check_flags(command: &str, args: &[String]) -> anyhow::Result<()> {
+    let known = COMMANDS
+        .iter()
+        .find(|(c, _)| *c == command)
+        .map(|(_, flags)| *flags)
+        .unwrap_or(&[]);
+    for pair in args.chunks(2) {
+        if !known.contains(&pair[0].as_str()) {
+            anyhow::bail!(
+                "{command}: unknown flag {:?}; it takes {}\n{}",
+                pair[0],
+                if known.is_empty() {
+                    "no flags".to_owned()
+                } else {
+                    known.join(", ")
+                },
+                usage()
+            );
+        }
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{}", usage());
+        return Ok(());
+    }
+    if let Some(command) = args.first() {
+        if command != "traces-child" {
+            check_flags(command, &args[1..])?;
+        }
+    }
     let flag = |name: &str, default: usize| -> anyhow::Result<usize> {
         match args.iter().position(|a| a == name) {
             None => Ok(default),
@@ -108,7 +170,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Some("traces-child") => trace_export::child(flag("--fires", 3000)?).await,
         _ => {
-            eprintln!("usage: belfry-bench worker [--jobs N] [--sleep-jobs N] [--rounds N]\n       belfry-bench timer [--seconds N] [--big N]\n       belfry-bench traces [--fires N] [--rounds N]\n       belfry-bench dispatch [--raw-fires N] [--steady-seconds N]\n       belfry-bench ui [--schedules N] [--runs N] [--rounds N]\n       belfry-bench embedded [--fires N] [--jobs N] [--rounds N]\n       belfry-bench pooler [--fires N] [--rounds N]\n       belfry-bench fire-cost [--fires N] [--rounds N]\n       belfry-bench shard-scale [--small N] [--large N] [--rounds N]\n       belfry-bench failover [--schedules N] [--rounds N]\n       belfry-bench retention [--rows N] [--rounds N]\n       belfry-bench million [--schedules N] [--raw N]");
+            eprintln!("{}", usage());
             std::process::exit(2);
         }
     }

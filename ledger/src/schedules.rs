@@ -259,6 +259,26 @@ impl Ledger {
         self.store.schedule_versions().await
     }
 
+    /// [`Ledger::schedule_versions`] of the schedules in the `wanted`
+    /// shards out of `shards`: a sharded replica's resync, which compares
+    /// only what its timer holds.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn schedule_versions_in_shards(
+        &self,
+        shards: u32,
+        wanted: &[u32],
+    ) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.store
+            .schedule_versions_in_shards(shards.max(1), wanted)
+            .await
+    }
+
     /// Sets a schedule's paused flag, with `note` saying why when pausing
     /// (resuming clears the note, and `pause_after_failures` counts from
     /// then on). Returns whether the schedule exists.

@@ -277,6 +277,14 @@ pub(crate) trait ScheduleStore {
     /// [`crate::Ledger::schedule_versions`].
     async fn schedule_versions(&self) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError>;
 
+    /// [`crate::Ledger::schedule_versions_in_shards`] (`shards` at least 1,
+    /// `wanted` not empty).
+    async fn schedule_versions_in_shards(
+        &self,
+        shards: u32,
+        wanted: &[u32],
+    ) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError>;
+
     /// [`crate::Ledger::set_paused`].
     async fn set_paused(
         &self,

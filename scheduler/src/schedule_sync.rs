@@ -172,7 +172,17 @@ impl ScheduleSync {
     ///
     /// [`LedgerError`] when the table cannot be read.
     pub async fn resync(&mut self) -> Result<Vec<ScheduleChange>, LedgerError> {
-        let versions = self.ledger.schedule_versions().await?;
+        // A sharded follower reads the versions of its loaded shards only:
+        // the others' rows would be filtered out below anyway.
+        let versions = match &self.shards {
+            None => self.ledger.schedule_versions().await?,
+            Some(follow) => {
+                let wanted: Vec<u32> = follow.loaded.owned.iter().copied().collect();
+                self.ledger
+                    .schedule_versions_in_shards(follow.loaded.shards, &wanted)
+                    .await?
+            }
+        };
         let mut changes = Vec::new();
         let mut present = std::collections::HashSet::with_capacity(versions.len());
         for (name, updated) in versions {

@@ -96,6 +96,23 @@ impl ScheduleStore for PgStore {
             .await?)
     }
 
+    async fn schedule_versions_in_shards(
+        &self,
+        shards: u32,
+        wanted: &[u32],
+    ) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
+        // A scan still, but only the owned share of the rows is sent and
+        // decoded (a third of a million names every resync, not a million).
+        let wanted: Vec<i64> = wanted.iter().map(|&s| i64::from(s)).collect();
+        Ok(
+            sqlx::query_as("SELECT name, updated_at FROM schedules WHERE shard_key % $1 = ANY($2)")
+                .bind(i64::from(shards))
+                .bind(wanted)
+                .fetch_all(&self.route)
+                .await?,
+        )
+    }
+
     async fn set_paused(
         &self,
         name: &str,

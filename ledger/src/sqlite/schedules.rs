@@ -118,6 +118,17 @@ impl ScheduleStore for SqliteLedger {
             .await?)
     }
 
+    async fn schedule_versions_in_shards(
+        &self,
+        shards: u32,
+        wanted: &[u32],
+    ) -> Result<Vec<(String, DateTime<Utc>)>, LedgerError> {
+        // As `schedules_in_shards`: never sharded, a convenience only.
+        let mut versions = self.schedule_versions().await?;
+        versions.retain(|(name, _)| wanted.contains(&belfry_protocol::shard_of(name, shards)));
+        Ok(versions)
+    }
+
     async fn set_paused(
         &self,
         name: &str,
