@@ -45,6 +45,15 @@ pub struct JobRequest {
     /// Per-attempt timeout, e.g. `"10m"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// At most this many runs of its job type (per `concurrency_key`) run
+    /// at once across every worker (1 to 100000), this run included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 100000)]
+    pub concurrency: Option<u32>,
+    /// What the concurrency limit counts by, e.g. `"{payload.tenant}"`;
+    /// absent, the job type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
 }
 
 /// The answer to `POST /v1/jobs`: the run, new (201) or enqueued before

@@ -250,6 +250,13 @@ schedule_types! {
     retry: RetrySpec,
     /// Per-attempt timeout, e.g. `"10m"`.
     timeout: String,
+    /// At most this many of its runs (per `concurrency_key`) run at once
+    /// across every worker (1 to 100000).
+    #[schema(minimum = 1, maximum = 100000)]
+    concurrency: u32,
+    /// What the concurrency limit counts by, e.g. `"{payload.tenant}"`;
+    /// absent, the job type.
+    concurrency_key: String,
     /// What to do with missed fires.
     #[schema(value_type = Option<Misfire>)]
     misfire: String,

@@ -10,6 +10,7 @@
 //! payload = { url = "http://127.0.0.1:9000/report" }
 //! retry = { max_attempts = 3, initial_delay = "30s" }   # optional
 //! timeout = "10m"                                       # optional
+//! concurrency = 2                                       # optional: at most 2 running at once
 //! ```
 //!
 //! This type only carries the fields; the scheduler validates them (cron
@@ -59,6 +60,18 @@ pub struct ScheduleSpec {
     /// Per-attempt timeout for this schedule's runs, e.g. `"10m"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// At most this many of these runs (of its job type, or per
+    /// `concurrency_key`) run at once across every worker of every host
+    /// (1 to 100000); overrides the limit the job type was registered
+    /// with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// What the concurrency limit counts by: a template over the payload,
+    /// e.g. `"{payload.tenant}"` (one limit per tenant); absent, the job
+    /// type as a whole. With no `concurrency` here it applies the job
+    /// type's registered limit per key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
     /// What to do with fires that were missed (every replica down, the
     /// ledger unreachable): `"skip"`, `"fire_once"` (default) or `"catch_up"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -611,20 +611,58 @@ fn misfire_policy(spec: &ScheduleSpec) -> Result<MisfirePolicy, (&'static str, S
 }
 
 fn job_options(spec: &ScheduleSpec) -> Result<JobOptions, (&'static str, String)> {
-    job_options_of(spec.retry.as_ref(), spec.timeout.as_deref())
+    job_options_of(&RunOptionsSpec {
+        retry: spec.retry.as_ref(),
+        timeout: spec.timeout.as_deref(),
+        concurrency: spec.concurrency,
+        concurrency_key: spec.concurrency_key.as_deref(),
+    })
 }
 
-/// Validates a retry override and a per-attempt timeout as written in a
-/// schedule (or an ad-hoc job request) and returns the run options.
+/// A run's options as written in a schedule or an ad-hoc job request,
+/// not yet checked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptionsSpec<'a> {
+    /// Overrides of the job type's retry policy.
+    pub retry: Option<&'a belfry_protocol::RetrySpec>,
+    /// Per-attempt timeout, e.g. `"10m"`.
+    pub timeout: Option<&'a str>,
+    /// The cluster-wide concurrency limit.
+    pub concurrency: Option<u32>,
+    /// What the limit counts by (a payload template).
+    pub concurrency_key: Option<&'a str>,
+}
+
+/// The largest `concurrency` accepted.
+pub const MAX_CONCURRENCY: u32 = 100_000;
+/// The longest `concurrency_key` template accepted, in bytes.
+pub const MAX_CONCURRENCY_KEY: usize = 256;
+
+/// Validates a run's options as written in a schedule (or an ad-hoc job
+/// request) and returns them as the run carries them.
 ///
 /// # Errors
 ///
 /// `(field, message)`: the offending field (`timeout`, `retry.max_attempts`,
-/// ...) and what is allowed.
-pub fn job_options_of(
-    retry: Option<&belfry_protocol::RetrySpec>,
-    timeout: Option<&str>,
-) -> Result<JobOptions, (&'static str, String)> {
+/// `concurrency`, ...) and what is allowed.
+pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static str, String)> {
+    let RunOptionsSpec {
+        retry,
+        timeout,
+        concurrency,
+        concurrency_key,
+    } = *spec;
+    if let Some(n) = concurrency.filter(|n| !(1..=MAX_CONCURRENCY).contains(n)) {
+        return Err((
+            "concurrency",
+            format!(
+                "{n} is out of range; allowed 1 to {MAX_CONCURRENCY} (leave it out for no limit)"
+            ),
+        ));
+    }
+    if let Some(key) = concurrency_key {
+        check_concurrency_key(key).map_err(|m| ("concurrency_key", m))?;
+    }
     let timeout_ms = timeout
         .map(|t| option_ms("timeout", t, std::time::Duration::from_millis(1)))
         .transpose()?;
@@ -663,8 +701,44 @@ pub fn job_options_of(
     Ok(JobOptions {
         retry,
         timeout_ms,
-        ..JobOptions::default()
+        concurrency,
+        concurrency_key: concurrency_key.map(str::to_owned),
     })
+}
+
+/// Whether `key` reads as a limit key template: not blank, at most
+/// [`MAX_CONCURRENCY_KEY`] bytes, every `{payload.` closed by a `}` and
+/// naming a field.
+fn check_concurrency_key(key: &str) -> Result<(), String> {
+    if key.trim().is_empty() {
+        return Err(
+            "is empty; give a template such as \"{payload.tenant}\", or leave it out to limit the job type as a whole"
+                .into(),
+        );
+    }
+    if key.len() > MAX_CONCURRENCY_KEY {
+        return Err(format!(
+            "is {} bytes long; at most {MAX_CONCURRENCY_KEY}",
+            key.len()
+        ));
+    }
+    let mut rest = key;
+    while let Some(open) = rest.find("{payload.") {
+        let after = &rest[open + "{payload.".len()..];
+        let Some(close) = after.find('}') else {
+            return Err(format!(
+                "{key:?} opens \"{{payload.\" without a closing \"}}\"; e.g. \"{{payload.tenant}}\""
+            ));
+        };
+        let path = &after[..close];
+        if path.is_empty() || path.split('.').any(str::is_empty) {
+            return Err(format!(
+                "{key:?} names no payload field in \"{{payload.{path}}}\"; e.g. \"{{payload.tenant}}\""
+            ));
+        }
+        rest = &after[close + 1..];
+    }
+    Ok(())
 }
 
 /// A `start_at`/`end_at` bound: an RFC 3339 instant, or none.
@@ -851,6 +925,58 @@ mod tests {
             (r.max_attempts, r.initial_delay_ms, r.multiplier),
             (Some(3), Some(2000), None)
         );
+    }
+
+    #[test]
+    fn a_concurrency_limit_becomes_job_options_and_bad_ones_are_refused_by_field() {
+        let mut s = spec(None, Some("1s"), None);
+        s.concurrency = Some(4);
+        s.concurrency_key = Some("{payload.region}/{payload.tenant}".into());
+        let o = Schedule::from_spec(&s).unwrap().options;
+        assert_eq!(o.concurrency, Some(4));
+        assert_eq!(
+            o.concurrency_key.as_deref(),
+            Some("{payload.region}/{payload.tenant}")
+        );
+        // A key alone counts the job type's registered limit per key.
+        s.concurrency = None;
+        s.concurrency_key = Some("{payload.tenant}".into());
+        assert_eq!(Schedule::from_spec(&s).unwrap().options.concurrency, None);
+        let refused = [
+            (Some(0), None, "concurrency", "allowed 1 to 100000"),
+            (Some(100_001), None, "concurrency", "allowed 1 to 100000"),
+            (Some(2), Some(" "), "concurrency_key", "is empty"),
+            (
+                Some(2),
+                Some("{payload.tenant"),
+                "concurrency_key",
+                "without a closing",
+            ),
+            (
+                Some(2),
+                Some("{payload.}"),
+                "concurrency_key",
+                "names no payload field",
+            ),
+            (
+                Some(2),
+                Some("{payload.a..b}"),
+                "concurrency_key",
+                "names no payload field",
+            ),
+        ];
+        for (concurrency, key, field, says) in refused {
+            s.concurrency = concurrency;
+            s.concurrency_key = key.map(str::to_owned);
+            let e = Schedule::from_spec(&s).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
+        s.concurrency_key = Some("k".repeat(257));
+        assert!(Schedule::from_spec(&s)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 256"));
     }
 
     #[test]

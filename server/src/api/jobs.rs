@@ -43,11 +43,14 @@ pub async fn enqueue(
     let value = Value::Object(input::json_object(&bytes)?);
     input::storable("payload", &value)?;
     let request: JobRequest = input::typed(value)?;
-    let options = belfry_scheduler::schedule::job_options_of(
-        request.retry.as_ref(),
-        request.timeout.as_deref(),
-    )
-    .map_err(|(field, message)| ApiError::invalid(field, message))?;
+    let options =
+        belfry_scheduler::schedule::job_options_of(&belfry_scheduler::schedule::RunOptionsSpec {
+            retry: request.retry.as_ref(),
+            timeout: request.timeout.as_deref(),
+            concurrency: request.concurrency,
+            concurrency_key: request.concurrency_key.as_deref(),
+        })
+        .map_err(|(field, message)| ApiError::invalid(field, message))?;
     let mut job = AdHocJob::new(request.job_type.clone(), request.payload).options(options);
     if let Some(name) = &request.name {
         job = job.named(name.clone());

@@ -101,7 +101,8 @@ belfry_testkit::both_backends! {
         let api = open_api(&env).await;
         let s = |p: &str| api.url(&format!("/v1/schedules{p}"));
         let spec = json!({"name": "nightly", "cron": "0 0 3 * * *", "timezone": "Asia/Shanghai",
-                          "job_type": "noop", "payload": {"k": 1}, "retry": {"max_attempts": 3}});
+                          "job_type": "noop", "payload": {"k": 1}, "retry": {"max_attempts": 3},
+                          "concurrency": 2, "concurrency_key": "{payload.k}"});
         let created = call(Method::POST, &s(""), None, Some(spec.clone())).await;
         assert_eq!(created.0, StatusCode::CREATED, "{:?}", created.1);
         assert_eq!(created.1["cron"], "0 0 3 * * *");
@@ -115,6 +116,10 @@ belfry_testkit::both_backends! {
         let got = call(Method::GET, &s("/nightly"), None, None).await;
         assert_eq!(got.0, StatusCode::OK);
         assert_eq!(got.1["retry"]["max_attempts"], 3);
+        assert_eq!(
+            (&got.1["concurrency"], &got.1["concurrency_key"]),
+            (&json!(2), &json!("{payload.k}"))
+        );
         assert_error(
             &call(Method::POST, &s(""), None, Some(spec.clone())).await,
             StatusCode::CONFLICT,
@@ -153,6 +158,8 @@ belfry_testkit::both_backends! {
             (json!({"payload": {"text": "nul\u{0}here"}}), "payload"),
             (json!({"paused": "yes"}), "paused"),
             (json!({"misfire": "sometimes"}), "misfire"),
+            (json!({"concurrency": 0}), "concurrency"),
+            (json!({"concurrency_key": "{payload."}), "concurrency_key"),
             (
                 json!({"cron": null, "at": "2001-01-01T00:00:00Z", "timezone": null}),
                 "at",
@@ -846,6 +853,26 @@ belfry_testkit::both_backends! {
             .unwrap()
             .unwrap();
         assert_eq!(run.options["retry"]["max_attempts"], 2);
+        // A concurrency limit is carried by the run (and so its message).
+        let limited = call(
+            Method::POST,
+            &jobs,
+            None,
+            Some(json!({"job_type": "noop", "delay": "1h", "payload": {"tenant": "acme"},
+                        "concurrency": 2, "concurrency_key": "{payload.tenant}"})),
+        )
+        .await;
+        assert_eq!(limited.0, StatusCode::CREATED, "{:?}", limited.1);
+        let run = env
+            .ledger
+            .run(limited.1["run_id"].as_str().unwrap().parse().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (&run.options["concurrency"], &run.options["concurrency_key"]),
+            (&json!(2), &json!("{payload.tenant}"))
+        );
         for (body, field) in [
             (json!({"payload": 1}), "job_type"),
             (json!({"job_type": "no such"}), "job_type"),
@@ -868,6 +895,12 @@ belfry_testkit::both_backends! {
             ),
             (json!({"job_type": "noop", "payload": "\u{0}"}), "payload"),
             (json!({"job_type": "noop", "priority": 1}), "priority"),
+            (json!({"job_type": "noop", "concurrency": 0}), "concurrency"),
+            (json!({"job_type": "noop", "concurrency": "two"}), "concurrency"),
+            (
+                json!({"job_type": "noop", "concurrency": 2, "concurrency_key": "{payload.x"}),
+                "concurrency_key",
+            ),
         ] {
             assert_error(
                 &call(Method::POST, &jobs, None, Some(body)).await,
