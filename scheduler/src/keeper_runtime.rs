@@ -26,7 +26,6 @@
 //! left its shards by then, when the replica shut down in order).
 
 use std::future::Future;
-use std::thread::JoinHandle;
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -37,7 +36,6 @@ use tokio_util::sync::CancellationToken;
 pub struct KeeperRuntime {
     handle: Handle,
     stop: CancellationToken,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl KeeperRuntime {
@@ -54,7 +52,9 @@ impl KeeperRuntime {
         let handle = runtime.handle().clone();
         let stop = CancellationToken::new();
         let stopped = stop.clone();
-        let thread = std::thread::Builder::new()
+        // Not joined (detached): the thread only has to drop its runtime
+        // once stopped, and a drop inside an async context must not block.
+        std::thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || {
                 // `block_on` drives everything spawned on the handle until
@@ -62,11 +62,7 @@ impl KeeperRuntime {
                 // async context (dropping it inside one panics).
                 runtime.block_on(stopped.cancelled());
             })?;
-        Ok(Self {
-            handle,
-            stop,
-            thread: Some(thread),
-        })
+        Ok(Self { handle, stop })
     }
 
     /// Runs `future` on this runtime's thread and waits for its output.
@@ -93,19 +89,11 @@ impl KeeperRuntime {
     {
         self.handle.spawn(future)
     }
-
-    /// The thread's name.
-    pub fn thread_name(&self) -> Option<&str> {
-        self.thread.as_ref().and_then(|t| t.thread().name())
-    }
 }
 
 impl Drop for KeeperRuntime {
     fn drop(&mut self) {
-        // Not joined: a drop inside an async context must not block, and
-        // the thread only has to drop its runtime.
         self.stop.cancel();
-        drop(self.thread.take());
     }
 }
 
@@ -121,18 +109,19 @@ mod tests {
         let ticking = keeper.spawn(async move {
             for _ in 0..3 {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                tx.send(std::thread::current().id()).unwrap();
+                let on = std::thread::current();
+                tx.send((on.id(), on.name().map(str::to_owned))).unwrap();
             }
         });
         // The caller's (only) thread is blocked: the ticks come anyway.
         for _ in 0..3 {
-            let on = rx
+            let (on, name) = rx
                 .recv_timeout(std::time::Duration::from_secs(5))
                 .expect("a tick while the caller's thread is blocked");
             assert_ne!(on, caller);
+            assert_eq!(name.as_deref(), Some("belfry-keeper-test"));
         }
         ticking.await.unwrap();
         assert_eq!(keeper.run(async { 6 * 7 }).await, 42);
-        assert_eq!(keeper.thread_name(), Some("belfry-keeper-test"));
     }
 }

@@ -92,6 +92,15 @@ pub(crate) async fn guarded_api(
 }
 
 /// The secret of a `name:secret` token.
+/// The stored run an enqueue answered with.
+async fn enqueued_run(env: &TestEnv, answer: &Value) -> belfry_ledger::RunRecord {
+    env.ledger
+        .run(answer["run_id"].as_str().unwrap().parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 pub(crate) fn secret(token: &str) -> &str {
     token.split_once(':').unwrap().1
 }
@@ -846,12 +855,7 @@ belfry_testkit::both_backends! {
             (StatusCode::OK, &json!(false))
         );
         assert_eq!(twice.1["run_id"], once.1["run_id"]);
-        let run = env
-            .ledger
-            .run(once.1["run_id"].as_str().unwrap().parse().unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let run = enqueued_run(&env, &once.1).await;
         assert_eq!(run.options["retry"]["max_attempts"], 2);
         // A concurrency limit is carried by the run (and so its message).
         let limited = call(
@@ -863,12 +867,7 @@ belfry_testkit::both_backends! {
         )
         .await;
         assert_eq!(limited.0, StatusCode::CREATED, "{:?}", limited.1);
-        let run = env
-            .ledger
-            .run(limited.1["run_id"].as_str().unwrap().parse().unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let run = enqueued_run(&env, &limited.1).await;
         assert_eq!(
             (&run.options["concurrency"], &run.options["concurrency_key"]),
             (&json!(2), &json!("{payload.tenant}"))
