@@ -760,15 +760,30 @@ async fn a_scheduler_killed_between_a_failure_and_its_alert_loses_nothing() {
         .as_str()
         .unwrap()
         .contains("hello from the test"));
-    let list: Value = http
-        .get(format!("{api}/v1/alerts?limit=10"))
-        .bearer_auth(read)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    // The sink has the alert before its sender records it sent (the
+    // record follows the receiver's answer): wait for the record.
+    let list: Value = eventually(
+        "every delivery recorded sent",
+        Duration::from_secs(15),
+        || async {
+            let list: Value = http
+                .get(format!("{api}/v1/alerts?limit=10"))
+                .bearer_auth(read)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            list["deliveries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|d| d["status"] == "sent")
+                .then_some(list)
+        },
+    )
+    .await;
     assert_eq!(list["configured"], true);
     assert_eq!(list["channels"][0]["name"], "ops");
     assert_eq!(list["channels"][0]["type"], "webhook");
