@@ -54,6 +54,14 @@ pub struct JobRequest {
     /// absent, the job type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// At most this many runs of its job type (per `rate_limit_key`) start
+    /// in any window across every worker: `"50/s"`, `"10/1m"`, `"3/10s"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<String>,
+    /// What the rate limit counts by, e.g. `"{payload.partner}"`; absent,
+    /// the job type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_key: Option<String>,
 }
 
 /// The answer to `POST /v1/jobs`: the run, new (201) or enqueued before

@@ -257,6 +257,13 @@ schedule_types! {
     /// What the concurrency limit counts by, e.g. `"{payload.tenant}"`;
     /// absent, the job type.
     concurrency_key: String,
+    /// At most this many of its runs (per `rate_limit_key`) start in any
+    /// window across every worker: `"50/s"`, `"10/1m"`, `"3/10s"` (1 to
+    /// 10000 starts, a window of 1s to 1 day).
+    rate_limit: String,
+    /// What the rate limit counts by, e.g. `"{payload.partner}"`; absent,
+    /// the job type.
+    rate_limit_key: String,
     /// What to do with missed fires.
     #[schema(value_type = Option<Misfire>)]
     misfire: String,

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use belfry_protocol::{JobMessage, JobOptions, TraceContext, MESSAGE_VERSION};
 
 use crate::attempt_batch::{BeginRequest, EndRequest};
-use crate::concurrency::ConcurrencyLimit;
+use crate::run_limits::RunLimits;
 use crate::run_rows::{FromMessage, RunLookup};
 use crate::{Ledger, LedgerError, RunStatus};
 
@@ -275,13 +275,17 @@ pub enum AttemptStart {
         /// Its terminal status.
         status: RunStatus,
     },
-    /// Every slot of the run's concurrency limit is taken: the run did not
-    /// start, used no attempt, and waits in the ledger to be published
-    /// again (see `crate::concurrency`); the delivery is done with.
+    /// Every slot of the run's concurrency limit is taken, or its rate
+    /// limit's window is full: the run did not start, used no attempt, and
+    /// waits in the ledger to be published again (see `crate::concurrency`
+    /// and `crate::rate_limit`); the delivery is done with.
     Waiting {
         /// The run's id.
         id: Uuid,
-        /// Runs holding a slot of its limit key when it asked.
+        /// The limit it waits for.
+        limit: crate::LimitKind,
+        /// Runs holding a slot of its concurrency key, or starts in its
+        /// rate key's window, when it asked.
         running: i64,
     },
 }
@@ -366,13 +370,14 @@ impl Ledger {
         worker: &str,
         lease: std::time::Duration,
     ) -> Result<AttemptStart, LedgerError> {
-        self.begin_attempt_limited(message, worker, lease, None)
+        self.begin_attempt_limited(message, worker, lease, &RunLimits::default())
             .await
     }
 
-    /// [`Ledger::begin_attempt`] under a cluster-wide concurrency `limit`
-    /// (see `crate::concurrency`): the attempt starts only with a free
-    /// slot of the limit's key, and otherwise the run waits in the ledger
+    /// [`Ledger::begin_attempt`] under cluster-wide `limits` (see
+    /// `crate::concurrency` and `crate::rate_limit`): the attempt starts
+    /// only with a free slot of the concurrency key and a free start in
+    /// the rate key's window, and otherwise the run waits in the ledger
     /// ([`AttemptStart::Waiting`]) without using an attempt.
     ///
     /// # Errors
@@ -383,7 +388,7 @@ impl Ledger {
         message: &JobMessage,
         worker: &str,
         lease: std::time::Duration,
-        limit: Option<&ConcurrencyLimit>,
+        limits: &RunLimits,
     ) -> Result<AttemptStart, LedgerError> {
         let request = BeginRequest {
             job_name: message.job_name.clone(),
@@ -393,17 +398,17 @@ impl Ledger {
         };
         // The common path is one statement (a limited start: one
         // transaction): the row exists and is startable.
-        if let Some(start) = self.try_begin(&request, limit).await? {
+        if let Some(start) = self.try_begin(&request, limits).await? {
             return Ok(start);
         }
         if let Some(state) = self.store.state_of(message).await? {
-            return self.not_startable(&request, limit, state).await;
+            return self.not_startable(&request, limits, state).await;
         }
         // A message published by hand: record it as dispatched (the broker
         // had it) and start it like any other.
         self.insert_from_message(FromMessage::Dispatched(message))
             .await?;
-        if let Some(start) = self.try_begin(&request, limit).await? {
+        if let Some(start) = self.try_begin(&request, limits).await? {
             return Ok(start);
         }
         let state = self
@@ -411,7 +416,7 @@ impl Ledger {
             .state_of(message)
             .await?
             .ok_or_else(|| LedgerError::Corrupt(format!("run {} vanished", message.run_key)))?;
-        self.not_startable(&request, limit, state).await
+        self.not_startable(&request, limits, state).await
     }
 
     /// Starts the run's next attempt if it is startable: a batch of one,
@@ -419,10 +424,10 @@ impl Ledger {
     async fn try_begin(
         &self,
         request: &BeginRequest,
-        limit: Option<&ConcurrencyLimit>,
+        limits: &RunLimits,
     ) -> Result<Option<AttemptStart>, LedgerError> {
-        if let Some(limit) = limit {
-            return self.store.begin_limited(request, limit).await;
+        if !limits.is_empty() {
+            return self.store.begin_limited(request, limits).await;
         }
         let started = self.begin_batch(std::slice::from_ref(request)).await?;
         Ok(started
@@ -438,7 +443,7 @@ impl Ledger {
     async fn not_startable(
         &self,
         request: &BeginRequest,
-        limit: Option<&ConcurrencyLimit>,
+        limits: &RunLimits,
         state: RunState,
     ) -> Result<AttemptStart, LedgerError> {
         if state.status.is_terminal() {
@@ -469,7 +474,7 @@ impl Ledger {
         // The row became startable between the two statements (another
         // transition raced us, or the lease just expired); one more try
         // settles it.
-        match self.try_begin(request, limit).await? {
+        match self.try_begin(request, limits).await? {
             Some(start) => Ok(start),
             None => Ok(AttemptStart::Busy {
                 id: state.id,

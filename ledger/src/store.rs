@@ -32,11 +32,11 @@ use crate::alerts::{
 use crate::attempt_batch::{BeginRequest, EndRequest, LeaseRenewal};
 use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::change_listener::ChangeListener;
-use crate::concurrency::ConcurrencyLimit;
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::{ExclusiveClaim, LateClaim};
 use crate::postgres::PgStore;
 use crate::retention::PruneBatch;
+use crate::run_limits::RunLimits;
 use crate::run_partitions::{PartitionDrop, RunPartition};
 use crate::run_query::RunPage;
 use crate::run_rows::{FromMessage, RunLookup};
@@ -388,14 +388,15 @@ pub(crate) trait AlertStore {
 /// Cluster-wide concurrency limits (`crate::concurrency`).
 #[async_trait]
 pub(crate) trait LimitStore {
-    /// Starts the run of `request` if it is startable and `limit` has a
-    /// free slot; puts it back to wait (no attempt used) if every slot is
-    /// taken; `None` when the run is not startable (missing, finished or
-    /// held), for the caller's full path to say which.
+    /// Starts the run of `request` if it is startable and `limits` allow
+    /// it (a free slot, a free start in the window); puts it back to wait
+    /// (no attempt used) if not; `None` when the run is not startable
+    /// (missing, finished or held), for the caller's full path to say
+    /// which.
     async fn begin_limited(
         &self,
         request: &BeginRequest,
-        limit: &ConcurrencyLimit,
+        limits: &RunLimits,
     ) -> Result<Option<AttemptStart>, LedgerError>;
 }
 

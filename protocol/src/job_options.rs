@@ -7,7 +7,9 @@
 //! setting, then to the worker's default.
 //!
 //! A run may also carry a cluster-wide concurrency limit (`concurrency`,
-//! and optionally `concurrency_key`): the one it is started under.
+//! and optionally `concurrency_key`) and a cluster-wide rate limit
+//! (`rate_limit`, and optionally `rate_limit_key`): the ones it is started
+//! under.
 //!
 //! Precedence, most specific first: run (schedule / request) → job type
 //! (registered with the handler) → worker default (environment).
@@ -24,7 +26,7 @@ pub struct JobOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
     /// At most this many runs with the same limit key run at once, across
-    /// every worker of every host (see `belfry_worker`'s `concurrency_limit`).
+    /// every worker of every host (see `belfry_worker`'s `run_limits`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
     /// What the concurrency limit counts by: a template over the payload
@@ -32,6 +34,15 @@ pub struct JobOptions {
     /// job type as a whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// At most this many starts per window of runs with the same rate key,
+    /// across every worker of every host (see `belfry_worker`'s
+    /// `run_limits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<crate::RateLimit>,
+    /// What the rate limit counts by: a payload template as
+    /// `concurrency_key`; absent, the job type as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_key: Option<String>,
 }
 
 impl JobOptions {
@@ -42,6 +53,8 @@ impl JobOptions {
             && self.timeout_ms.is_none()
             && self.concurrency.is_none()
             && self.concurrency_key.is_none()
+            && self.rate_limit.is_none()
+            && self.rate_limit_key.is_none()
     }
 }
 

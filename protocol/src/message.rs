@@ -152,6 +152,11 @@ mod tests {
                 timeout_ms: Some(1000),
                 concurrency: Some(4),
                 concurrency_key: Some("{payload.k}".into()),
+                rate_limit: Some(crate::RateLimit {
+                    starts: 50,
+                    per_ms: 1000,
+                }),
+                rate_limit_key: Some("{payload.k}".into()),
             },
         }
     }

@@ -11,6 +11,7 @@
 //! retry = { max_attempts = 3, initial_delay = "30s" }   # optional
 //! timeout = "10m"                                       # optional
 //! concurrency = 2                                       # optional: at most 2 running at once
+//! rate_limit = "10/1m"                                  # optional: at most 10 starts a minute
 //! ```
 //!
 //! This type only carries the fields; the scheduler validates them (cron
@@ -72,6 +73,15 @@ pub struct ScheduleSpec {
     /// type's registered limit per key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// At most this many of these runs (of its job type, or per
+    /// `rate_limit_key`) start in any window, across every worker of every
+    /// host: `"50/s"`, `"10/1m"`, `"3/10s"`; overrides the job type's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<String>,
+    /// What the rate limit counts by: a template over the payload, e.g.
+    /// `"{payload.partner}"`; absent, the job type as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_key: Option<String>,
     /// What to do with fires that were missed (every replica down, the
     /// ledger unreachable): `"skip"`, `"fire_once"` (default) or `"catch_up"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -616,6 +616,8 @@ fn job_options(spec: &ScheduleSpec) -> Result<JobOptions, (&'static str, String)
         timeout: spec.timeout.as_deref(),
         concurrency: spec.concurrency,
         concurrency_key: spec.concurrency_key.as_deref(),
+        rate_limit: spec.rate_limit.as_deref(),
+        rate_limit_key: spec.rate_limit_key.as_deref(),
     })
 }
 
@@ -631,11 +633,16 @@ pub struct RunOptionsSpec<'a> {
     pub concurrency: Option<u32>,
     /// What the limit counts by (a payload template).
     pub concurrency_key: Option<&'a str>,
+    /// The cluster-wide rate limit, e.g. `"50/s"`.
+    pub rate_limit: Option<&'a str>,
+    /// What the rate limit counts by (a payload template).
+    pub rate_limit_key: Option<&'a str>,
 }
 
 /// The largest `concurrency` accepted.
 pub const MAX_CONCURRENCY: u32 = 100_000;
-/// The longest `concurrency_key` template accepted, in bytes.
+/// The longest `concurrency_key` or `rate_limit_key` template accepted, in
+/// bytes.
 pub const MAX_CONCURRENCY_KEY: usize = 256;
 
 /// Validates a run's options as written in a schedule (or an ad-hoc job
@@ -644,13 +651,15 @@ pub const MAX_CONCURRENCY_KEY: usize = 256;
 /// # Errors
 ///
 /// `(field, message)`: the offending field (`timeout`, `retry.max_attempts`,
-/// `concurrency`, ...) and what is allowed.
+/// `concurrency`, `rate_limit`, ...) and what is allowed.
 pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static str, String)> {
     let RunOptionsSpec {
         retry,
         timeout,
         concurrency,
         concurrency_key,
+        rate_limit,
+        rate_limit_key,
     } = *spec;
     if let Some(n) = concurrency.filter(|n| !(1..=MAX_CONCURRENCY).contains(n)) {
         return Err((
@@ -661,7 +670,16 @@ pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static
         ));
     }
     if let Some(key) = concurrency_key {
-        check_concurrency_key(key).map_err(|m| ("concurrency_key", m))?;
+        check_limit_key(key).map_err(|m| ("concurrency_key", m))?;
+    }
+    let rate_limit = rate_limit
+        .map(|r| {
+            r.parse::<belfry_protocol::RateLimit>()
+                .map_err(|e| ("rate_limit", e.to_string()))
+        })
+        .transpose()?;
+    if let Some(key) = rate_limit_key {
+        check_limit_key(key).map_err(|m| ("rate_limit_key", m))?;
     }
     let timeout_ms = timeout
         .map(|t| option_ms("timeout", t, std::time::Duration::from_millis(1)))
@@ -703,13 +721,15 @@ pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static
         timeout_ms,
         concurrency,
         concurrency_key: concurrency_key.map(str::to_owned),
+        rate_limit,
+        rate_limit_key: rate_limit_key.map(str::to_owned),
     })
 }
 
 /// Whether `key` reads as a limit key template: not blank, at most
 /// [`MAX_CONCURRENCY_KEY`] bytes, every `{payload.` closed by a `}` and
 /// naming a field.
-fn check_concurrency_key(key: &str) -> Result<(), String> {
+fn check_limit_key(key: &str) -> Result<(), String> {
     if key.trim().is_empty() {
         return Err(
             "is empty; give a template such as \"{payload.tenant}\", or leave it out to limit the job type as a whole"
@@ -977,6 +997,40 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("at most 256"));
+    }
+
+    #[test]
+    fn a_rate_limit_becomes_job_options_and_bad_ones_are_refused_by_field() {
+        let mut s = spec(None, Some("1s"), None);
+        s.rate_limit = Some("10/1m".into());
+        s.rate_limit_key = Some("{payload.partner}".into());
+        let o = Schedule::from_spec(&s).unwrap().options;
+        assert_eq!(
+            o.rate_limit,
+            Some(belfry_protocol::RateLimit {
+                starts: 10,
+                per_ms: 60_000
+            })
+        );
+        assert_eq!(o.rate_limit_key.as_deref(), Some("{payload.partner}"));
+        for (rate, key, field, says) in [
+            (Some("10"), None, "rate_limit", "has no \"/\""),
+            (Some("0/s"), None, "rate_limit", "allowed 1 to 10000"),
+            (Some("5/100ms"), None, "rate_limit", "allowed 1s to 1 day"),
+            (Some("5/s"), Some(""), "rate_limit_key", "is empty"),
+            (
+                Some("5/s"),
+                Some("{payload.x"),
+                "rate_limit_key",
+                "without a closing",
+            ),
+        ] {
+            s.rate_limit = rate.map(str::to_owned);
+            s.rate_limit_key = key.map(str::to_owned);
+            let e = Schedule::from_spec(&s).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
     }
 
     #[test]

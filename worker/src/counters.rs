@@ -54,6 +54,9 @@ pub struct WorkerCounters {
     /// Deliveries of runs that found every slot of their concurrency
     /// limit taken (the runs wait in the ledger).
     pub limited: AtomicU64,
+    /// Deliveries of runs that found their rate limit's window full (the
+    /// runs wait in the ledger for their turn).
+    pub rate_limited: AtomicU64,
     /// Attempts that lost their lease before recording.
     pub superseded: AtomicU64,
     /// Attempts interrupted because their lease could not be renewed in
@@ -85,6 +88,7 @@ impl Default for WorkerCounters {
             handed_back: AtomicU64::default(),
             deferred: AtomicU64::default(),
             limited: AtomicU64::default(),
+            rate_limited: AtomicU64::default(),
             superseded: AtomicU64::default(),
             lease_lost: AtomicU64::default(),
             jobs: Family::default(),
@@ -128,6 +132,12 @@ impl Collector for WorkerCounters {
             "belfry_concurrency_limit_waits",
             "Deliveries of runs whose concurrency limit was full; the runs wait in the ledger",
             get(&self.limited),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_rate_limit_waits",
+            "Deliveries of runs whose rate limit's window was full; the runs wait in the ledger for their turn",
+            get(&self.rate_limited),
         )?;
         encode_counter(
             &mut e,

@@ -38,7 +38,6 @@
 pub mod attempt;
 pub mod builtin;
 mod cancel_listener;
-pub mod concurrency_limit;
 pub mod config;
 pub mod counters;
 pub mod error;
@@ -47,6 +46,7 @@ pub mod lease;
 pub mod process;
 pub mod registry;
 pub mod retry_policy;
+pub mod run_limits;
 mod settle;
 pub mod worker;
 

@@ -18,7 +18,8 @@ use uuid::Uuid;
 
 use belfry_broker::Delivery;
 use belfry_ledger::{
-    AttemptEntry, AttemptStart, BeginRequest, ConcurrencyLimit, EndRequest, LedgerError, RunStatus,
+    AttemptEntry, AttemptStart, BeginRequest, EndRequest, LedgerError, LimitKind, RunLimits,
+    RunStatus,
 };
 use belfry_protocol::JobMessage;
 
@@ -176,16 +177,16 @@ fn refused(e: &LedgerError) -> String {
 impl Worker {
     /// Starts an attempt: the batched common path first, the ledger's full
     /// path when the row is missing, finished or held. A run under a
-    /// concurrency `limit` takes the ledger's limited path only (its slot
-    /// count and its start are one transaction; see
-    /// [`crate::concurrency_limit`]).
+    /// concurrency or rate limit takes the ledger's limited path only (its
+    /// counts and its start are one transaction; see
+    /// [`crate::run_limits`]).
     async fn begin(
         &self,
         message: &JobMessage,
         lease: Duration,
-        limit: Option<&ConcurrencyLimit>,
+        limits: &RunLimits,
     ) -> Result<AttemptStart, Begin> {
-        if limit.is_none() {
+        if limits.is_empty() {
             let request = BeginRequest {
                 job_name: message.job_name.clone(),
                 run_key: message.run_key.clone(),
@@ -199,7 +200,7 @@ impl Worker {
             }
         }
         self.ledger
-            .begin_attempt_limited(message, &self.instance, lease, limit)
+            .begin_attempt_limited(message, &self.instance, lease, limits)
             .await
             .map_err(|e| Begin::from_ledger(&e))
     }
@@ -324,16 +325,17 @@ impl Worker {
             return self.give_up(&delivery, message, &reason).await;
         };
         let (policy, timeout) = effective(self, &registered, message);
-        let limit = crate::concurrency_limit::limit_of(&registered.options, message);
+        let limits = match crate::run_limits::limits_of(&registered.options, message) {
+            Ok(limits) => limits,
+            Err(reason) => return self.give_up(&delivery, message, &reason).await,
+        };
         loop {
             // The lease is short and renewed by the heartbeat while the
             // attempt runs (see `crate::lease`); `sent` is when the
             // statement setting it left, so the lease cannot end earlier
             // than `sent + lease`.
             let sent = std::time::Instant::now();
-            let started = self
-                .begin(message, self.leases.lease(), limit.as_ref())
-                .await;
+            let started = self.begin(message, self.leases.lease(), &limits).await;
             let (id, attempt) = match started {
                 Ok(AttemptStart::Started { id, attempt }) => (id, attempt),
                 Ok(AttemptStart::AlreadyFinished { id, status }) => {
@@ -342,12 +344,16 @@ impl Worker {
                     self.ack(&delivery).await;
                     return ProcessOutcome::Duplicate;
                 }
-                Ok(AttemptStart::Waiting { id, running }) => {
+                Ok(AttemptStart::Waiting { id, limit, running }) => {
                     // The run waits in the ledger, which publishes it again
                     // after the limit's wait: this delivery is done with,
                     // and the worker's slot goes to other work.
-                    WorkerCounters::add(&self.counters.limited);
-                    tracing::debug!(%id, run_key = %message.run_key, running, "concurrency limit full; the run waits in the ledger");
+                    let counter = match limit {
+                        LimitKind::Concurrency => &self.counters.limited,
+                        LimitKind::Rate => &self.counters.rate_limited,
+                    };
+                    WorkerCounters::add(counter);
+                    tracing::debug!(%id, run_key = %message.run_key, ?limit, running, "limit full; the run waits in the ledger");
                     self.ack(&delivery).await;
                     return ProcessOutcome::Waiting;
                 }

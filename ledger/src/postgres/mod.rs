@@ -15,13 +15,13 @@
 //! [`primary`] follows the primary among several hosts.
 
 mod alerts;
-mod concurrency;
 mod fire_history;
 mod outbox;
 mod partition_hints;
 mod partition_map;
 pub(crate) mod pooler;
 pub(crate) mod primary;
+mod run_limits;
 mod run_partitions;
 pub(crate) mod runs;
 mod schedules;

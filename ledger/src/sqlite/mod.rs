@@ -24,9 +24,9 @@
 //!   commits back.
 
 mod alerts;
-mod concurrency;
 mod fire_history;
 mod outbox;
+mod run_limits;
 mod run_partitions;
 mod runs;
 mod schedules;

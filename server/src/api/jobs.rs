@@ -49,6 +49,8 @@ pub async fn enqueue(
             timeout: request.timeout.as_deref(),
             concurrency: request.concurrency,
             concurrency_key: request.concurrency_key.as_deref(),
+            rate_limit: request.rate_limit.as_deref(),
+            rate_limit_key: request.rate_limit_key.as_deref(),
         })
         .map_err(|(field, message)| ApiError::invalid(field, message))?;
     let mut job = AdHocJob::new(request.job_type.clone(), request.payload).options(options);

@@ -111,7 +111,8 @@ belfry_testkit::both_backends! {
         let s = |p: &str| api.url(&format!("/v1/schedules{p}"));
         let spec = json!({"name": "nightly", "cron": "0 0 3 * * *", "timezone": "Asia/Shanghai",
                           "job_type": "noop", "payload": {"k": 1}, "retry": {"max_attempts": 3},
-                          "concurrency": 2, "concurrency_key": "{payload.k}"});
+                          "concurrency": 2, "concurrency_key": "{payload.k}",
+                          "rate_limit": "10/1m", "rate_limit_key": "{payload.k}"});
         let created = call(Method::POST, &s(""), None, Some(spec.clone())).await;
         assert_eq!(created.0, StatusCode::CREATED, "{:?}", created.1);
         assert_eq!(created.1["cron"], "0 0 3 * * *");
@@ -128,6 +129,10 @@ belfry_testkit::both_backends! {
         assert_eq!(
             (&got.1["concurrency"], &got.1["concurrency_key"]),
             (&json!(2), &json!("{payload.k}"))
+        );
+        assert_eq!(
+            (&got.1["rate_limit"], &got.1["rate_limit_key"]),
+            (&json!("10/1m"), &json!("{payload.k}"))
         );
         assert_error(
             &call(Method::POST, &s(""), None, Some(spec.clone())).await,
@@ -169,6 +174,9 @@ belfry_testkit::both_backends! {
             (json!({"misfire": "sometimes"}), "misfire"),
             (json!({"concurrency": 0}), "concurrency"),
             (json!({"concurrency_key": "{payload."}), "concurrency_key"),
+            (json!({"rate_limit": "10 per minute"}), "rate_limit"),
+            (json!({"rate_limit": "0/s"}), "rate_limit"),
+            (json!({"rate_limit_key": ""}), "rate_limit_key"),
             (
                 json!({"cron": null, "at": "2001-01-01T00:00:00Z", "timezone": null}),
                 "at",
@@ -863,7 +871,8 @@ belfry_testkit::both_backends! {
             &jobs,
             None,
             Some(json!({"job_type": "noop", "delay": "1h", "payload": {"tenant": "acme"},
-                        "concurrency": 2, "concurrency_key": "{payload.tenant}"})),
+                        "concurrency": 2, "concurrency_key": "{payload.tenant}",
+                        "rate_limit": "50/s", "rate_limit_key": "{payload.tenant}"})),
         )
         .await;
         assert_eq!(limited.0, StatusCode::CREATED, "{:?}", limited.1);
@@ -871,6 +880,10 @@ belfry_testkit::both_backends! {
         assert_eq!(
             (&run.options["concurrency"], &run.options["concurrency_key"]),
             (&json!(2), &json!("{payload.tenant}"))
+        );
+        assert_eq!(
+            (&run.options["rate_limit"], &run.options["rate_limit_key"]),
+            (&json!({"starts": 50, "per_ms": 1000}), &json!("{payload.tenant}"))
         );
         for (body, field) in [
             (json!({"payload": 1}), "job_type"),
@@ -899,6 +912,12 @@ belfry_testkit::both_backends! {
             (
                 json!({"job_type": "noop", "concurrency": 2, "concurrency_key": "{payload.x"}),
                 "concurrency_key",
+            ),
+            (json!({"job_type": "noop", "rate_limit": "50/fortnight"}), "rate_limit"),
+            (json!({"job_type": "noop", "rate_limit": 50}), "rate_limit"),
+            (
+                json!({"job_type": "noop", "rate_limit": "5/s", "rate_limit_key": "{payload.}"}),
+                "rate_limit_key",
             ),
         ] {
             assert_error(
