@@ -15,12 +15,14 @@
 //! cargo run --release -p belfry-bench -- failover [--schedules 1000] [--rounds 3]   # builds: -p belfry-server too
 //! cargo run --release -p belfry-bench -- retention [--rows 10000000] [--rounds 3]
 //! cargo run --release -p belfry-bench -- million [--schedules 1000000] [--raw 100000]   # builds: -p belfry-server -p belfry-worker too
+//! cargo run --release -p belfry-bench -- limits [--runs 60] [--seconds 60]   # builds: -p belfry-server -p belfry-worker too
 //! ```
 
 mod dispatch_burst;
 mod embedded_mode;
 mod failover;
 mod fire_cost;
+mod limit_accuracy;
 mod million;
 mod pooler_cost;
 mod processes;
@@ -49,6 +51,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
     ("failover", &["--schedules", "--rounds"]),
     ("retention", &["--rows", "--rounds"]),
     ("million", &["--schedules", "--raw"]),
+    ("limits", &["--runs", "--seconds"]),
 ];
 
 fn usage() -> String {
@@ -150,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
         Some("retention") => {
             retention_volume::run(flag("--rows", 10_000_000)?, flag("--rounds", 3)?).await
         }
+        Some("limits") => limit_accuracy::run(flag("--runs", 60)?, flag("--seconds", 60)?).await,
         Some("fire-cost") => fire_cost::run(flag("--fires", 2000)?, flag("--rounds", 3)?).await,
         Some("pooler") => pooler_cost::run(flag("--fires", 2000)?, flag("--rounds", 5)?).await,
         Some("traces") => trace_export::run(flag("--fires", 3000)?, flag("--rounds", 5)?).await,

@@ -232,14 +232,13 @@ async fn batched_baseline(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
 }
 
 /// `workers` belfry workers of one group until `n` runs succeeded; with
-/// `limit`, `noop` is registered under a cluster-wide concurrency limit of
-/// that many.
+/// `limits` (a concurrency or rate limit), `noop` is registered under them.
 async fn belfry(
     env: &TestEnv,
     n: usize,
     workers: usize,
     concurrency: usize,
-    limit: Option<u32>,
+    limits: Option<belfry_protocol::JobOptions>,
 ) -> anyhow::Result<Duration> {
     let mut started = Vec::new();
     for i in 0..workers {
@@ -250,15 +249,11 @@ async fn belfry(
             ("BELFRY_CONCURRENCY".to_owned(), concurrency.to_string()),
         ]);
         let config = WorkerConfig::from_settings(&Settings::from_pairs(pairs))?;
-        let registry = match limit {
+        let registry = match &limits {
             None => Registry::builder().builtins(),
-            Some(max) => Registry::builder().job_with(
-                belfry_worker::builtin::Noop,
-                belfry_protocol::JobOptions {
-                    concurrency: Some(max),
-                    ..Default::default()
-                },
-            ),
+            Some(options) => {
+                Registry::builder().job_with(belfry_worker::builtin::Noop, options.clone())
+            }
         };
         let worker = Worker::start(&config, registry.build()?).await?;
         started.push(worker);
@@ -368,6 +363,7 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
     let mut batched = vec![];
     let mut aged = vec![];
     let mut limited = vec![];
+    let mut rated = vec![];
     let (empty, nap) = (
         serde_json::json!({}),
         serde_json::json!({"duration_ms": 100}),
@@ -393,7 +389,26 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         // one transaction instead of a share of a batched statement).
         limited.push(
             scenario("noop", empty.clone(), jobs, 0, |env| async move {
-                belfry(&env, jobs, 1, CONCURRENCY, Some(CONCURRENCY as u32)).await
+                let options = belfry_protocol::JobOptions {
+                    concurrency: Some(CONCURRENCY as u32),
+                    ..Default::default()
+                };
+                belfry(&env, jobs, 1, CONCURRENCY, Some(options)).await
+            })
+            .await?,
+        );
+        // Likewise a rate limit far above what one worker starts (never
+        // full): the window's log is written and counted at every start.
+        rated.push(
+            scenario("noop", empty.clone(), jobs, 0, |env| async move {
+                let options = belfry_protocol::JobOptions {
+                    rate_limit: Some(belfry_protocol::RateLimit::new(
+                        belfry_protocol::rate_limit::MAX_RATE_STARTS,
+                        Duration::from_secs(1),
+                    )?),
+                    ..Default::default()
+                };
+                belfry(&env, jobs, 1, CONCURRENCY, Some(options)).await
             })
             .await?,
         );
@@ -401,8 +416,8 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         s1.push(workers(sleep, sleep_jobs, 1, SLEEP_CONCURRENCY).await?);
         s3.push(workers(sleep, sleep_jobs, 3, SLEEP_CONCURRENCY).await?);
         eprintln!(
-            "round {round}: baseline {:.0}/s, batched {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s, with a concurrency limit {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
-            base[round - 1], batched[round - 1], one[round - 1], aged[round - 1], limited[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
+            "round {round}: baseline {:.0}/s, batched {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s, with a concurrency limit {:.0}/s, with a rate limit {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
+            base[round - 1], batched[round - 1], one[round - 1], aged[round - 1], limited[round - 1], rated[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
         );
     }
     let (b, o, t, a, c) = (
@@ -440,6 +455,13 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         "| belfry, 1 worker (noop) under a cluster-wide concurrency limit of {CONCURRENCY} (never full) | {jobs} | {CONCURRENCY} | {l:.0} | {:.2} × baseline, {:.2} × no limit |",
         l / b,
         l / o
+    );
+    let r = median(rated);
+    println!(
+        "| belfry, 1 worker (noop) under a cluster-wide rate limit of {}/s (never full) | {jobs} | {CONCURRENCY} | {r:.0} | {:.2} × baseline, {:.2} × no limit |",
+        belfry_protocol::rate_limit::MAX_RATE_STARTS,
+        r / b,
+        r / o
     );
     println!("| belfry, 3 workers of one group (noop) | {jobs} | {CONCURRENCY} | {t:.0} | {:.2} × baseline, {:.2} × batched |", t / b, t / bb);
     println!(

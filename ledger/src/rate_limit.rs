@@ -26,6 +26,10 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
+use crate::{Ledger, LedgerError};
+
 /// A rate limit a run is started under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StartRate {
@@ -53,5 +57,26 @@ impl StartRate {
             self.per.as_millis(),
             self.key
         )
+    }
+}
+
+impl Ledger {
+    /// Deletes up to `limit` starts logged before `before` and every turn
+    /// before it; how many starts. A key's own check deletes the starts
+    /// that left its window, so what is left for this is the log of keys
+    /// no run asks for any more (a tenant gone, a limit changed). Pass an
+    /// instant at least the longest window ago
+    /// ([`belfry_protocol::rate_limit::MAX_RATE_WINDOW`]): no window
+    /// reaches further back.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database fails.
+    pub async fn prune_rate_limits(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, LedgerError> {
+        self.store.prune_rate_limits(before, limit).await
     }
 }

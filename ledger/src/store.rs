@@ -398,6 +398,15 @@ pub(crate) trait LimitStore {
         request: &BeginRequest,
         limits: &RunLimits,
     ) -> Result<Option<AttemptStart>, LedgerError>;
+
+    /// Deletes up to `limit` logged starts older than `before` (left by
+    /// keys no run has asked for since), and every turn older than it;
+    /// how many starts.
+    async fn prune_rate_limits(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, LedgerError>;
 }
 
 /// Shard leases (`crate::shards`); Postgres only.

@@ -37,6 +37,9 @@ pub struct Pruned {
     pub alerts: u64,
     /// Day partitions of `job_runs` dropped whole.
     pub partitions: u64,
+    /// Rate-limit starts deleted that no window reaches any more (keys no
+    /// run asked for in a day).
+    pub rate_starts: u64,
 }
 
 /// Prunes one ledger's old history.
@@ -100,13 +103,23 @@ impl Retention {
                 .await?;
             // Alert events whose deliveries are all final (with them).
             let alerts = self.ledger.prune_alerts(cutoff, PRUNE_BATCH).await?;
+            // Not the runs' retention: no rate window is longer than a
+            // day, so an older start counts for nothing whatever is kept.
+            let window = chrono::Duration::from_std(belfry_protocol::rate_limit::MAX_RATE_WINDOW)
+                .unwrap_or(chrono::Duration::days(1));
+            let rate_starts = self
+                .ledger
+                .prune_rate_limits(now - window, PRUNE_BATCH)
+                .await?;
             pruned.runs += runs;
+            pruned.rate_starts += rate_starts;
             pruned.skipped_fires += skipped + spans;
             pruned.alerts += alerts;
             let full = runs >= PRUNE_BATCH as u64
                 || skipped >= PRUNE_BATCH as u64
                 || spans >= PRUNE_BATCH as u64
-                || alerts >= PRUNE_BATCH as u64;
+                || alerts >= PRUNE_BATCH as u64
+                || rate_starts >= PRUNE_BATCH as u64;
             if !full || cancel.is_cancelled() {
                 return Ok(pruned);
             }

@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 use belfry_broker::{Broker, JobQueue, Publisher};
 use belfry_ledger::{Ledger, NewRun, RunRecord, RunStatus};
-use belfry_protocol::{run_key, JobMessage, Topology, TraceContext, MESSAGE_VERSION};
+use belfry_protocol::{run_key, JobMessage, JobOptions, Topology, TraceContext, MESSAGE_VERSION};
 
 /// Admin URL of the Postgres server tests create databases on.
 pub fn admin_database_url() -> String {
@@ -352,6 +352,20 @@ impl TestEnv {
         payload: serde_json::Value,
         at: DateTime<Utc>,
     ) -> JobMessage {
+        self.enqueue_with(job_name, job_type, payload, at, JobOptions::default())
+            .await
+    }
+
+    /// [`TestEnv::enqueue`] of a run carrying `options` (a schedule's or an
+    /// ad-hoc request's: retry, timeout, limits), in its row and message.
+    pub async fn enqueue_with(
+        &self,
+        job_name: &str,
+        job_type: &str,
+        payload: serde_json::Value,
+        at: DateTime<Utc>,
+        options: JobOptions,
+    ) -> JobMessage {
         let trace = TraceContext::new_root();
         let key = run_key(job_name, at).unwrap_or_else(|e| panic!("{e}"));
         let run = NewRun {
@@ -364,7 +378,7 @@ impl TestEnv {
             claimed_by: "test".into(),
             trace_id: trace.trace_id().map(str::to_owned),
             traceparent: Some(trace.traceparent.clone()),
-            options: Default::default(),
+            options: options.clone(),
             next_dispatch_at: Utc::now() + chrono::Duration::seconds(30),
         };
         assert!(
@@ -385,7 +399,7 @@ impl TestEnv {
             attempt: 1,
             payload,
             trace: Some(trace),
-            options: Default::default(),
+            options,
         };
         let outcome = self
             .publisher()

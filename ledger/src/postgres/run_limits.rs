@@ -199,4 +199,27 @@ impl LimitStore for PgStore {
         self.hints.remember([(id, key_instant)]);
         Ok(Some(AttemptStart::Started { id, attempt }))
     }
+
+    async fn prune_rate_limits(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, LedgerError> {
+        // A batch, as every pruning statement: a short delete, whatever
+        // was left behind.
+        let starts = sqlx::query(
+            "DELETE FROM rate_limit_starts WHERE ctid IN \
+               (SELECT ctid FROM rate_limit_starts WHERE started_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(before)
+        .bind(limit)
+        .execute(&self.route)
+        .await?
+        .rows_affected();
+        sqlx::query("DELETE FROM rate_limit_turns WHERE next_turn < $1")
+            .bind(before)
+            .execute(&self.route)
+            .await?;
+        Ok(starts)
+    }
 }

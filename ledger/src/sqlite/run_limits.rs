@@ -173,4 +173,27 @@ impl LimitStore for SqliteLedger {
         tx.commit().await?;
         Ok(Some(AttemptStart::Started { id, attempt }))
     }
+
+    async fn prune_rate_limits(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let starts = sqlx::query(
+            "DELETE FROM rate_limit_starts WHERE rowid IN \
+               (SELECT rowid FROM rate_limit_starts WHERE started_at < ?1 LIMIT ?2)",
+        )
+        .bind(ts(before))
+        .bind(limit)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query("DELETE FROM rate_limit_turns WHERE next_turn < ?1")
+            .bind(ts(before))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(starts)
+    }
 }

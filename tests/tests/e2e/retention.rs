@@ -185,3 +185,59 @@ belfry_testkit::both_backends! {
         env.teardown(&["default"]).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_logs_older_than_any_window_are_pruned_and_live_ones_kept() {
+    let env = belfry_testkit::service_env!();
+    let pool = env.ledger.pg_pool().expect("a Postgres ledger");
+    // A key no run asked for in two days (a tenant gone), 1,500 starts of
+    // it (more than a batch), and a key in use.
+    sqlx::query(
+        "INSERT INTO rate_limit_starts (limit_key, started_at) \
+         SELECT 'export:gone', now() - interval '2 days' - g * interval '1 second' \
+         FROM generate_series(1, 1500) g",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    for sql in [
+        "INSERT INTO rate_limit_starts (limit_key, started_at) \
+         VALUES ('export:live', now() - interval '10 seconds'), ('export:live', now())",
+        "INSERT INTO rate_limit_turns (limit_key, next_turn) \
+         VALUES ('export:gone', now() - interval '2 days'), ('export:live', now() + interval '1 minute')",
+    ] {
+        sqlx::query(sql).execute(pool).await.unwrap();
+    }
+    // Runs are kept for 30 days: the rate log's age is its own.
+    let retention = Retention::new(env.ledger.clone(), Duration::from_secs(30 * 24 * 3600));
+    let pruned = retention
+        .prune_once(Utc::now(), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(pruned.rate_starts, 1500);
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM rate_limit_starts WHERE limit_key = 'export:live'"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM rate_limit_starts").await,
+        2
+    );
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM rate_limit_turns WHERE limit_key = 'export:live'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM rate_limit_turns").await,
+        1
+    );
+    env.teardown(&[]).await;
+}
