@@ -62,6 +62,11 @@ pub struct JobRequest {
     /// the job type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit_key: Option<String>,
+    /// The run's priority: `high`, `normal` (default) or `low`; a worker
+    /// takes ready runs of a higher level first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<belfry_protocol::Priority>)]
+    pub priority: Option<String>,
 }
 
 /// The answer to `POST /v1/jobs`: the run, new (201) or enqueued before

@@ -264,6 +264,9 @@ schedule_types! {
     /// What the rate limit counts by, e.g. `"{payload.partner}"`; absent,
     /// the job type.
     rate_limit_key: String,
+    /// The priority of its runs: `high`, `normal` (default) or `low`.
+    #[schema(value_type = Option<belfry_protocol::Priority>)]
+    priority: String,
     /// What to do with missed fires.
     #[schema(value_type = Option<Misfire>)]
     misfire: String,

@@ -45,6 +45,7 @@ async fn load(
     n: usize,
     job_type: &str,
     payload: serde_json::Value,
+    spread: bool,
 ) -> anyhow::Result<()> {
     env.broker.declare_group("default", &[job_type]).await?;
     let base = chrono::Utc::now();
@@ -62,7 +63,10 @@ async fn load(
             attempt: 1,
             payload: payload.clone(),
             trace: None,
-            options: Default::default(),
+            options: belfry_protocol::JobOptions {
+                priority: spread.then(|| belfry_protocol::Priority::ALL[i % 3]),
+                ..Default::default()
+            },
         });
     }
     let ids: Vec<Uuid> = messages.iter().map(|m| m.message_id).collect();
@@ -93,7 +97,7 @@ async fn load(
             channel
                 .basic_publish(
                     &env.topology.jobs_exchange(),
-                    job_type,
+                    &m.options.priority().routing_key(job_type),
                     BasicPublishOptions::default(),
                     &m.to_vec(),
                     BasicProperties::default().with_delivery_mode(2),
@@ -286,12 +290,14 @@ async fn belfry(
 
 /// `n` jobs of `job_type` consumed by `run`, on a ledger that also has the
 /// day partitions of `past_days` days before today (a fresh ledger has
-/// today's and the next 3; a 30-day retention keeps about 30 more).
+/// today's and the next 3; a 30-day retention keeps about 30 more); with
+/// `spread`, the jobs go round the three priorities (high, normal, low).
 async fn scenario<F, Fut>(
     job_type: &str,
     payload: serde_json::Value,
     n: usize,
     past_days: u64,
+    spread: bool,
     run: F,
 ) -> anyhow::Result<f64>
 where
@@ -304,7 +310,7 @@ where
         .filter_map(|d| today.checked_sub_days(chrono::Days::new(d)))
         .collect();
     env.ledger.prepare_run_partitions(&days).await?;
-    load(&env, n, job_type, payload)
+    load(&env, n, job_type, payload, spread)
         .await
         .context("loading jobs")?;
     let elapsed = run(env.clone()).await?;
@@ -325,9 +331,14 @@ where
 /// The naive consume + `UPDATE` + ack loop over `n` noop jobs; jobs per
 /// second.
 pub(crate) async fn raw_consume(n: usize) -> anyhow::Result<f64> {
-    scenario("noop", serde_json::Value::Null, n, 0, |env| async move {
-        baseline(&env, n).await
-    })
+    scenario(
+        "noop",
+        serde_json::Value::Null,
+        n,
+        0,
+        false,
+        |env| async move { baseline(&env, n).await },
+    )
     .await
 }
 
@@ -350,9 +361,14 @@ async fn aged_workers(
     concurrency: usize,
     past_days: u64,
 ) -> anyhow::Result<f64> {
-    scenario(job_type, payload.clone(), n, past_days, |env| async move {
-        belfry(&env, n, count, concurrency, None).await
-    })
+    scenario(
+        job_type,
+        payload.clone(),
+        n,
+        past_days,
+        false,
+        |env| async move { belfry(&env, n, count, concurrency, None).await },
+    )
     .await
 }
 
@@ -364,6 +380,7 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
     let mut aged = vec![];
     let mut limited = vec![];
     let mut rated = vec![];
+    let mut spread = vec![];
     let (empty, nap) = (
         serde_json::json!({}),
         serde_json::json!({"duration_ms": 100}),
@@ -371,13 +388,13 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
     let (noop, sleep) = (("noop", &empty), ("sleep", &nap));
     for round in 1..=rounds {
         base.push(
-            scenario("noop", empty.clone(), jobs, 0, |env| async move {
+            scenario("noop", empty.clone(), jobs, 0, false, |env| async move {
                 baseline(&env, jobs).await
             })
             .await?,
         );
         batched.push(
-            scenario("noop", empty.clone(), jobs, 0, |env| async move {
+            scenario("noop", empty.clone(), jobs, 0, false, |env| async move {
                 batched_baseline(&env, jobs).await
             })
             .await?,
@@ -388,7 +405,7 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         // is the cost of the limited start itself (lock, count, start in
         // one transaction instead of a share of a batched statement).
         limited.push(
-            scenario("noop", empty.clone(), jobs, 0, |env| async move {
+            scenario("noop", empty.clone(), jobs, 0, false, |env| async move {
                 let options = belfry_protocol::JobOptions {
                     concurrency: Some(CONCURRENCY as u32),
                     ..Default::default()
@@ -400,7 +417,7 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         // Likewise a rate limit far above what one worker starts (never
         // full): the window's log is written and counted at every start.
         rated.push(
-            scenario("noop", empty.clone(), jobs, 0, |env| async move {
+            scenario("noop", empty.clone(), jobs, 0, false, |env| async move {
                 let options = belfry_protocol::JobOptions {
                     rate_limit: Some(belfry_protocol::RateLimit::new(
                         belfry_protocol::rate_limit::MAX_RATE_STARTS,
@@ -412,12 +429,20 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
             })
             .await?,
         );
+        // The same backlog spread over the three priorities: three queues
+        // consumed at once, the highest ready first.
+        spread.push(
+            scenario("noop", empty.clone(), jobs, 0, true, |env| async move {
+                belfry(&env, jobs, 1, CONCURRENCY, None).await
+            })
+            .await?,
+        );
         three.push(workers(noop, jobs, 3, CONCURRENCY).await?);
         s1.push(workers(sleep, sleep_jobs, 1, SLEEP_CONCURRENCY).await?);
         s3.push(workers(sleep, sleep_jobs, 3, SLEEP_CONCURRENCY).await?);
         eprintln!(
-            "round {round}: baseline {:.0}/s, batched {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s, with a concurrency limit {:.0}/s, with a rate limit {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
-            base[round - 1], batched[round - 1], one[round - 1], aged[round - 1], limited[round - 1], rated[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
+            "round {round}: baseline {:.0}/s, batched {:.0}/s, 1 worker {:.0}/s (with {AGED_DAYS} days more of partitions {:.0}/s, with a concurrency limit {:.0}/s, with a rate limit {:.0}/s, spread over 3 priorities {:.0}/s), 3 workers {:.0}/s, sleep 1 worker {:.1}/s, sleep 3 workers {:.1}/s",
+            base[round - 1], batched[round - 1], one[round - 1], aged[round - 1], limited[round - 1], rated[round - 1], spread[round - 1], three[round - 1], s1[round - 1], s3[round - 1]
         );
     }
     let (b, o, t, a, c) = (
@@ -455,6 +480,12 @@ pub async fn run(jobs: usize, sleep_jobs: usize, rounds: usize) -> anyhow::Resul
         "| belfry, 1 worker (noop) under a cluster-wide concurrency limit of {CONCURRENCY} (never full) | {jobs} | {CONCURRENCY} | {l:.0} | {:.2} × baseline, {:.2} × no limit |",
         l / b,
         l / o
+    );
+    let p = median(spread);
+    println!(
+        "| belfry, 1 worker (noop), the jobs spread over high / normal / low | {jobs} | {CONCURRENCY} | {p:.0} | {:.2} × baseline, {:.2} × one priority |",
+        p / b,
+        p / o
     );
     let r = median(rated);
     println!(

@@ -13,7 +13,7 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use belfry_protocol::Topology;
+use belfry_protocol::{Priority, Topology};
 use belfry_runtime::ClientTls;
 use lapin::tcp::OwnedTLSConfig;
 
@@ -349,36 +349,46 @@ impl Broker {
         let inner = match self.amqp() {
             Ok(inner) => inner,
             Err(e) => {
-                let queue = e.topology.group_queue(group);
-                let types: Vec<String> = job_types.iter().map(|t| t.as_ref().to_owned()).collect();
-                e.queue
-                    .bind(&queue, &types)
-                    .await
-                    .map_err(|err| BrokerError::Embedded(err.to_string()))?;
-                return Ok(queue);
+                for priority in Priority::ALL {
+                    let queue = e.topology.group_queue_at(group, priority);
+                    let keys: Vec<String> = job_types
+                        .iter()
+                        .map(|t| priority.routing_key(t.as_ref()))
+                        .collect();
+                    e.queue
+                        .bind(&queue, &keys)
+                        .await
+                        .map_err(|err| BrokerError::Embedded(err.to_string()))?;
+                }
+                return Ok(e.topology.group_queue(group));
             }
         };
         let channel = inner.channel().await?;
-        let queue = inner.topology.group_queue(group);
         let dlx = inner.topology.dead_letter_exchange();
-        channel
-            .queue_declare(&queue, durable_queue(), quorum_args(Some(&dlx)))
-            .await
-            .map_err(BrokerError::amqp("declare group queue"))?;
-        for job_type in job_types {
+        // A queue per priority (see `belfry_protocol::priority`); the
+        // `normal` one is the group queue belfry always declared, with
+        // the same arguments, so an existing queue is declared as it is.
+        for priority in Priority::ALL {
+            let queue = inner.topology.group_queue_at(group, priority);
             channel
-                .queue_bind(
-                    &queue,
-                    &inner.topology.jobs_exchange(),
-                    job_type.as_ref(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
+                .queue_declare(&queue, durable_queue(), quorum_args(Some(&dlx)))
                 .await
-                .map_err(BrokerError::amqp("bind group queue"))?;
+                .map_err(BrokerError::amqp("declare group queue"))?;
+            for job_type in job_types {
+                channel
+                    .queue_bind(
+                        &queue,
+                        &inner.topology.jobs_exchange(),
+                        &priority.routing_key(job_type.as_ref()),
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(BrokerError::amqp("bind group queue"))?;
+            }
         }
         let _ = channel.close(200, "declared").await;
-        Ok(queue)
+        Ok(inner.topology.group_queue(group))
     }
 
     /// Opens a confirming publisher on its own channel.
@@ -409,27 +419,76 @@ impl Broker {
         consumer_tag: &str,
         prefetch: u16,
     ) -> Result<Consumption, BrokerError> {
+        self.consume_in_order(&[queue.to_owned()], consumer_tag, prefetch)
+            .await
+    }
+
+    /// Consumes worker group `group`'s queues of every priority, on a
+    /// channel each: a ready delivery of a higher level is handed out
+    /// before any of a lower one (see `belfry_protocol::priority`).
+    /// `prefetch` applies per queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::consume`].
+    pub async fn consume_group(
+        &self,
+        group: &str,
+        consumer_tag: &str,
+        prefetch: u16,
+    ) -> Result<Consumption, BrokerError> {
+        let topology = match self.amqp() {
+            Ok(inner) => &inner.topology,
+            Err(e) => &e.topology,
+        };
+        let queues: Vec<String> = Priority::ALL
+            .iter()
+            .map(|p| topology.group_queue_at(group, *p))
+            .collect();
+        self.consume_in_order(&queues, consumer_tag, prefetch).await
+    }
+
+    /// Consumes `queues`, the first first (see [`Consumption::next`]).
+    async fn consume_in_order(
+        &self,
+        queues: &[String],
+        consumer_tag: &str,
+        prefetch: u16,
+    ) -> Result<Consumption, BrokerError> {
         let inner = match self.amqp() {
             Ok(inner) => inner,
             Err(e) => {
-                return Consumption::embedded(e.queue.clone(), queue, consumer_tag, prefetch).await
+                return Consumption::embedded(e.queue.clone(), queues, consumer_tag, prefetch).await
             }
         };
-        let channel = inner.channel().await?;
-        channel
-            .basic_qos(prefetch, BasicQosOptions::default())
-            .await
-            .map_err(BrokerError::amqp("set prefetch"))?;
-        let consumer = channel
-            .basic_consume(
-                queue,
-                consumer_tag,
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(BrokerError::amqp("consume"))?;
-        Ok(Consumption::amqp(channel, consumer, consumer_tag))
+        let mut consumers = Vec::new();
+        for (i, queue) in queues.iter().enumerate() {
+            // A channel per queue, each with the prefetch (see
+            // `Consumption`).
+            let channel = inner.channel().await?;
+            channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await
+                .map_err(BrokerError::amqp("set prefetch"))?;
+            // The first keeps the plain tag (what one-queue consumers
+            // always had); the others are told apart by a suffix.
+            let tag = if i == 0 {
+                consumer_tag.to_owned()
+            } else {
+                format!("{consumer_tag}-{i}")
+            };
+            let consumer = channel
+                .basic_consume(
+                    queue,
+                    &tag,
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(BrokerError::amqp("consume"))?;
+            consumers.push((channel, consumer, tag));
+        }
+        Ok(Consumption::amqp(consumers))
     }
 
     /// Deletes the namespace's exchanges, the dead-letter queue and the
@@ -447,7 +506,11 @@ impl Broker {
         let channel = inner.channel().await?;
         let mut queues: Vec<String> = groups
             .iter()
-            .map(|g| inner.topology.group_queue(g))
+            .flat_map(|g| {
+                Priority::ALL
+                    .iter()
+                    .map(|p| inner.topology.group_queue_at(g, *p))
+            })
             .collect();
         queues.push(inner.topology.dead_letter_queue());
         for queue in queues {

@@ -203,21 +203,75 @@ where
     }
 }
 
-/// A running consumer of one queue.
+/// One queue's consumer: its channel, consumer, tag and ack window.
+struct AmqpConsumer {
+    channel: Channel,
+    consumer: lapin::Consumer,
+    tag: String,
+    window: AckWindow,
+}
+
+/// The next delivery of the first of `consumers` that has one ready
+/// (highest priority first); `None` when any of them was ended by the
+/// broker (the caller consumes again).
+async fn first_ready(consumers: &mut [AmqpConsumer]) -> Option<Result<Delivery, BrokerError>> {
+    std::future::poll_fn(|cx| {
+        // Every consumer is polled in order each time, so each registers
+        // the waker, and a ready delivery of a higher level always wins
+        // over one of a lower level that is ready at the same moment.
+        for c in consumers.iter_mut() {
+            if let std::task::Poll::Ready(item) = c.consumer.poll_next_unpin(cx) {
+                return std::task::Poll::Ready(item.map(|d| {
+                    d.map(|d| {
+                        // Registered before it is handed out: the window
+                        // must know every unsettled tag before any later
+                        // one is acked with `multiple`.
+                        c.window.delivered(d.delivery_tag);
+                        Delivery::from_amqp(d, &c.window)
+                    })
+                    .map_err(BrokerError::amqp("consume"))
+                }));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// Up to `limit` messages of the first of `names` (highest priority first)
+/// that has any free.
+async fn take_highest(
+    queue: &JobQueue,
+    names: &[String],
+    tag: &str,
+    limit: u16,
+) -> Result<Vec<QueuedMessage>, sqlx::Error> {
+    for name in names {
+        let batch = queue.take(name, tag, limit).await?;
+        if !batch.is_empty() {
+            return Ok(batch);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// A running consumer of one queue, or of a worker group's queues of every
+/// priority (highest first): [`Consumption::next`] hands out a ready
+/// delivery of an earlier queue before any of a later one.
 pub struct Consumption {
     kind: Kind,
 }
 
 enum Kind {
-    Amqp {
-        channel: Channel,
-        consumer: lapin::Consumer,
-        tag: String,
-        window: AckWindow,
-    },
+    /// One consumer per queue, highest priority first, each on a channel
+    /// (and so with an ack window) of its own: a `multiple` ack of one
+    /// queue's deliveries is never held behind a delivery of another
+    /// queue waiting unstarted in the prefetch buffer.
+    Amqp(Vec<AmqpConsumer>),
     Embedded {
         queue: JobQueue,
-        name: String,
+        /// The queues, highest priority first.
+        names: Vec<String>,
         tag: String,
         /// Most messages taken at once (the prefetch).
         prefetch: u16,
@@ -229,46 +283,53 @@ enum Kind {
 impl std::fmt::Debug for Consumption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (kind, tag) = match &self.kind {
-            Kind::Amqp { tag, .. } => ("amqp", tag),
-            Kind::Embedded { tag, .. } => ("embedded", tag),
+            Kind::Amqp(consumers) => ("amqp", consumers.first().map_or("", |c| c.tag.as_str())),
+            Kind::Embedded { tag, .. } => ("embedded", tag.as_str()),
         };
         f.debug_struct("Consumption")
             .field("kind", &kind)
-            .field("tag", tag)
+            .field("tag", &tag)
             .finish()
     }
 }
 
 impl Consumption {
-    pub(crate) fn amqp(channel: Channel, consumer: lapin::Consumer, tag: &str) -> Self {
-        let window = AckWindow::start(channel.clone());
-        Self {
-            kind: Kind::Amqp {
+    /// The consumers (one per queue, highest priority first), each with
+    /// its channel and tag.
+    pub(crate) fn amqp(consumers: Vec<(Channel, lapin::Consumer, String)>) -> Self {
+        let consumers = consumers
+            .into_iter()
+            .map(|(channel, consumer, tag)| AmqpConsumer {
+                window: AckWindow::start(channel.clone()),
                 channel,
                 consumer,
-                tag: tag.to_owned(),
-                window,
-            },
+                tag,
+            })
+            .collect();
+        Self {
+            kind: Kind::Amqp(consumers),
         }
     }
 
     pub(crate) async fn embedded(
         queue: JobQueue,
-        name: &str,
+        names: &[String],
         tag: &str,
         prefetch: u16,
     ) -> Result<Self, BrokerError> {
-        let freed = queue
-            .open_consumer(name)
-            .await
-            .map_err(|e| BrokerError::Embedded(e.to_string()))?;
-        if freed > 0 {
-            tracing::info!(queue = %name, freed, "gave back deliveries a stopped consumer never acknowledged");
+        for name in names {
+            let freed = queue
+                .open_consumer(name)
+                .await
+                .map_err(|e| BrokerError::Embedded(e.to_string()))?;
+            if freed > 0 {
+                tracing::info!(queue = %name, freed, "gave back deliveries a stopped consumer never acknowledged");
+            }
         }
         Ok(Self {
             kind: Kind::Embedded {
                 queue,
-                name: name.to_owned(),
+                names: names.to_vec(),
                 tag: tag.to_owned(),
                 prefetch: prefetch.max(1),
                 taken: std::collections::VecDeque::new(),
@@ -281,21 +342,10 @@ impl Consumption {
     /// waits out database failures here instead.
     pub async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
         match &mut self.kind {
-            Kind::Amqp {
-                consumer, window, ..
-            } => consumer.next().await.map(|d| {
-                d.map(|d| {
-                    // Registered before it is handed out: the window must
-                    // know every unsettled tag before any later one is
-                    // acked with `multiple`.
-                    window.delivered(d.delivery_tag);
-                    Delivery::from_amqp(d, window)
-                })
-                .map_err(BrokerError::amqp("consume"))
-            }),
+            Kind::Amqp(consumers) => first_ready(consumers).await,
             Kind::Embedded {
                 queue,
-                name,
+                names,
                 tag,
                 prefetch,
                 taken,
@@ -323,7 +373,7 @@ impl Consumption {
                     // Up to a prefetch's worth in one statement: the caller
                     // asks only when it has room to run one, and what it has
                     // not asked for yet is given back by `close`.
-                    match queue.take(name, tag, *prefetch).await {
+                    match take_highest(queue, names, tag, *prefetch).await {
                         Ok(batch) if !batch.is_empty() => {
                             failing = Duration::ZERO;
                             taken.extend(batch);
@@ -336,7 +386,7 @@ impl Consumption {
                             // every delivery in flight (a broker does that
                             // only when the channel is really gone).
                             failing = (failing * 2).clamp(EMBEDDED_POLL, Duration::from_secs(5));
-                            tracing::warn!(error = %e, retry_in = ?failing, queue = %name,
+                            tracing::warn!(error = %e, retry_in = ?failing, queues = ?names,
                                 "cannot take from the embedded queue; retrying");
                             tokio::time::sleep(failing).await;
                             continue;
@@ -356,13 +406,16 @@ impl Consumption {
     /// can still be acked until [`Consumption::close`].
     pub async fn cancel(&self) {
         match &self.kind {
-            Kind::Amqp { channel, tag, .. } => {
-                if channel.status().connected() {
-                    if let Err(e) = channel
-                        .basic_cancel(tag, BasicCancelOptions::default())
-                        .await
-                    {
-                        tracing::warn!(error = %e, "consumer cancel failed");
+            Kind::Amqp(consumers) => {
+                for c in consumers {
+                    if c.channel.status().connected() {
+                        if let Err(e) = c
+                            .channel
+                            .basic_cancel(&c.tag, BasicCancelOptions::default())
+                            .await
+                        {
+                            tracing::warn!(error = %e, "consumer cancel failed");
+                        }
                     }
                 }
             }
@@ -374,13 +427,14 @@ impl Consumption {
     /// Closes the consumer: unacknowledged deliveries go back to the queue.
     pub async fn close(self) {
         match self.kind {
-            Kind::Amqp {
-                channel, window, ..
-            } => {
-                // Held acks first: closing the channel would give their
-                // messages back to the queue (delivered again, though done).
-                window.flush().await;
-                let _ = channel.close(200, "consumer closed").await;
+            Kind::Amqp(consumers) => {
+                for c in consumers {
+                    // Held acks first: closing the channel would give their
+                    // messages back to the queue (delivered again, though
+                    // done).
+                    c.window.flush().await;
+                    let _ = c.channel.close(200, "consumer closed").await;
+                }
             }
             Kind::Embedded { queue, tag, .. } => {
                 if let Err(e) = queue.close_consumer(&tag).await {

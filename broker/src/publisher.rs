@@ -211,11 +211,13 @@ async fn embedded_publish(
     messages: &[JobMessage],
 ) -> Vec<Result<PublishOutcome, BrokerError>> {
     let bodies: Vec<Vec<u8>> = messages.iter().map(JobMessage::to_vec).collect();
+    let keys: Vec<String> = messages.iter().map(routing_key).collect();
     let outgoing: Vec<OutgoingMessage<'_>> = messages
         .iter()
         .zip(&bodies)
-        .map(|(m, body)| OutgoingMessage {
-            routing_key: &m.job_type,
+        .zip(&keys)
+        .map(|((m, body), key)| OutgoingMessage {
+            routing_key: key,
             body,
             message_id: Some(m.message_id.to_string()),
             traceparent: m.trace.as_ref().map(|t| t.traceparent.as_str()),
@@ -261,7 +263,7 @@ impl AmqpPublisher {
     pub async fn publish(&self, message: &JobMessage) -> Result<PublishOutcome, BrokerError> {
         self.send(
             &self.topology.jobs_exchange(),
-            &message.job_type,
+            &routing_key(message),
             &message.to_vec(),
             job_properties(message),
         )
@@ -300,7 +302,7 @@ impl AmqpPublisher {
                 .channel
                 .basic_publish(
                     &exchange,
-                    &message.job_type,
+                    &routing_key(message),
                     options,
                     &message.to_vec(),
                     job_properties(message),
@@ -488,6 +490,12 @@ fn persistent_json() -> BasicProperties {
         .with_delivery_mode(2)
         .with_content_type(ShortString::from(CONTENT_TYPE_JSON))
         .with_timestamp(u64::try_from(Utc::now().timestamp()).unwrap_or(0))
+}
+
+/// The routing key of a job message: its job type, at its priority's
+/// level (see `belfry_protocol::priority`).
+fn routing_key(message: &JobMessage) -> String {
+    message.options.priority().routing_key(&message.job_type)
 }
 
 fn insert_str(headers: &mut FieldTable, key: &str, value: &str) {

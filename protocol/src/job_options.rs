@@ -43,9 +43,17 @@ pub struct JobOptions {
     /// `concurrency_key`; absent, the job type as a whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit_key: Option<String>,
+    /// The run's priority; absent, `normal` (see [`crate::Priority`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<crate::Priority>,
 }
 
 impl JobOptions {
+    /// The run's priority (`normal` when unset).
+    pub fn priority(&self) -> crate::Priority {
+        self.priority.unwrap_or_default()
+    }
+
     /// True when nothing is overridden (the field is then left out of
     /// messages).
     pub fn is_empty(&self) -> bool {
@@ -55,6 +63,7 @@ impl JobOptions {
             && self.concurrency_key.is_none()
             && self.rate_limit.is_none()
             && self.rate_limit_key.is_none()
+            && self.priority.is_none()
     }
 }
 

@@ -157,6 +157,7 @@ mod tests {
                     per_ms: 1000,
                 }),
                 rate_limit_key: Some("{payload.k}".into()),
+                priority: Some(crate::Priority::High),
             },
         }
     }

@@ -12,6 +12,7 @@
 //! timeout = "10m"                                       # optional
 //! concurrency = 2                                       # optional: at most 2 running at once
 //! rate_limit = "10/1m"                                  # optional: at most 10 starts a minute
+//! priority = "high"                                     # optional: "high", "normal" (default) or "low"
 //! ```
 //!
 //! This type only carries the fields; the scheduler validates them (cron
@@ -82,6 +83,10 @@ pub struct ScheduleSpec {
     /// `"{payload.partner}"`; absent, the job type as a whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit_key: Option<String>,
+    /// The priority of its runs: `"high"`, `"normal"` (default) or
+    /// `"low"`; a worker takes ready runs of a higher level first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
     /// What to do with fires that were missed (every replica down, the
     /// ledger unreachable): `"skip"`, `"fire_once"` (default) or `"catch_up"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -7,7 +7,8 @@
 //! | object | name | kind |
 //! | --- | --- | --- |
 //! | job exchange | `{ns}.jobs` | durable topic exchange, routing key = job type |
-//! | group queue | `{ns}.jobs.{group}` | durable quorum queue, bound once per job type the group serves |
+//! | group queue | `{ns}.jobs.{group}` | durable quorum queue, bound once per job type the group serves (its `normal` runs) |
+//! | group queue per priority | `{ns}.jobs.{group}.high`, `{ns}.jobs.{group}.low` | the same, bound with `high:{type}` / `low:{type}` |
 //! | dead-letter exchange | `{ns}.dead-letter` | durable fanout exchange |
 //! | dead-letter queue | `{ns}.dead-letter` | durable quorum queue |
 //! | claim lock | `{ns}:lock:{job_name}:{run_key}` | Redis string, `SET NX PX` |
@@ -60,9 +61,18 @@ impl Topology {
         format!("{}.jobs", self.namespace)
     }
 
-    /// The durable queue of worker group `group`.
+    /// The durable queue of worker group `group` (its `normal` level).
     pub fn group_queue(&self, group: &str) -> String {
         format!("{}.jobs.{group}", self.namespace)
+    }
+
+    /// The queue of worker group `group` at `priority`: the group queue for
+    /// `normal`, `{ns}.jobs.{group}.high` / `.low` for the others.
+    pub fn group_queue_at(&self, group: &str, priority: crate::Priority) -> String {
+        match priority {
+            crate::Priority::Normal => self.group_queue(group),
+            other => format!("{}.jobs.{group}.{}", self.namespace, other.as_str()),
+        }
     }
 
     /// The dead-letter exchange.

@@ -618,6 +618,7 @@ fn job_options(spec: &ScheduleSpec) -> Result<JobOptions, (&'static str, String)
         concurrency_key: spec.concurrency_key.as_deref(),
         rate_limit: spec.rate_limit.as_deref(),
         rate_limit_key: spec.rate_limit_key.as_deref(),
+        priority: spec.priority.as_deref(),
     })
 }
 
@@ -637,6 +638,8 @@ pub struct RunOptionsSpec<'a> {
     pub rate_limit: Option<&'a str>,
     /// What the rate limit counts by (a payload template).
     pub rate_limit_key: Option<&'a str>,
+    /// `"high"`, `"normal"` or `"low"`.
+    pub priority: Option<&'a str>,
 }
 
 /// The largest `concurrency` accepted.
@@ -660,7 +663,14 @@ pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static
         concurrency_key,
         rate_limit,
         rate_limit_key,
+        priority,
     } = *spec;
+    let priority = priority
+        .map(|p| {
+            p.parse::<belfry_protocol::Priority>()
+                .map_err(|m| ("priority", m))
+        })
+        .transpose()?;
     if let Some(n) = concurrency.filter(|n| !(1..=MAX_CONCURRENCY).contains(n)) {
         return Err((
             "concurrency",
@@ -723,6 +733,7 @@ pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static
         concurrency_key: concurrency_key.map(str::to_owned),
         rate_limit,
         rate_limit_key: rate_limit_key.map(str::to_owned),
+        priority,
     })
 }
 
@@ -1031,6 +1042,23 @@ mod tests {
             assert_eq!(e.field, field, "{e}");
             assert!(e.to_string().contains(says), "{e}");
         }
+    }
+
+    #[test]
+    fn a_priority_becomes_job_options_and_an_unknown_one_is_refused() {
+        let mut s = spec(None, Some("1s"), None);
+        s.priority = Some("high".into());
+        let o = Schedule::from_spec(&s).unwrap().options;
+        assert_eq!(o.priority, Some(belfry_protocol::Priority::High));
+        s.priority = None;
+        assert_eq!(Schedule::from_spec(&s).unwrap().options.priority, None);
+        s.priority = Some("urgent".into());
+        let e = Schedule::from_spec(&s).unwrap_err();
+        assert_eq!(e.field, "priority", "{e}");
+        assert!(
+            e.to_string().contains("\"high\", \"normal\" or \"low\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -228,7 +228,9 @@ impl Worker {
         self.run(cancel).await
     }
 
-    /// The queue this worker consumes.
+    /// The group queue this worker consumes (its `normal` level; the
+    /// `high` and `low` queues are named after it, see
+    /// `belfry_protocol::priority`).
     pub fn queue(&self) -> &str {
         &self.queue
     }
@@ -268,7 +270,12 @@ impl Worker {
                 .declare_group(&this.group, &this.registry.types())
                 .await
             {
-                Ok(_) => this.broker.consume(&this.queue, &tag, this.prefetch).await,
+                // Every priority's queue of the group, highest first.
+                Ok(_) => {
+                    this.broker
+                        .consume_group(&this.group, &tag, this.prefetch)
+                        .await
+                }
                 Err(e) => Err(e),
             };
             let mut consumption = match consumed {

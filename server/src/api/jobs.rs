@@ -51,6 +51,7 @@ pub async fn enqueue(
             concurrency_key: request.concurrency_key.as_deref(),
             rate_limit: request.rate_limit.as_deref(),
             rate_limit_key: request.rate_limit_key.as_deref(),
+            priority: request.priority.as_deref(),
         })
         .map_err(|(field, message)| ApiError::invalid(field, message))?;
     let mut job = AdHocJob::new(request.job_type.clone(), request.payload).options(options);

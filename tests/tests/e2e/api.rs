@@ -112,7 +112,8 @@ belfry_testkit::both_backends! {
         let spec = json!({"name": "nightly", "cron": "0 0 3 * * *", "timezone": "Asia/Shanghai",
                           "job_type": "noop", "payload": {"k": 1}, "retry": {"max_attempts": 3},
                           "concurrency": 2, "concurrency_key": "{payload.k}",
-                          "rate_limit": "10/1m", "rate_limit_key": "{payload.k}"});
+                          "rate_limit": "10/1m", "rate_limit_key": "{payload.k}",
+                          "priority": "low"});
         let created = call(Method::POST, &s(""), None, Some(spec.clone())).await;
         assert_eq!(created.0, StatusCode::CREATED, "{:?}", created.1);
         assert_eq!(created.1["cron"], "0 0 3 * * *");
@@ -134,6 +135,7 @@ belfry_testkit::both_backends! {
             (&got.1["rate_limit"], &got.1["rate_limit_key"]),
             (&json!("10/1m"), &json!("{payload.k}"))
         );
+        assert_eq!(got.1["priority"], "low");
         assert_error(
             &call(Method::POST, &s(""), None, Some(spec.clone())).await,
             StatusCode::CONFLICT,
@@ -177,6 +179,7 @@ belfry_testkit::both_backends! {
             (json!({"rate_limit": "10 per minute"}), "rate_limit"),
             (json!({"rate_limit": "0/s"}), "rate_limit"),
             (json!({"rate_limit_key": ""}), "rate_limit_key"),
+            (json!({"priority": "urgent"}), "priority"),
             (
                 json!({"cron": null, "at": "2001-01-01T00:00:00Z", "timezone": null}),
                 "at",
@@ -872,7 +875,8 @@ belfry_testkit::both_backends! {
             None,
             Some(json!({"job_type": "noop", "delay": "1h", "payload": {"tenant": "acme"},
                         "concurrency": 2, "concurrency_key": "{payload.tenant}",
-                        "rate_limit": "50/s", "rate_limit_key": "{payload.tenant}"})),
+                        "rate_limit": "50/s", "rate_limit_key": "{payload.tenant}",
+                        "priority": "high"})),
         )
         .await;
         assert_eq!(limited.0, StatusCode::CREATED, "{:?}", limited.1);
@@ -885,6 +889,7 @@ belfry_testkit::both_backends! {
             (&run.options["rate_limit"], &run.options["rate_limit_key"]),
             (&json!({"starts": 50, "per_ms": 1000}), &json!("{payload.tenant}"))
         );
+        assert_eq!(run.options["priority"], "high");
         for (body, field) in [
             (json!({"payload": 1}), "job_type"),
             (json!({"job_type": "no such"}), "job_type"),
@@ -907,6 +912,7 @@ belfry_testkit::both_backends! {
             ),
             (json!({"job_type": "noop", "payload": "\u{0}"}), "payload"),
             (json!({"job_type": "noop", "priority": 1}), "priority"),
+            (json!({"job_type": "noop", "priority": "asap"}), "priority"),
             (json!({"job_type": "noop", "concurrency": 0}), "concurrency"),
             (json!({"job_type": "noop", "concurrency": "two"}), "concurrency"),
             (

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_ledger::{AttemptStart, ConcurrencyLimit, LimitKind, RunLimits, StartRate};
-use belfry_protocol::{JobOptions, RateLimit};
+use belfry_protocol::{JobOptions, Priority, RateLimit};
 use belfry_scheduler::Replica;
 use belfry_testkit::{eventually, redis_url};
 use belfry_tests::{replica, t0, worker, Gauge, RunningWorker};
@@ -355,6 +355,74 @@ belfry_testkit::both_backends! {
         assert!(dead[0].1.contains("rate_limit cannot be used"), "{}", dead[0].1);
         // Refused, not mistaken for an outage: nothing handed back.
         assert_eq!(WorkerCounters::get(&running.counters.handed_back), 0);
+        running.stop_and_teardown(env).await;
+    }
+}
+
+/// Records the order runs ran in (by job name), 20 ms each.
+#[derive(Clone, Default)]
+struct Ordered {
+    ran: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Job for Ordered {
+    const TYPE: &'static str = "ordered";
+    type Payload = serde_json::Value;
+    async fn run(&self, ctx: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        if let Ok(mut ran) = self.ran.lock() {
+            ran.push(ctx.job_name.clone());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(())
+    }
+}
+
+belfry_testkit::both_backends! {
+    async fn priorities_reorder_a_backlog(env: TestEnv) {
+        env.declare_default_group(&["ordered"]).await;
+        let at = |p: Priority| JobOptions { priority: Some(p), ..JobOptions::default() };
+        // A backlog of thirty normal runs, one handler.
+        let mut normal = Vec::new();
+        for i in 0..30 {
+            normal.push(env.enqueue(&format!("n{i:02}"), "ordered", json!(null), t0()).await);
+        }
+        let ordered = Ordered::default();
+        let registry = Registry::builder().job(ordered.clone()).build().unwrap();
+        let running = belfry_tests::serve(
+            &env,
+            registry,
+            &[("BELFRY_CONCURRENCY", "1"), ("BELFRY_PREFETCH", "8")],
+        )
+        .await;
+        eventually("the backlog to start", Duration::from_secs(10), || async {
+            (ordered.ran.lock().map(|r| r.len()).unwrap_or(0) >= 3).then_some(())
+        })
+        .await;
+        // Three low and three high runs join the backlog's tail.
+        let mut late = Vec::new();
+        for i in 0..3 {
+            late.push(env.enqueue_with(&format!("l{i}"), "ordered", json!(null), t0(), at(Priority::Low)).await);
+        }
+        for i in 0..3 {
+            late.push(env.enqueue_with(&format!("h{i}"), "ordered", json!(null), t0(), at(Priority::High)).await);
+        }
+        for m in normal.iter().chain(&late) {
+            let run = env.wait_terminal_of(m, Duration::from_secs(30)).await;
+            assert_eq!(run.status_text, "succeeded", "{run:?}");
+        }
+        let ran = ordered.ran.lock().unwrap().clone();
+        let pos = |name: &str| ran.iter().position(|r| r == name).unwrap();
+        // The high runs overtook the backlog: each ran before the tenth
+        // normal run (in one queue they would have run last)...
+        for h in ["h0", "h1", "h2"] {
+            assert!(pos(h) < pos("n09"), "{h} ran at {} of {ran:?}", pos(h));
+        }
+        // ...and the low runs waited for every normal one.
+        for l in ["l0", "l1", "l2"] {
+            assert!(pos(l) > pos("n29"), "{l} ran at {} of {ran:?}", pos(l));
+        }
+        // The level travels with the run: stored in its options.
+        assert_eq!(env.run_of(&late[3]).await.options["priority"], "high");
         running.stop_and_teardown(env).await;
     }
 }
