@@ -203,53 +203,83 @@ where
     }
 }
 
-/// One queue's consumer: its channel, consumer, tag and ack window.
+/// One queue's consumer: its channel, consumer, tag and ack window, and
+/// the deliveries received but not yet handed out (with when they came).
 struct AmqpConsumer {
     channel: Channel,
     consumer: lapin::Consumer,
     tag: String,
     window: AckWindow,
+    held: std::collections::VecDeque<(std::time::Instant, lapin::message::Delivery)>,
 }
+
+/// Longest a delivery of a lower priority waits behind higher ones before
+/// it is handed out anyway: no level starves, and no delivery stays
+/// unacknowledged long enough for RabbitMQ's `consumer_timeout` (30 min by
+/// default) to close its channel.
+pub const LOWER_LEVEL_BOUND: Duration = Duration::from_secs(300);
 
 /// The next delivery of the first of `consumers` that has one ready
 /// (highest priority first); `None` when any of them was ended by the
 /// broker (the caller consumes again).
-async fn first_ready(consumers: &mut [AmqpConsumer]) -> Option<Result<Delivery, BrokerError>> {
+async fn first_ready(
+    consumers: &mut [AmqpConsumer],
+    bound: Duration,
+) -> Option<Result<Delivery, BrokerError>> {
+    use std::task::Poll;
     std::future::poll_fn(|cx| {
-        // Every consumer is polled in order each time, so each registers
-        // the waker, and a ready delivery of a higher level always wins
-        // over one of a lower level that is ready at the same moment.
+        // Every consumer is drained of what has arrived, so each has
+        // registered the waker when nothing is ready, and what is ready
+        // at this moment is known for every level before one is chosen.
         for c in consumers.iter_mut() {
-            if let std::task::Poll::Ready(item) = c.consumer.poll_next_unpin(cx) {
-                return std::task::Poll::Ready(item.map(|d| {
-                    d.map(|d| {
-                        // Registered before it is handed out: the window
-                        // must know every unsettled tag before any later
-                        // one is acked with `multiple`.
+            loop {
+                match c.consumer.poll_next_unpin(cx) {
+                    Poll::Ready(Some(Ok(d))) => {
+                        // Registered in arrival order (each channel has its
+                        // own window, and a level is handed out in order):
+                        // the window knows every unsettled tag before any
+                        // later one is acked with `multiple`.
                         c.window.delivered(d.delivery_tag);
-                        Delivery::from_amqp(d, &c.window)
-                    })
-                    .map_err(BrokerError::amqp("consume"))
-                }));
+                        c.held.push_back((std::time::Instant::now(), d));
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        return Poll::Ready(Some(Err(BrokerError::amqp("consume")(e))))
+                    }
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Pending => break,
+                }
             }
         }
-        std::task::Poll::Pending
+        // A lower level's oldest delivery past the bound goes first; then
+        // the highest level that has one.
+        let overdue = consumers
+            .iter()
+            .skip(1)
+            .position(|c| c.held.front().is_some_and(|(at, _)| at.elapsed() > bound));
+        let order = overdue.map(|i| i + 1).into_iter().chain(0..consumers.len());
+        for i in order {
+            let c = &mut consumers[i];
+            if let Some((_, d)) = c.held.pop_front() {
+                return Poll::Ready(Some(Ok(Delivery::from_amqp(d, &c.window))));
+            }
+        }
+        Poll::Pending
     })
     .await
 }
 
 /// Up to `limit` messages of the first of `names` (highest priority first)
-/// that has any free.
+/// that has any free, each with the index of its queue in `names`.
 async fn take_highest(
     queue: &JobQueue,
     names: &[String],
     tag: &str,
     limit: u16,
-) -> Result<Vec<QueuedMessage>, sqlx::Error> {
-    for name in names {
+) -> Result<Vec<(usize, QueuedMessage)>, sqlx::Error> {
+    for (level, name) in names.iter().enumerate() {
         let batch = queue.take(name, tag, limit).await?;
         if !batch.is_empty() {
-            return Ok(batch);
+            return Ok(batch.into_iter().map(|m| (level, m)).collect());
         }
     }
     Ok(Vec::new())
@@ -267,7 +297,12 @@ enum Kind {
     /// (and so with an ack window) of its own: a `multiple` ack of one
     /// queue's deliveries is never held behind a delivery of another
     /// queue waiting unstarted in the prefetch buffer.
-    Amqp(Vec<AmqpConsumer>),
+    Amqp {
+        consumers: Vec<AmqpConsumer>,
+        /// How long a lower level's delivery may be held back
+        /// ([`LOWER_LEVEL_BOUND`] unless a test shortens it).
+        bound: Duration,
+    },
     Embedded {
         queue: JobQueue,
         /// The queues, highest priority first.
@@ -276,14 +311,17 @@ enum Kind {
         /// Most messages taken at once (the prefetch).
         prefetch: u16,
         /// Taken, not yet handed out: given back by `close`.
-        taken: std::collections::VecDeque<QueuedMessage>,
+        /// With the index of its queue in `names`.
+        taken: std::collections::VecDeque<(usize, QueuedMessage)>,
     },
 }
 
 impl std::fmt::Debug for Consumption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (kind, tag) = match &self.kind {
-            Kind::Amqp(consumers) => ("amqp", consumers.first().map_or("", |c| c.tag.as_str())),
+            Kind::Amqp { consumers, .. } => {
+                ("amqp", consumers.first().map_or("", |c| c.tag.as_str()))
+            }
             Kind::Embedded { tag, .. } => ("embedded", tag.as_str()),
         };
         f.debug_struct("Consumption")
@@ -304,10 +342,14 @@ impl Consumption {
                 channel,
                 consumer,
                 tag,
+                held: std::collections::VecDeque::new(),
             })
             .collect();
         Self {
-            kind: Kind::Amqp(consumers),
+            kind: Kind::Amqp {
+                consumers,
+                bound: LOWER_LEVEL_BOUND,
+            },
         }
     }
 
@@ -337,12 +379,23 @@ impl Consumption {
         })
     }
 
+    /// With lower levels held back at most `bound` instead of
+    /// [`LOWER_LEVEL_BOUND`] (for tests of the bound; the embedded queue
+    /// has no held-back deliveries: it takes only when asked).
+    #[must_use]
+    pub fn with_lower_level_bound(mut self, bound: Duration) -> Self {
+        if let Kind::Amqp { bound: b, .. } = &mut self.kind {
+            *b = bound;
+        }
+        self
+    }
+
     /// The next delivery; `None` when the broker ended the consumer, an
     /// error when its channel failed (consume again). The embedded queue
     /// waits out database failures here instead.
     pub async fn next(&mut self) -> Option<Result<Delivery, BrokerError>> {
         match &mut self.kind {
-            Kind::Amqp(consumers) => first_ready(consumers).await,
+            Kind::Amqp { consumers, bound } => first_ready(consumers, *bound).await,
             Kind::Embedded {
                 queue,
                 names,
@@ -353,7 +406,22 @@ impl Consumption {
                 let ready = queue.ready();
                 let mut failing = Duration::ZERO;
                 loop {
-                    if let Some(m) = taken.pop_front() {
+                    if let Some((level, m)) = taken.pop_front() {
+                        // A message of a lower level taken in an earlier
+                        // batch waits if a higher one has come meanwhile
+                        // (one look per handed-out message, and only when
+                        // higher levels exist).
+                        let m = match take_highest(queue, &names[..level], tag, 1).await {
+                            Ok(higher) => match higher.into_iter().next() {
+                                Some((_, h)) => {
+                                    taken.push_front((level, m));
+                                    h
+                                }
+                                None => m,
+                            },
+                            // Handed out as it is; the next look may work.
+                            Err(_) => m,
+                        };
                         return Some(Ok(Delivery {
                             data: m.body,
                             routing_key: m.routing_key,
@@ -406,7 +474,7 @@ impl Consumption {
     /// can still be acked until [`Consumption::close`].
     pub async fn cancel(&self) {
         match &self.kind {
-            Kind::Amqp(consumers) => {
+            Kind::Amqp { consumers, .. } => {
                 for c in consumers {
                     if c.channel.status().connected() {
                         if let Err(e) = c
@@ -427,7 +495,7 @@ impl Consumption {
     /// Closes the consumer: unacknowledged deliveries go back to the queue.
     pub async fn close(self) {
         match self.kind {
-            Kind::Amqp(consumers) => {
+            Kind::Amqp { consumers, .. } => {
                 for c in consumers {
                     // Held acks first: closing the channel would give their
                     // messages back to the queue (delivered again, though

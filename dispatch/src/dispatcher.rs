@@ -39,8 +39,10 @@ pub struct Dispatcher {
 /// The error text recorded for a job type no worker group serves.
 pub fn unroutable_reason(job_type: &str) -> String {
     format!(
-        "no worker group serves job type {job_type:?}: the broker returned the message as \
-         unroutable; start a worker whose registry handles {job_type:?}, then trigger the run again"
+        "no worker group serves job type {job_type:?} at this priority: the broker returned the \
+         message as unroutable; start a worker whose registry handles {job_type:?} (a worker \
+         declares its group's high and low queues when it starts, so upgrade the workers before \
+         publishing high or low runs), then trigger the run again"
     )
 }
 

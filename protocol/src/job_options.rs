@@ -44,6 +44,9 @@ pub struct JobOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit_key: Option<String>,
     /// The run's priority; absent, `normal` (see [`crate::Priority`]).
+    /// Set by a schedule, an ad-hoc request or a message: it picks the
+    /// routing key when the run is published, where no worker's registry
+    /// is known, so a job type registered with one does not use it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<crate::Priority>,
 }

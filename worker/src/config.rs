@@ -9,9 +9,9 @@
 //! | `BELFRY_AMQP_TLS_CERT`, `BELFRY_AMQP_TLS_KEY` | unset | client certificate and its key (PEM; the key PKCS#8, `BEGIN PRIVATE KEY`) for RabbitMQ |
 //! | `BELFRY_INSTANCE` | `{hostname}-{pid}` | name in `job_runs.worker` |
 //! | `BELFRY_NAMESPACE` | `belfry` | prefix of every exchange and queue |
-//! | `BELFRY_WORKER_GROUP` | `default` | group; its queue is `{ns}.jobs.{group}` |
+//! | `BELFRY_WORKER_GROUP` | `default` | group; its queues are `{ns}.jobs.{group}` and `.high` / `.low` beside it (priorities) |
 //! | `BELFRY_JOB_TYPES` | all registered | comma-separated job types this worker serves |
-//! | `BELFRY_PREFETCH` | `32` | unacknowledged deliveries held at once |
+//! | `BELFRY_PREFETCH` | `32` | unacknowledged deliveries held at once, per queue (one queue per priority) |
 //! | `BELFRY_CONCURRENCY` | `16` | jobs run at once |
 //! | `BELFRY_JOB_TIMEOUT` | `5m` | per-attempt timeout |
 //! | `BELFRY_LEASE` | `20s` | how long a running attempt owns its run without a heartbeat; renewed every quarter of it, so a dead worker's runs are taken over about this long after it died |

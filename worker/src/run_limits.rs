@@ -11,7 +11,8 @@
 //!
 //! A limit key is the job type, or the job type and the value the key
 //! template names in the payload: `"{payload.tenant}"` limits each tenant
-//! separately (`report:acme`). A template may mix text and several fields
+//! separately (`report:acme`). A rate key also names its limit
+//! (`report:acme@10/1m`): runs under different rates never share a window. A template may mix text and several fields
 //! (`"{payload.region}/{payload.tenant}"`). A field the payload does not
 //! have reads as `null`, so runs without it share one limit rather than
 //! escape it; a string is used as it is, any other value as its JSON text.
@@ -61,14 +62,18 @@ pub fn limits_of(registered: &JobOptions, message: &JobMessage) -> Result<RunLim
             r.check().map_err(|e| {
                 format!("the run's rate_limit cannot be used: {e}; publish it with a rate_limit in range, or none")
             })?;
+            // The limit is part of the key: runs under different limits
+            // (a type's 50/s, a schedule's 10/1m) never share a window,
+            // whose rows are kept for its own length only.
+            let key = key_of(
+                message
+                    .options
+                    .rate_limit_key
+                    .as_deref()
+                    .or(registered.rate_limit_key.as_deref()),
+            );
             Some(StartRate {
-                key: key_of(
-                    message
-                        .options
-                        .rate_limit_key
-                        .as_deref()
-                        .or(registered.rate_limit_key.as_deref()),
-                ),
+                key: format!("{key}@{r}"),
                 starts: r.starts,
                 per: r.per(),
             })
@@ -156,7 +161,7 @@ mod tests {
         let r = l.rate.unwrap();
         assert_eq!(
             (r.key.as_str(), r.starts, r.per),
-            ("report", 50, Duration::from_secs(1))
+            ("report@50/1s", 50, Duration::from_secs(1))
         );
         m.options.concurrency = Some(2);
         m.options.concurrency_key = Some("{payload.tenant}".into());
@@ -166,7 +171,7 @@ mod tests {
         let c = l.concurrency.unwrap();
         assert_eq!((c.key.as_str(), c.max), ("report:acme", 2));
         let r = l.rate.unwrap();
-        assert_eq!((r.key.as_str(), r.starts), ("report:p1", 5));
+        assert_eq!((r.key.as_str(), r.starts), ("report:p1@5/1s", 5));
         // A rate limit out of range (a hand-published message) is refused
         // with the reason, never divided by.
         m.options.rate_limit = Some(RateLimit {

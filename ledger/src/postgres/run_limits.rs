@@ -1,6 +1,6 @@
 //! Run limits on Postgres (`crate::run_limits`): one transaction per
 //! limited start, serialised per key by transaction-scoped advisory locks
-//! (class 22 for a concurrency key, 23 for a rate key; taken in that order
+//! (class 22 for a concurrency key, 24 for a rate key; taken in that order
 //! by every start, so two starts never wait for each other in a cycle).
 
 use async_trait::async_trait;
@@ -22,8 +22,10 @@ use crate::LedgerError;
 /// only wait for each other; each still counts its own slots.
 const KEY_LOCK: &str = "SELECT pg_advisory_xact_lock(22, hashtext($1))";
 
-/// The lock serialising the starts of one rate key (class 23).
-const RATE_LOCK: &str = "SELECT pg_advisory_xact_lock(23, hashtext($1))";
+/// The lock serialising the starts of one rate key (class 24; 23 is the
+/// message-id lock of a hand-published message's first start, taken
+/// before any row lock too).
+const RATE_LOCK: &str = "SELECT pg_advisory_xact_lock(24, hashtext($1))";
 
 /// The run of `$1`/`$2` (its partition named by the key), if no attempt is
 /// running it (the batched start's guard).
@@ -36,20 +38,20 @@ macro_rules! this_run_if_startable {
     };
 }
 
-/// Puts the run back to wait `delay_secs` (from the database's clock)
-/// without using an attempt; the outbox publishes it again then.
+/// Puts the run back to wait until `until` (an instant of the database's
+/// clock) without using an attempt; the outbox publishes it again then.
 async fn wait(
     tx: &mut Transaction<'static, Postgres>,
     store: &PgStore,
     request: &BeginRequest,
-    delay_secs: f64,
+    until: DateTime<Utc>,
     reason: String,
     limit: LimitKind,
     running: i64,
 ) -> Result<Option<AttemptStart>, LedgerError> {
     let waiting: Option<Uuid> = sqlx::query_scalar(concat!(
         "UPDATE job_runs j SET status = 'retrying', \
-             next_dispatch_at = clock_timestamp() + make_interval(secs => $3), last_error = $4, \
+             next_dispatch_at = $3, last_error = $4, \
              updated_at = now() \
          WHERE ",
         this_run_if_startable!(),
@@ -57,7 +59,7 @@ async fn wait(
     ))
     .bind(&request.job_name)
     .bind(&request.run_key)
-    .bind(delay_secs.max(0.0))
+    .bind(until)
     .bind(reason)
     .fetch_optional(store.route.on(tx))
     .await?;
@@ -90,12 +92,16 @@ impl LimitStore for PgStore {
             .await?;
             if running >= i64::from(limit.max) {
                 let reason = limit.waiting_reason(running);
-                let secs = limit.wait.as_secs_f64();
+                let until: DateTime<Utc> =
+                    sqlx::query_scalar("SELECT clock_timestamp() + make_interval(secs => $1)")
+                        .bind(limit.wait.as_secs_f64())
+                        .fetch_one(self.route.on(&mut tx))
+                        .await?;
                 let waiting = wait(
                     &mut tx,
                     self,
                     request,
-                    secs,
+                    until,
                     reason,
                     LimitKind::Concurrency,
                     running,
@@ -104,6 +110,11 @@ impl LimitStore for PgStore {
                 return crate::run_limits::settle(tx, waiting).await;
             }
         }
+        // Whether the window keeps a free start after this one: then no
+        // run is waiting for a turn that this start could not serve, and
+        // the key's turns start again from the window (a cursor left far
+        // ahead by a cancelled backlog would otherwise only grow).
+        let mut spare = false;
         if let Some(rate) = &limits.rate {
             // Held to the commit, as the concurrency key's lock: the
             // window's count and the start it allows are one step. The
@@ -133,15 +144,16 @@ impl LimitStore for PgStore {
                 // The next turn of the key: not before the oldest start
                 // leaves the window, and `spacing` after the turn given
                 // to the previous waiting run.
-                // (`next_turn` is the turn after the one returned.)
-                let delay: f64 = sqlx::query_scalar(
+                // (`next_turn` is the turn after the one returned; the
+                // turn is returned as an instant, so it does not drift by
+                // the time between this statement and the next.)
+                let turn: DateTime<Utc> = sqlx::query_scalar(
                     "INSERT INTO rate_limit_turns AS t (limit_key, next_turn) \
                      VALUES ($1, GREATEST($2::timestamptz + make_interval(secs => $3), \
                                           clock_timestamp()) + make_interval(secs => $4)) \
                      ON CONFLICT (limit_key) DO UPDATE SET next_turn = \
                        GREATEST(t.next_turn + make_interval(secs => $4), EXCLUDED.next_turn) \
-                     RETURNING EXTRACT(EPOCH FROM (t.next_turn - make_interval(secs => $4) \
-                                                   - clock_timestamp()))::float8",
+                     RETURNING t.next_turn - make_interval(secs => $4)",
                 )
                 .bind(&rate.key)
                 .bind(oldest)
@@ -154,7 +166,7 @@ impl LimitStore for PgStore {
                     &mut tx,
                     self,
                     request,
-                    delay,
+                    turn,
                     reason,
                     LimitKind::Rate,
                     started,
@@ -162,12 +174,14 @@ impl LimitStore for PgStore {
                 .await?;
                 return crate::run_limits::settle(tx, waiting).await;
             }
+            spare = started + 1 < i64::from(rate.starts);
         }
         let limit_key = limits.concurrency.as_ref().map(|l| l.key.as_str());
         let started: Option<(Uuid, i32, DateTime<Utc>)> = sqlx::query_as(concat!(
             "UPDATE job_runs j SET status = 'running', attempts = j.attempts + 1, \
-                 started_at = COALESCE(j.started_at, now()), worker = $3, next_dispatch_at = NULL, \
-                 lease_until = now() + make_interval(secs => $4), updated_at = now(), limit_key = $5 \
+                 started_at = COALESCE(j.started_at, clock_timestamp()), worker = $3, \
+                 next_dispatch_at = NULL, lease_until = now() + make_interval(secs => $4), \
+                 updated_at = now(), limit_key = $5 \
              WHERE ",
             this_run_if_startable!(),
             " RETURNING j.id, j.attempts, j.key_instant"
@@ -193,6 +207,12 @@ impl LimitStore for PgStore {
             .bind(&rate.key)
             .execute(self.route.on(&mut tx))
             .await?;
+            if spare {
+                sqlx::query("DELETE FROM rate_limit_turns WHERE limit_key = $1")
+                    .bind(&rate.key)
+                    .execute(self.route.on(&mut tx))
+                    .await?;
+            }
         }
         tx.commit().await?;
         // Its outcome is written to its partition, as a batched start's.

@@ -81,3 +81,42 @@ async fn multiple_acks_never_cover_a_running_or_requeued_delivery() {
     assert_eq!(queue_len(&env, &queue).await, Some(0));
     env.teardown(&["default"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_priority_delivery_held_back_past_the_bound_is_handed_out() {
+    let env = belfry_testkit::service_env!("noop");
+    if env.is_embedded() {
+        return;
+    }
+    env.declare_default_group(&["noop"]).await;
+    // One low run, then a backlog of normal ones that keeps the consumer
+    // busy well past the (shortened) bound.
+    env.publish_raw("low:noop", b"low").await;
+    for i in 0..30 {
+        env.publish_raw("noop", format!("n{i}").as_bytes()).await;
+    }
+    let mut c = env
+        .broker
+        .consume_group("default", "aging", 8)
+        .await
+        .unwrap()
+        .with_lower_level_bound(Duration::from_millis(300));
+    // Every level's deliveries arrive before the first is chosen.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut order = Vec::new();
+    for _ in 0..31 {
+        let d = next(&mut c).await;
+        order.push(String::from_utf8_lossy(&d.data).into_owned());
+        d.ack().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    c.close().await;
+    // Held back while normal deliveries were ready (not first), then
+    // handed out once it had waited 300 ms, not last.
+    let at = order.iter().position(|b| b == "low").unwrap();
+    assert!(
+        (1..20).contains(&at),
+        "the low delivery came at {at}: {order:?}"
+    );
+    env.teardown(&["default"]).await;
+}
