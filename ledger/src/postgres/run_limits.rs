@@ -110,11 +110,14 @@ impl LimitStore for PgStore {
                 return crate::run_limits::settle(tx, waiting).await;
             }
         }
-        // Whether the window keeps a free start after this one: then no
-        // run is waiting for a turn that this start could not serve, and
-        // the key's turns start again from the window (a cursor left far
-        // ahead by a cancelled backlog would otherwise only grow).
-        let mut spare = false;
+        // Whether the window was empty: then no backlog is being paced
+        // (waiting runs coming back at their turns keep the window busy),
+        // and the key's turns start again from the window — a cursor left
+        // far ahead by a cancelled backlog would otherwise only grow. (Not
+        // on every start that leaves room: with a backlog draining at the
+        // limit, that restarted the turns mid-drain and new waiters landed
+        // on turns already given, measured as dips of the rate.)
+        let mut idle = false;
         if let Some(rate) = &limits.rate {
             // Held to the commit, as the concurrency key's lock: the
             // window's count and the start it allows are one step. The
@@ -174,7 +177,7 @@ impl LimitStore for PgStore {
                 .await?;
                 return crate::run_limits::settle(tx, waiting).await;
             }
-            spare = started + 1 < i64::from(rate.starts);
+            idle = started == 0;
         }
         let limit_key = limits.concurrency.as_ref().map(|l| l.key.as_str());
         let started: Option<(Uuid, i32, DateTime<Utc>)> = sqlx::query_as(concat!(
@@ -207,7 +210,7 @@ impl LimitStore for PgStore {
             .bind(&rate.key)
             .execute(self.route.on(&mut tx))
             .await?;
-            if spare {
+            if idle {
                 sqlx::query("DELETE FROM rate_limit_turns WHERE limit_key = $1")
                     .bind(&rate.key)
                     .execute(self.route.on(&mut tx))

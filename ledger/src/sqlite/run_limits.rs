@@ -94,9 +94,9 @@ impl LimitStore for SqliteLedger {
                 return crate::run_limits::settle(tx, waiting).await;
             }
         }
-        // As on Postgres: with a free start left after this one, the key's
-        // turns start again from the window.
-        let mut spare = false;
+        // As on Postgres: after an empty window, the key's turns start
+        // again from the window.
+        let mut idle = false;
         if let Some(rate) = &limits.rate {
             let window_start =
                 at - chrono::Duration::from_std(rate.per).unwrap_or(chrono::Duration::zero());
@@ -142,7 +142,7 @@ impl LimitStore for SqliteLedger {
                     wait(&mut tx, request, turn, reason, LimitKind::Rate, started).await?;
                 return crate::run_limits::settle(tx, waiting).await;
             }
-            spare = started + 1 < i64::from(rate.starts);
+            idle = started == 0;
         }
         let limit_key = limits.concurrency.as_ref().map(|l| l.key.as_str());
         let started: Option<(Uuid, i32)> = sqlx::query_as(concat!(
@@ -173,7 +173,7 @@ impl LimitStore for SqliteLedger {
                 .bind(ts(at))
                 .execute(&mut *tx)
                 .await?;
-            if spare {
+            if idle {
                 sqlx::query("DELETE FROM rate_limit_turns WHERE limit_key = ?1")
                     .bind(&rate.key)
                     .execute(&mut *tx)
