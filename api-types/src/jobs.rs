@@ -67,6 +67,19 @@ pub struct JobRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<belfry_protocol::Priority>)]
     pub priority: Option<String>,
+    /// Runs to enqueue when this one succeeds; each child's run key is
+    /// `{name}@{this run key's identity}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    pub on_success: Vec<belfry_protocol::FollowUpSpec>,
+    /// Runs to enqueue when this one ends `failed` or `dead`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    pub on_failure: Vec<belfry_protocol::FollowUpSpec>,
+    /// Runs to enqueue whatever this one's end (`cancelled` too).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    pub on_finish: Vec<belfry_protocol::FollowUpSpec>,
 }
 
 /// The answer to `POST /v1/jobs`: the run, new (201) or enqueued before

@@ -140,6 +140,25 @@ pub struct RunDetail {
     pub options: serde_json::Value,
     /// Finished attempts with their errors and timings.
     pub attempt_log: Vec<Attempt>,
+    /// For a follow-up run: the runs whose end enqueued it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<RunLink>,
+    /// The follow-up runs enqueued so far from this run's lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<RunLink>,
+}
+
+/// Another run related to this one (a parent or a follow-up).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunLink {
+    /// Its id.
+    pub id: Uuid,
+    /// Its job name.
+    pub job_name: String,
+    /// Its run key.
+    pub run_key: String,
+    /// Its status now (`null` if it is no longer in the ledger).
+    pub status: Option<RunStatus>,
 }
 
 /// `GET /v1/runs`: one page of runs, newest fire first.

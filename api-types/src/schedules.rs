@@ -301,6 +301,16 @@ schedule_types! {
     /// Alert channels (of `BELFRY_ALERTS`) that get every alert of this
     /// schedule.
     alerts: Vec<String>,
+    /// Runs to enqueue when a run of this schedule succeeds; each child's
+    /// run key is `{name}@{the parent's fire instant}`.
+    #[schema(no_recursion)]
+    on_success: Vec<belfry_protocol::FollowUpSpec>,
+    /// Runs to enqueue when a run ends `failed` or `dead`.
+    #[schema(no_recursion)]
+    on_failure: Vec<belfry_protocol::FollowUpSpec>,
+    /// Runs to enqueue whatever a run's end (`cancelled` too).
+    #[schema(no_recursion)]
+    on_finish: Vec<belfry_protocol::FollowUpSpec>,
 }
 
 /// `GET /v1/schedules`: one page of schedules, by name.

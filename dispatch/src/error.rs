@@ -14,6 +14,9 @@ pub enum DispatchError {
     /// A name breaks the naming rule.
     #[error(transparent)]
     Name(#[from] belfry_protocol::NameError),
+    /// A follow-up list breaks a rule (see `belfry_protocol::follow_up`).
+    #[error("invalid follow-up {0}")]
+    FollowUp(#[from] belfry_protocol::InvalidFollowUp),
     /// An idempotency key is unusable.
     #[error("idempotency key {key:?} is invalid: {reason}")]
     BadKey {

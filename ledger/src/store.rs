@@ -34,6 +34,7 @@ use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::change_listener::ChangeListener;
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::{ExclusiveClaim, LateClaim};
+use crate::follow_up::FollowUpPass;
 use crate::postgres::PgStore;
 use crate::retention::PruneBatch;
 use crate::run_limits::RunLimits;
@@ -59,6 +60,7 @@ pub(crate) trait Store:
     + ShardStore
     + LimitStore
     + RunPartitionStore
+    + FollowUpStore
     + std::fmt::Debug
     + Send
     + Sync
@@ -407,6 +409,13 @@ pub(crate) trait LimitStore {
         before: DateTime<Utc>,
         limit: i64,
     ) -> Result<u64, LedgerError>;
+}
+
+/// Follow-up jobs (`crate::follow_up`).
+#[async_trait]
+pub(crate) trait FollowUpStore {
+    /// [`crate::Ledger::settle_follow_ups`].
+    async fn settle_follow_ups(&self, limit: i64, by: &str) -> Result<FollowUpPass, LedgerError>;
 }
 
 /// Shard leases (`crate::shards`); Postgres only.

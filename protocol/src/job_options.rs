@@ -49,6 +49,13 @@ pub struct JobOptions {
     /// is known, so a job type registered with one does not use it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<crate::Priority>,
+    /// Runs to enqueue when this one ends (see [`crate::follow_up`]).
+    #[serde(default, skip_serializing_if = "crate::FollowUps::is_empty")]
+    pub follow_ups: crate::FollowUps,
+    /// For a follow-up run: the runs whose end enqueued it, with their
+    /// outcome (see [`crate::follow_up`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<crate::ParentRun>,
 }
 
 impl JobOptions {
@@ -67,6 +74,8 @@ impl JobOptions {
             && self.rate_limit.is_none()
             && self.rate_limit_key.is_none()
             && self.priority.is_none()
+            && self.follow_ups.is_empty()
+            && self.parents.is_empty()
     }
 }
 

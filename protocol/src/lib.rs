@@ -6,6 +6,7 @@
 //! that a producer, a scheduler and a worker can never disagree about a
 //! message layout, a run key or a queue name.
 
+pub mod follow_up;
 pub mod job_options;
 pub mod key_instant;
 pub mod message;
@@ -19,6 +20,7 @@ pub mod storable;
 pub mod topology;
 pub mod trace_context;
 
+pub use follow_up::{FollowOn, FollowUp, FollowUpSpec, FollowUps, InvalidFollowUp, ParentRun};
 pub use job_options::{JobOptions, RetryOverride};
 pub use key_instant::key_instant;
 pub use message::{JobMessage, MessageError, MESSAGE_VERSION};

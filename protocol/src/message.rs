@@ -81,6 +81,9 @@ pub enum MessageError {
     /// header).
     #[error("invalid message: {0}")]
     Unstorable(#[from] crate::Unstorable),
+    /// The run's follow-up lists break a rule (see [`crate::follow_up`]).
+    #[error("invalid message: options.follow_ups.{0}")]
+    BadFollowUp(#[from] crate::InvalidFollowUp),
 }
 
 impl JobMessage {
@@ -108,6 +111,12 @@ impl JobMessage {
         // Every value that reaches the ledger must be storable there, or the
         // message could never be recorded (see `crate::storable`).
         crate::check_storable_json("payload", &message.payload)?;
+        message.options.follow_ups.validate(&message.job_name)?;
+        // The options are stored as JSON too (a follow-up's payload, a
+        // parent's error text).
+        if let Ok(options) = serde_json::to_value(&message.options) {
+            crate::check_storable_json("options", &options)?;
+        }
         if let Some(trace) = &message.trace {
             let max = crate::storable::MAX_TRACE_HEADER_BYTES;
             crate::check_storable_text("trace.traceparent", &trace.traceparent, max)?;
@@ -158,6 +167,22 @@ mod tests {
                 }),
                 rate_limit_key: Some("{payload.k}".into()),
                 priority: Some(crate::Priority::High),
+                follow_ups: crate::FollowUps {
+                    on_success: vec![crate::FollowUp {
+                        job_name: "load".into(),
+                        job_type: "noop".into(),
+                        after: vec!["extract".into()],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                parents: vec![crate::ParentRun {
+                    id: Uuid::new_v4(),
+                    job_name: "extract".into(),
+                    run_key: "extract@2026-07-26T03:00:00Z".into(),
+                    status: "succeeded".into(),
+                    error: None,
+                }],
             },
         }
     }

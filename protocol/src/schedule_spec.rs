@@ -13,6 +13,10 @@
 //! concurrency = 2                                       # optional: at most 2 running at once
 //! rate_limit = "10/1m"                                  # optional: at most 10 starts a minute
 //! priority = "high"                                     # optional: "high", "normal" (default) or "low"
+//!
+//! [[schedule.on_success]]                               # optional: follow-up runs (also on_failure, on_finish)
+//! name = "nightly-report-mail"
+//! job_type = "mail"
 //! ```
 //!
 //! This type only carries the fields; the scheduler validates them (cron
@@ -134,6 +138,16 @@ pub struct ScheduleSpec {
     /// alert of this schedule, beside the file's routes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alerts: Option<Vec<String>>,
+    /// Runs to enqueue when a run of this schedule succeeds (see
+    /// [`crate::follow_up`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_success: Option<Vec<crate::FollowUpSpec>>,
+    /// Runs to enqueue when a run of this schedule ends `failed` or `dead`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<Vec<crate::FollowUpSpec>>,
+    /// Runs to enqueue whatever a run of this schedule's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_finish: Option<Vec<crate::FollowUpSpec>>,
 }
 
 /// A schedule's retry override as written in the file: durations as

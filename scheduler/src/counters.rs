@@ -51,6 +51,8 @@ pub struct FireCounters {
     /// Buffered runs released to the outbox once their schedule's previous
     /// run ended.
     pub released: AtomicU64,
+    /// Follow-up runs enqueued once their parent ended.
+    pub follow_ups: AtomicU64,
     /// Fires not claimed because this replica's clock is skewed.
     pub skipped_clock_skew: AtomicU64,
     /// Runs reported stuck (no progress past the deadline).
@@ -81,6 +83,7 @@ impl Default for FireCounters {
             skipped_ran_out: AtomicU64::default(),
             buffered: AtomicU64::default(),
             released: AtomicU64::default(),
+            follow_ups: AtomicU64::default(),
             skipped_clock_skew: AtomicU64::default(),
             stuck_runs: AtomicU64::default(),
             republished: AtomicU64::default(),
@@ -152,6 +155,12 @@ impl Collector for FireCounters {
             "belfry_buffered_released",
             "Buffered runs released once their schedule's previous run ended",
             get(&self.released),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_follow_ups_enqueued",
+            "Follow-up runs enqueued once their parent ended",
+            get(&self.follow_ups),
         )?;
         encode_counter(
             &mut e,

@@ -16,7 +16,9 @@ use crate::zoned_cron::{CronCache, ZonedCron};
 use thiserror::Error;
 
 use belfry_ledger::{OverlapRule, ScheduleRow};
-use belfry_protocol::{validate_name, JobOptions, RetryOverride, ScheduleSpec};
+use belfry_protocol::{
+    validate_name, FollowUp, FollowUpSpec, FollowUps, JobOptions, RetryOverride, ScheduleSpec,
+};
 
 /// An invalid schedule definition: which schedule, which field, and what is
 /// allowed.
@@ -619,6 +621,10 @@ fn job_options(spec: &ScheduleSpec) -> Result<JobOptions, (&'static str, String)
         rate_limit: spec.rate_limit.as_deref(),
         rate_limit_key: spec.rate_limit_key.as_deref(),
         priority: spec.priority.as_deref(),
+        job_name: &spec.name,
+        on_success: spec.on_success.as_deref().unwrap_or_default(),
+        on_failure: spec.on_failure.as_deref().unwrap_or_default(),
+        on_finish: spec.on_finish.as_deref().unwrap_or_default(),
     })
 }
 
@@ -640,6 +646,14 @@ pub struct RunOptionsSpec<'a> {
     pub rate_limit_key: Option<&'a str>,
     /// `"high"`, `"normal"` or `"low"`.
     pub priority: Option<&'a str>,
+    /// The job name of the runs (a follow-up may not take it).
+    pub job_name: &'a str,
+    /// Follow-ups enqueued when a run succeeds.
+    pub on_success: &'a [FollowUpSpec],
+    /// Follow-ups enqueued when a run ends `failed` or `dead`.
+    pub on_failure: &'a [FollowUpSpec],
+    /// Follow-ups enqueued whatever a run's end.
+    pub on_finish: &'a [FollowUpSpec],
 }
 
 /// The largest `concurrency` accepted.
@@ -664,7 +678,19 @@ pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static
         rate_limit,
         rate_limit_key,
         priority,
+        job_name,
+        on_success,
+        on_failure,
+        on_finish,
     } = *spec;
+    let follow_ups = FollowUps {
+        on_success: follow_ups_of("on_success", on_success)?,
+        on_failure: follow_ups_of("on_failure", on_failure)?,
+        on_finish: follow_ups_of("on_finish", on_finish)?,
+    };
+    follow_ups
+        .validate(job_name)
+        .map_err(|e| (follow_up_field(&e.field), e.to_string()))?;
     let priority = priority
         .map(|p| {
             p.parse::<belfry_protocol::Priority>()
@@ -734,7 +760,58 @@ pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static
         rate_limit,
         rate_limit_key: rate_limit_key.map(str::to_owned),
         priority,
+        follow_ups,
+        parents: Vec::new(),
     })
+}
+
+/// The follow-ups of one list as a run carries them: each child's options
+/// checked as a schedule's (the error names the entry).
+fn follow_ups_of(
+    list: &'static str,
+    specs: &[FollowUpSpec],
+) -> Result<Vec<FollowUp>, (&'static str, String)> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let options = job_options_of(&RunOptionsSpec {
+                retry: f.retry.as_ref(),
+                timeout: f.timeout.as_deref(),
+                priority: f.priority.as_deref(),
+                job_name: &f.name,
+                on_success: &f.on_success,
+                on_failure: &f.on_failure,
+                on_finish: &f.on_finish,
+                ..RunOptionsSpec::default()
+            })
+            .map_err(|(field, message)| {
+                (
+                    list,
+                    format!("follow-up {i} ({:?}): {field}: {message}", f.name),
+                )
+            })?;
+            Ok(FollowUp {
+                job_name: f.name.clone(),
+                job_type: f.job_type.clone(),
+                payload: f.payload.clone().unwrap_or(serde_json::Value::Null),
+                after: f.after.clone(),
+                options,
+            })
+        })
+        .collect()
+}
+
+/// The top-level field a follow-up error is reported under: the list it
+/// is in (`on_success`, `on_failure`, `on_finish`).
+fn follow_up_field(path: &str) -> &'static str {
+    if path.starts_with("on_failure") {
+        "on_failure"
+    } else if path.starts_with("on_finish") {
+        "on_finish"
+    } else {
+        "on_success"
+    }
 }
 
 /// Whether `key` reads as a limit key template: not blank, at most
@@ -1042,6 +1119,71 @@ mod tests {
             assert_eq!(e.field, field, "{e}");
             assert!(e.to_string().contains(says), "{e}");
         }
+    }
+
+    #[test]
+    fn follow_ups_from_a_schedule_file_become_job_options_and_bad_ones_are_refused() {
+        let text = r#"
+            [[schedule]]
+            name = "extract"
+            every = "1h"
+            job_type = "noop"
+
+            [[schedule.on_success]]
+            name = "load"
+            job_type = "load"
+            payload = { table = "orders" }
+            after = ["extract-b"]
+            timeout = "10m"
+            priority = "high"
+
+            [[schedule.on_success.on_failure]]
+            name = "page-oncall"
+            job_type = "mail"
+
+            [[schedule.on_failure]]
+            name = "page-oncall"
+            job_type = "mail"
+        "#;
+        let specs = crate::schedule_file::parse(std::path::Path::new("t.toml"), text).unwrap();
+        let o = Schedule::from_spec(&specs[0]).unwrap().options;
+        let load = &o.follow_ups.on_success[0];
+        assert_eq!(
+            (load.job_name.as_str(), load.job_type.as_str()),
+            ("load", "load")
+        );
+        assert_eq!(load.payload, serde_json::json!({"table": "orders"}));
+        assert_eq!(load.after, ["extract-b"]);
+        assert_eq!(load.options.timeout_ms, Some(600_000));
+        assert_eq!(load.options.priority, Some(belfry_protocol::Priority::High));
+        assert_eq!(
+            load.options.follow_ups.on_failure[0].job_name,
+            "page-oncall"
+        );
+        assert_eq!(o.follow_ups.on_failure[0].job_type, "mail");
+        // A child named as its parent, a bad child timeout, a bad name.
+        let mut s = specs[0].clone();
+        let lists = s.on_success.clone().unwrap();
+        let mut bad = lists.clone();
+        bad[0].name = "extract".into();
+        s.on_success = Some(bad);
+        let e = Schedule::from_spec(&s).unwrap_err();
+        assert_eq!(e.field, "on_success", "{e}");
+        assert!(e.to_string().contains("parent's own name"), "{e}");
+        let mut bad = lists.clone();
+        bad[0].timeout = Some("soon".into());
+        s.on_success = Some(bad);
+        let e = Schedule::from_spec(&s).unwrap_err();
+        assert_eq!(e.field, "on_success", "{e}");
+        assert!(e.to_string().contains("timeout"), "{e}");
+        s.on_success = Some(lists);
+        s.on_finish = Some(vec![belfry_protocol::FollowUpSpec {
+            name: "bad name".into(),
+            job_type: "noop".into(),
+            ..Default::default()
+        }]);
+        let e = Schedule::from_spec(&s).unwrap_err();
+        assert_eq!(e.field, "on_finish", "{e}");
     }
 
     #[test]

@@ -141,6 +141,22 @@ pub fn at(s: &str) -> DateTime<Utc> {
         .unwrap_or_else(|e| panic!("{s:?} is not an instant: {e}"))
 }
 
+/// A replica's reconcile loop as a running scheduler has it: the
+/// follow-up pass, then the outbox (publishing waiting and follow-up runs
+/// as they come due), every 100 ms until the returned token is cancelled.
+pub fn reconciling(r: Arc<Replica>) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        while !token.is_cancelled() {
+            let _ = r.settle_follow_ups_once().await;
+            let _ = r.reconciler().reconcile_once().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    stop
+}
+
 /// The instant the worker tests fire their runs at, 2026-07-26T03:00:00Z.
 pub fn t0() -> DateTime<Utc> {
     at("2026-07-26T03:00:00Z")

@@ -171,6 +171,7 @@ mod tests {
             scheduled_at: chrono::Utc::now(),
             cancel,
             span: tracing::Span::none(),
+            parents: Vec::new(),
         }
     }
 

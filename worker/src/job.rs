@@ -33,6 +33,9 @@ pub struct JobContext {
     pub cancel: CancellationToken,
     /// The span of this attempt; child work can be instrumented with it.
     pub span: tracing::Span,
+    /// For a follow-up run: the runs whose end enqueued it, with the status
+    /// each ended with (empty for every other run).
+    pub parents: Vec<belfry_protocol::ParentRun>,
 }
 
 /// A handler's failure, saying whether it is worth retrying.

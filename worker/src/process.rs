@@ -417,6 +417,7 @@ impl Worker {
                 scheduled_at: message.scheduled_at,
                 cancel: lease.interrupt().child_token(),
                 span: span.clone(),
+                parents: message.options.parents.clone(),
             };
             WorkerCounters::add(&self.counters.attempts);
             let by_type = vec![("job_type", message.job_type.clone())];

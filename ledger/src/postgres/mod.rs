@@ -16,6 +16,7 @@
 
 mod alerts;
 mod fire_history;
+mod follow_ups;
 mod outbox;
 mod partition_hints;
 mod partition_map;

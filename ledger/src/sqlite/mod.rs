@@ -25,6 +25,7 @@
 
 mod alerts;
 mod fire_history;
+mod follow_ups;
 mod outbox;
 mod run_limits;
 mod run_partitions;

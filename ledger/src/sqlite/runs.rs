@@ -76,7 +76,7 @@ const END: &str = "UPDATE job_runs SET \
 
 /// Most runs [`claim_in`] inserts in one statement: 13 parameters each, far
 /// below SQLite's limit.
-const CLAIM_CHUNK: usize = 256;
+pub(super) const CLAIM_CHUNK: usize = 256;
 
 /// Claims `runs` (at most [`CLAIM_CHUNK`]) in `tx` with one multi-row
 /// insert, each row decided on its own by the unique constraint; the ids

@@ -20,6 +20,7 @@
 
 mod buffer_release;
 mod fire_path;
+mod follow_ups;
 mod late_claims;
 mod missed_fires;
 mod recovery;

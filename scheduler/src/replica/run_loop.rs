@@ -268,6 +268,11 @@ impl Replica {
             if let Err(e) = self.release_buffered_once().await {
                 tracing::warn!(error = %e, "cannot release buffered fires; retrying");
             }
+            // Before the outbox too: the children it enqueues are due at
+            // once and published by this pass.
+            if let Err(e) = self.settle_follow_ups_once().await {
+                tracing::warn!(error = %e, "cannot enqueue follow-up runs; retrying");
+            }
             let full = match self.reconciler.reconcile_once().await {
                 Ok(report) => {
                     FireCounters::add(&self.counters.republished, report.republished as u64);

@@ -52,6 +52,10 @@ pub async fn enqueue(
             rate_limit: request.rate_limit.as_deref(),
             rate_limit_key: request.rate_limit_key.as_deref(),
             priority: request.priority.as_deref(),
+            job_name: request.name.as_deref().unwrap_or(&request.job_type),
+            on_success: &request.on_success,
+            on_failure: &request.on_failure,
+            on_finish: &request.on_finish,
         })
         .map_err(|(field, message)| ApiError::invalid(field, message))?;
     let mut job = AdHocJob::new(request.job_type.clone(), request.payload).options(options);
@@ -97,6 +101,15 @@ pub async fn enqueue(
             ApiError::invalid(field, n.to_string())
         }
         DispatchError::BadKey { .. } => ApiError::invalid("key", e.to_string()),
+        DispatchError::FollowUp(f) => {
+            let field = f.field.split(['[', '.']).next().unwrap_or("on_success");
+            let field = match field {
+                "on_failure" => "on_failure",
+                "on_finish" => "on_finish",
+                _ => "on_success",
+            };
+            ApiError::invalid(field, f.to_string())
+        }
         DispatchError::Ledger(l) => ApiError::from(l),
         other => ApiError::unavailable(format!("the job could not be enqueued: {other}; retry")),
     })?;

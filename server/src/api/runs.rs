@@ -14,8 +14,8 @@ use chrono::{TimeZone, Utc};
 use uuid::Uuid;
 
 use belfry_api_types::{
-    Attempt, CancelAnswer, CancelResult, CancelRun, ErrorBody, Origin, Run, RunDetail, RunList,
-    RunPath, RunQuery, RunStatus, MAX_PAGE,
+    Attempt, CancelAnswer, CancelResult, CancelRun, ErrorBody, Origin, Run, RunDetail, RunLink,
+    RunList, RunPath, RunQuery, RunStatus, MAX_PAGE,
 };
 use belfry_ledger::{RunCursor, RunFilter, RunRecord};
 use belfry_scheduler::cancel::Cancelled;
@@ -92,7 +92,54 @@ pub fn detail(run: &RunRecord) -> Result<RunDetail, ApiError> {
                 error: a.error,
             })
             .collect(),
+        parents: Vec::new(),
+        children: Vec::new(),
     })
+}
+
+/// [`detail`] with the run's lineage: the parents that enqueued it (from
+/// its options) and the follow-ups enqueued from its lists so far (looked
+/// up by their derived run keys), each with its status now.
+///
+/// # Errors
+///
+/// As [`detail`]; [`ApiError`] from the ledger when a lookup fails.
+pub async fn detail_with_lineage(
+    ledger: &belfry_ledger::Ledger,
+    run: &RunRecord,
+) -> Result<RunDetail, ApiError> {
+    let mut out = detail(run)?;
+    // Options that do not read show no lineage (the run itself still shows).
+    let options: belfry_protocol::JobOptions =
+        serde_json::from_value(run.options.clone()).unwrap_or_default();
+    for p in &options.parents {
+        let now = ledger.run(p.id).await?;
+        out.parents.push(RunLink {
+            id: p.id,
+            job_name: p.job_name.clone(),
+            run_key: p.run_key.clone(),
+            status: now.map(|r| run_status(&r.status_text)).transpose()?,
+        });
+    }
+    for (_, list) in options.follow_ups.lists() {
+        for f in list {
+            let Some(key) = f.child_run_key(&run.job_name, &run.run_key) else {
+                continue;
+            };
+            if out.children.iter().any(|c| c.run_key == key) {
+                continue;
+            }
+            if let Some(child) = ledger.run_by_key(&f.job_name, &key).await? {
+                out.children.push(RunLink {
+                    id: child.id,
+                    job_name: child.job_name.clone(),
+                    run_key: child.run_key.clone(),
+                    status: Some(run_status(&child.status_text)?),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The opaque cursor that continues after `c`.
@@ -211,7 +258,7 @@ pub async fn get_one(
         .run(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no run with id {id}")))?;
-    Ok(Json(detail(&run)?))
+    Ok(Json(detail_with_lineage(state.ledger(), &run).await?))
 }
 
 /// A run id of a path.

@@ -11,12 +11,10 @@ use std::time::Duration;
 
 use belfry_ledger::{AttemptStart, ConcurrencyLimit, LimitKind, RunLimits, StartRate};
 use belfry_protocol::{JobOptions, Priority, RateLimit};
-use belfry_scheduler::Replica;
 use belfry_testkit::{eventually, redis_url};
-use belfry_tests::{replica, t0, worker, Gauge, RunningWorker};
+use belfry_tests::{reconciling, replica, t0, worker, Gauge, RunningWorker};
 use belfry_worker::{Job, JobContext, JobError, Registry, WorkerCounters};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 /// Returns at once.
 #[derive(Clone, Default)]
@@ -35,20 +33,6 @@ fn limited(max: u32) -> JobOptions {
         concurrency: Some(max),
         ..JobOptions::default()
     }
-}
-
-/// A replica's outbox reconciler, publishing waiting runs as they come due
-/// until the token is cancelled (what a running scheduler does).
-fn reconciling(r: Arc<Replica>) -> CancellationToken {
-    let stop = CancellationToken::new();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        while !token.is_cancelled() {
-            let _ = r.reconciler().reconcile_once().await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
-    stop
 }
 
 /// Three workers (four handlers and eight prefetched deliveries each) run

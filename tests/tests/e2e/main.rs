@@ -18,6 +18,7 @@ mod builtin_jobs;
 mod cancel;
 mod exactly_once;
 mod flow_control;
+mod follow_ups;
 mod lease;
 mod metrics;
 mod overlap;

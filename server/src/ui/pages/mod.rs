@@ -189,5 +189,7 @@ pub(super) async fn run_detail(state: &ApiState, id: uuid::Uuid) -> Result<RunDe
         .await
         .map_err(|e| error_page(e.into()))?
         .ok_or_else(|| error_page(ApiError::not_found(format!("no run with id {id}"))))?;
-    crate::api::runs::detail(&run).map_err(error_page)
+    crate::api::runs::detail_with_lineage(state.ledger(), &run)
+        .await
+        .map_err(error_page)
 }

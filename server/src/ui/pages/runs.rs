@@ -156,8 +156,34 @@ pub async fn run(
         ),
         _ => String::new(),
     };
+    let lineage = [
+        ("Parents", &detail.parents),
+        ("Follow-ups", &detail.children),
+    ]
+    .iter()
+    .filter(|(_, links)| !links.is_empty())
+    .map(|(title, links)| {
+        let rows: Vec<String> = links
+            .iter()
+            .map(|l| {
+                let status = l.status.map_or("gone", |s| s.as_str());
+                format!(
+                    "<tr><td><a href=\"/ui/runs/{}\">{}</a></td><td>{}</td>\
+                         <td><span class=\"badge s-{status}\">{status}</span></td></tr>",
+                    l.id,
+                    esc(&l.run_key),
+                    esc(&l.job_name)
+                )
+            })
+            .collect();
+        format!(
+            "<h2>{title}</h2>{}",
+            table(&["run key", "job", "status"], &rows)
+        )
+    })
+    .collect::<String>();
     let body = format!(
-        "<h1>Run {}</h1>{}{cancel}<table><tbody>{}</tbody></table><h2>Attempts</h2>{}",
+        "<h1>Run {}</h1>{}{cancel}<table><tbody>{}</tbody></table>{lineage}<h2>Attempts</h2>{}",
         esc(&r.run_key),
         flashes(&q),
         rows.concat(),

@@ -1,0 +1,433 @@
+//! Follow-up jobs: enqueuing the children of ended runs, exactly once.
+//!
+//! A run's follow-up lists travel in its options (see
+//! [`belfry_protocol::follow_up`]). Nothing on the worker's hot path looks
+//! at them: every scheduler replica's reconcile loop runs a *follow-up
+//! pass* ([`Ledger::settle_follow_ups`]) that takes ended runs with
+//! undecided follow-ups (a partial index holds only those), and in one
+//! transaction per page:
+//!
+//! 1. locks the page's parents (`FOR UPDATE SKIP LOCKED` on Postgres, the
+//!    one writer on SQLite), so two replicas never decide the same parent
+//!    at once;
+//! 2. looks up the other parents a joining follow-up waits for;
+//! 3. inserts each decided child through the claim path's `INSERT ... ON
+//!    CONFLICT DO NOTHING`, its run key derived from the parent's — so a
+//!    child already enqueued (by another parent of a join, or a pass whose
+//!    commit this one did not see) is not enqueued again;
+//! 4. marks the parents decided (`follow_ups_done_at`), or, for a join
+//!    still waiting for another parent, when to look again.
+//!
+//! Inserting the children and marking the parent happen in one commit: a
+//! pass that dies before it leaves the parent undecided for the next pass,
+//! which enqueues the same keys. Whatever ended the parent — a worker's
+//! outcome, a dead letter, a cancel, the reconciler — the pass sees it the
+//! same way, and a redelivered or retried outcome changes nothing (the run
+//! ends once; its follow-ups are decided once). A child is `claimed` and
+//! due at once, so the outbox pass right after publishes it.
+//!
+//! A join's child is recorded `cancelled`, with the reason, when another
+//! parent ended without succeeding, or when that parent had not ended
+//! [`JOIN_WAIT`] after this one.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use belfry_protocol::{FollowUp, JobOptions, ParentRun};
+
+use crate::runs::NewRun;
+use crate::{Ledger, LedgerError};
+
+/// How long a joining follow-up waits for its other parents after the
+/// parent that looked first ended; then it is recorded `cancelled`.
+pub const JOIN_WAIT: chrono::Duration = chrono::Duration::hours(24);
+
+/// An ended run with undecided follow-ups, as the pass reads it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct EndedParent {
+    pub(crate) id: Uuid,
+    pub(crate) job_name: String,
+    pub(crate) run_key: String,
+    pub(crate) status: String,
+    pub(crate) last_error: Option<String>,
+    pub(crate) options: serde_json::Value,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) traceparent: Option<String>,
+    pub(crate) finished_at: Option<DateTime<Utc>>,
+}
+
+/// The columns of [`EndedParent`], in its order.
+pub(crate) const ENDED_PARENT_COLUMNS: &str =
+    "id, job_name, run_key, status, last_error, options, \
+     trace_id, traceparent, finished_at";
+
+/// Another parent of a join, as found (or not) in the ledger.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct OtherParent {
+    pub(crate) id: Uuid,
+    pub(crate) job_name: String,
+    pub(crate) run_key: String,
+    pub(crate) status: String,
+    pub(crate) last_error: Option<String>,
+}
+
+/// What a page's pass writes, in one transaction.
+#[derive(Debug, Default)]
+pub(crate) struct FollowUpPlan {
+    /// Children to claim, due at once; sorted by key, so two passes insert
+    /// shared keys in the same order (never waiting for each other in a
+    /// cycle).
+    pub(crate) enqueue: Vec<NewRun>,
+    /// Children to record as `cancelled`, each with its reason.
+    pub(crate) skip: Vec<(NewRun, String)>,
+    /// Parents whose follow-ups are all decided.
+    pub(crate) done: Vec<Uuid>,
+    /// Parents with a join still waiting, and when to look again.
+    pub(crate) later: Vec<(Uuid, DateTime<Utc>)>,
+}
+
+impl FollowUpPlan {
+    /// `(job_name, run_key)` of the children to enqueue whose claim `won`
+    /// holds (inserted by this pass, not found already there).
+    pub(crate) fn enqueued(&self, won: &HashSet<Uuid>) -> Vec<(String, String)> {
+        self.enqueue
+            .iter()
+            .filter(|c| won.contains(&c.id))
+            .map(|c| (c.job_name.clone(), c.run_key.clone()))
+            .collect()
+    }
+
+    /// The children to record `cancelled`, as runs to claim first.
+    pub(crate) fn skip_runs(&self) -> Vec<NewRun> {
+        self.skip.iter().map(|(run, _)| run.clone()).collect()
+    }
+}
+
+/// What one follow-up pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FollowUpPass {
+    /// Ended runs looked at.
+    pub parents: usize,
+    /// Children this pass inserted: `(job_name, run_key)`.
+    pub enqueued: Vec<(String, String)>,
+    /// Join children recorded `cancelled` (another parent did not succeed).
+    pub skipped: usize,
+    /// Parents with a join still waiting for another parent.
+    pub waiting: usize,
+}
+
+/// The other parents' keys the page's joins wait for, to look up.
+pub(crate) fn other_keys(parents: &[EndedParent]) -> Vec<(String, String)> {
+    let mut keys: Vec<(String, String)> = parents
+        .iter()
+        .flat_map(|p| {
+            follow_ups_of(p)
+                .into_iter()
+                .flat_map(|f| f.other_parent_keys(&p.job_name, &p.run_key))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The follow-ups `parent`'s end enqueues (none if its options do not
+/// read: such a parent is marked decided, never looked at again).
+fn follow_ups_of(parent: &EndedParent) -> Vec<FollowUp> {
+    match serde_json::from_value::<JobOptions>(parent.options.clone()) {
+        Ok(options) => options
+            .follow_ups
+            .for_status(&parent.status)
+            .into_iter()
+            .cloned()
+            .collect(),
+        Err(e) => {
+            tracing::warn!(run_key = %parent.run_key, error = %e,
+                "a run's options do not read; its follow-ups are not enqueued");
+            Vec::new()
+        }
+    }
+}
+
+/// How long to wait before looking again at a parent whose join has
+/// waited `waited`: a quarter of it, 1 s to 60 s (a quick sibling is seen
+/// quickly, a parent hours behind costs a look a minute).
+fn look_again_after(waited: chrono::Duration) -> chrono::Duration {
+    (waited / 4).clamp(chrono::Duration::seconds(1), chrono::Duration::seconds(60))
+}
+
+/// Decides the page: for each parent, each follow-up its end enqueues is
+/// enqueued, recorded `cancelled` (a join whose other parent did not
+/// succeed, or did not end within [`JOIN_WAIT`]) or left waiting.
+/// `others` holds the other parents found; `now` is the database's clock;
+/// `by` the deciding replica.
+pub(crate) fn plan(
+    parents: &[EndedParent],
+    others: &HashMap<(String, String), OtherParent>,
+    now: DateTime<Utc>,
+    by: &str,
+) -> FollowUpPlan {
+    let mut out = FollowUpPlan::default();
+    for parent in parents {
+        let mut waiting = false;
+        let me = ParentRun {
+            id: parent.id,
+            job_name: parent.job_name.clone(),
+            run_key: parent.run_key.clone(),
+            status: parent.status.clone(),
+            error: parent.last_error.clone(),
+        };
+        for f in follow_ups_of(parent) {
+            let Some(run_key) = f.child_run_key(&parent.job_name, &parent.run_key) else {
+                continue;
+            };
+            let mut lineage = vec![me.clone()];
+            let mut blocked: Option<String> = None;
+            let mut missing: Option<String> = None;
+            for (name, key) in f.other_parent_keys(&parent.job_name, &parent.run_key) {
+                match others.get(&(name, key.clone())) {
+                    Some(o) if o.status == "succeeded" => lineage.push(ParentRun {
+                        id: o.id,
+                        job_name: o.job_name.clone(),
+                        run_key: o.run_key.clone(),
+                        status: o.status.clone(),
+                        error: o.last_error.clone(),
+                    }),
+                    Some(o) if is_end(&o.status) => {
+                        blocked.get_or_insert(format!(
+                            "not run: parent {} ended {}",
+                            o.run_key, o.status
+                        ));
+                    }
+                    _ => {
+                        missing.get_or_insert(key);
+                    }
+                }
+            }
+            let waited = now - parent.finished_at.unwrap_or(now);
+            let skip = match (blocked, missing) {
+                (Some(reason), _) => Some(reason),
+                (None, None) => None,
+                (None, Some(key)) if waited > JOIN_WAIT => Some(format!(
+                    "not run: parent {key} had not succeeded {} h after {} ended",
+                    JOIN_WAIT.num_hours(),
+                    parent.run_key
+                )),
+                (None, Some(_)) => {
+                    // Not inserted yet: the pass that sees every parent
+                    // succeeded inserts it.
+                    waiting = true;
+                    out.later.push((parent.id, now + look_again_after(waited)));
+                    continue;
+                }
+            };
+            let child = child_run(parent, &f, run_key, lineage, now, by);
+            match skip {
+                Some(reason) => out.skip.push((child, reason)),
+                None => out.enqueue.push(child),
+            }
+        }
+        if !waiting {
+            out.done.push(parent.id);
+        }
+    }
+    out.later.dedup_by_key(|(id, _)| *id);
+    out.enqueue
+        .sort_by(|a, b| (&a.job_name, &a.run_key).cmp(&(&b.job_name, &b.run_key)));
+    out.skip
+        .sort_by(|a, b| (&a.0.job_name, &a.0.run_key).cmp(&(&b.0.job_name, &b.0.run_key)));
+    out
+}
+
+fn is_end(status: &str) -> bool {
+    status
+        .parse::<crate::RunStatus>()
+        .is_ok_and(crate::RunStatus::is_terminal)
+}
+
+/// The child run of `f` for `parent`: claimed now by `by`, due at once,
+/// in the parent's trace, carrying its parents' outcomes.
+fn child_run(
+    parent: &EndedParent,
+    f: &FollowUp,
+    run_key: String,
+    parents: Vec<ParentRun>,
+    now: DateTime<Utc>,
+    by: &str,
+) -> NewRun {
+    let mut options = f.options.clone();
+    options.parents = parents;
+    NewRun {
+        id: Uuid::now_v7(),
+        job_name: f.job_name.clone(),
+        run_key,
+        job_type: f.job_type.clone(),
+        payload: f.payload.clone(),
+        scheduled_at: now,
+        claimed_by: by.to_owned(),
+        trace_id: parent.trace_id.clone(),
+        traceparent: parent.traceparent.clone(),
+        options,
+        next_dispatch_at: now,
+    }
+}
+
+impl Ledger {
+    /// One follow-up pass over at most `limit` ended runs with undecided
+    /// follow-ups, by replica `by` (see the module notes): children
+    /// enqueued, join children that cannot run recorded `cancelled`,
+    /// parents marked decided, in one transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached (nothing
+    /// is written; the next pass decides the same parents).
+    pub async fn settle_follow_ups(
+        &self,
+        limit: i64,
+        by: &str,
+    ) -> Result<FollowUpPass, LedgerError> {
+        self.store.settle_follow_ups(limit, by).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use belfry_protocol::FollowUps;
+
+    fn parent(name: &str, status: &str, follow_ups: FollowUps) -> EndedParent {
+        let options = JobOptions {
+            follow_ups,
+            ..JobOptions::default()
+        };
+        EndedParent {
+            id: Uuid::now_v7(),
+            job_name: name.into(),
+            run_key: format!("{name}@2026-07-26T02:00:00Z"),
+            status: status.into(),
+            last_error: None,
+            options: serde_json::to_value(options).unwrap(),
+            trace_id: Some("t".into()),
+            traceparent: None,
+            finished_at: Some(at(0)),
+        }
+    }
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::UNIX_EPOCH + chrono::Duration::seconds(1_800_000_000 + secs)
+    }
+
+    fn join(child: &str, after: &str) -> FollowUps {
+        FollowUps {
+            on_success: vec![FollowUp {
+                job_name: child.into(),
+                job_type: "noop".into(),
+                after: vec![after.into()],
+                ..FollowUp::default()
+            }],
+            ..FollowUps::default()
+        }
+    }
+
+    fn other(name: &str, status: &str) -> HashMap<(String, String), OtherParent> {
+        let key = format!("{name}@2026-07-26T02:00:00Z");
+        HashMap::from([(
+            (name.to_owned(), key.clone()),
+            OtherParent {
+                id: Uuid::now_v7(),
+                job_name: name.into(),
+                run_key: key,
+                status: status.into(),
+                last_error: None,
+            },
+        )])
+    }
+
+    #[test]
+    fn a_join_waits_runs_or_is_skipped_by_its_other_parent() {
+        let a = parent("extract-a", "succeeded", join("load", "extract-b"));
+        assert_eq!(
+            other_keys(std::slice::from_ref(&a)),
+            [("extract-b".into(), "extract-b@2026-07-26T02:00:00Z".into())]
+        );
+        // Not ended yet: the parent waits, nothing inserted.
+        let p = plan(
+            std::slice::from_ref(&a),
+            &other("extract-b", "running"),
+            at(8),
+            "r1",
+        );
+        assert!(p.enqueue.is_empty() && p.skip.is_empty() && p.done.is_empty());
+        assert_eq!(p.later, [(a.id, at(10))]);
+        // Succeeded: the child, with both parents, in the parent's trace.
+        let p = plan(
+            std::slice::from_ref(&a),
+            &other("extract-b", "succeeded"),
+            at(8),
+            "r1",
+        );
+        assert_eq!(p.done, [a.id]);
+        let child = &p.enqueue[0];
+        assert_eq!(child.run_key, "load@2026-07-26T02:00:00Z");
+        assert_eq!(child.options.parents.len(), 2);
+        assert_eq!(child.trace_id.as_deref(), Some("t"));
+        // Failed: recorded cancelled with the reason.
+        let p = plan(
+            std::slice::from_ref(&a),
+            &other("extract-b", "failed"),
+            at(8),
+            "r1",
+        );
+        assert_eq!(p.done, [a.id]);
+        assert!(p.skip[0]
+            .1
+            .contains("extract-b@2026-07-26T02:00:00Z ended failed"));
+        // Never ended within the wait: cancelled too.
+        let late = at(0) + JOIN_WAIT + chrono::Duration::seconds(1);
+        let p = plan(std::slice::from_ref(&a), &HashMap::new(), late, "r1");
+        assert!(
+            p.skip[0].1.contains("had not succeeded 24 h"),
+            "{:?}",
+            p.skip
+        );
+    }
+
+    #[test]
+    fn a_parent_that_failed_enqueues_its_failure_list_only() {
+        let lists = FollowUps {
+            on_success: vec![FollowUp {
+                job_name: "report".into(),
+                job_type: "noop".into(),
+                ..FollowUp::default()
+            }],
+            on_failure: vec![FollowUp {
+                job_name: "page-oncall".into(),
+                job_type: "noop".into(),
+                ..FollowUp::default()
+            }],
+            ..FollowUps::default()
+        };
+        let p = plan(
+            &[parent("nightly", "dead", lists)],
+            &HashMap::new(),
+            at(1),
+            "r1",
+        );
+        let keys: Vec<_> = p.enqueue.iter().map(|c| c.run_key.as_str()).collect();
+        assert_eq!(keys, ["page-oncall@2026-07-26T02:00:00Z"]);
+        assert_eq!(p.enqueue[0].options.parents[0].status, "dead");
+    }
+
+    #[test]
+    fn unreadable_options_are_decided_with_nothing_enqueued() {
+        let mut bad = parent("nightly", "succeeded", FollowUps::default());
+        bad.options = serde_json::json!({"follow_ups": 7});
+        let p = plan(std::slice::from_ref(&bad), &HashMap::new(), at(1), "r1");
+        assert_eq!(p.done, [bad.id]);
+        assert!(p.enqueue.is_empty());
+    }
+}

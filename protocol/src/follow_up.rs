@@ -1,0 +1,466 @@
+//! Follow-up jobs: runs enqueued when another run ends.
+//!
+//! A run may carry three lists in its options — `on_success`, `on_failure`
+//! (`failed` or `dead`) and `on_finish` (any end, `cancelled` included).
+//! When the run reaches such an end, each listed follow-up becomes a run of
+//! its own through the normal claim path. Its run key is derived from the
+//! parent's: `{follow-up name}@{the parent's run key identity}` (the part
+//! after `@`, the fire instant of a scheduled run), a pure function of the
+//! parent, so however often the parent's end is seen (a redelivered
+//! message, a retried outcome write, two scheduler replicas looking at
+//! once) the unique run key admits one child.
+//!
+//! A follow-up with `after = ["extract-b"]` waits for several parents: it
+//! runs once every named job's run with the same identity has succeeded
+//! too (`extract-b@2026-07-26T02:00:00Z` for a parent fired at that
+//! instant). Since the child's key is the same whichever parent saw it
+//! first, the parents can list it all, or only one of them.
+//!
+//! The child carries the parents' outcome (see [`ParentRun`]) in its
+//! options, and its parent's trace.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use uuid::Uuid;
+
+use crate::{validate_name, JobOptions, RetrySpec};
+
+/// Most follow-ups of one run, in all three lists together.
+pub const MAX_FOLLOW_UPS: usize = 16;
+/// Most other parents one follow-up may wait for (`after`).
+pub const MAX_AFTER: usize = 8;
+/// Deepest nesting of follow-ups of follow-ups.
+pub const MAX_DEPTH: usize = 4;
+
+/// The follow-ups of a run, by the end that enqueues them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FollowUps {
+    /// Enqueued when the run succeeds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_success: Vec<FollowUp>,
+    /// Enqueued when the run ends `failed` or `dead`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_failure: Vec<FollowUp>,
+    /// Enqueued whatever the run's end (`cancelled` too).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_finish: Vec<FollowUp>,
+}
+
+/// One follow-up: the run to enqueue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FollowUp {
+    /// The child's job name (its run key is `{job_name}@{parent identity}`).
+    pub job_name: String,
+    /// The child's job type.
+    pub job_type: String,
+    /// The child's payload.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub payload: serde_json::Value,
+    /// Other jobs whose run with the same identity must have succeeded too
+    /// before the child runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
+    /// The child's own options (retry, timeout, priority, its follow-ups).
+    #[serde(default, skip_serializing_if = "JobOptions::is_empty")]
+    pub options: JobOptions,
+}
+
+/// A parent of a follow-up run, as the child sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentRun {
+    /// The parent run's id.
+    pub id: Uuid,
+    /// Its job name.
+    pub job_name: String,
+    /// Its run key.
+    pub run_key: String,
+    /// The status it ended with (`succeeded`, `failed`, `dead`, `cancelled`).
+    pub status: String,
+    /// Its last error, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Which end a follow-up list is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowOn {
+    /// `on_success`.
+    Success,
+    /// `on_failure`.
+    Failure,
+    /// `on_finish`.
+    Finish,
+}
+
+impl FollowOn {
+    /// The list's name as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "on_success",
+            Self::Failure => "on_failure",
+            Self::Finish => "on_finish",
+        }
+    }
+}
+
+/// A follow-up list that cannot be accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidFollowUp {
+    /// Where (`on_success[0].job_name`).
+    pub field: String,
+    /// What is wrong, and what is allowed.
+    pub reason: String,
+}
+
+impl FollowUps {
+    /// True when no list has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.on_success.is_empty() && self.on_failure.is_empty() && self.on_finish.is_empty()
+    }
+
+    /// The lists with their names.
+    pub fn lists(&self) -> [(FollowOn, &[FollowUp]); 3] {
+        [
+            (FollowOn::Success, &self.on_success),
+            (FollowOn::Failure, &self.on_failure),
+            (FollowOn::Finish, &self.on_finish),
+        ]
+    }
+
+    /// The follow-ups a run ending with `status` enqueues: `on_success` for
+    /// `succeeded`, `on_failure` for `failed` and `dead`, `on_finish` for
+    /// every end. Nothing for a status that is not an end.
+    pub fn for_status(&self, status: &str) -> Vec<&FollowUp> {
+        let first: &[FollowUp] = match status {
+            "succeeded" => &self.on_success,
+            "failed" | "dead" => &self.on_failure,
+            "cancelled" => &[],
+            _ => return Vec::new(),
+        };
+        first.iter().chain(&self.on_finish).collect()
+    }
+
+    /// Checks the lists of a run of `parent` (its job name): names and
+    /// types follow the naming rule, a child is never named as its parent
+    /// (its key would be the parent's own), a child name appears once among
+    /// the follow-ups one end enqueues, `after` names other jobs, at most
+    /// [`MAX_FOLLOW_UPS`] entries, [`MAX_AFTER`] parents and [`MAX_DEPTH`]
+    /// levels, and every payload is storable.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidFollowUp`] naming the entry and the broken rule.
+    pub fn validate(&self, parent: &str) -> Result<(), InvalidFollowUp> {
+        self.validate_at(parent, "", 1)
+    }
+
+    fn validate_at(&self, parent: &str, path: &str, depth: usize) -> Result<(), InvalidFollowUp> {
+        let count = self.on_success.len() + self.on_failure.len() + self.on_finish.len();
+        if count == 0 {
+            return Ok(());
+        }
+        let invalid = |field: String, reason: String| InvalidFollowUp { field, reason };
+        if depth > MAX_DEPTH {
+            return Err(invalid(
+                path.trim_end_matches('.').to_owned(),
+                format!("follow-ups are nested more than {MAX_DEPTH} levels deep"),
+            ));
+        }
+        if count > MAX_FOLLOW_UPS {
+            return Err(invalid(
+                format!("{path}on_success"),
+                format!("{count} follow-ups; at most {MAX_FOLLOW_UPS} per run"),
+            ));
+        }
+        for (on, list) in self.lists() {
+            for (i, f) in list.iter().enumerate() {
+                let at = format!("{path}{}[{i}]", on.as_str());
+                f.validate(parent, &at, depth)?;
+                // A name twice among what one end enqueues would be one
+                // run (one key): say so instead of silently merging.
+                let clash = |other: &[FollowUp]| other.iter().any(|o| o.job_name == f.job_name);
+                let twice = list[..i].iter().any(|o| o.job_name == f.job_name)
+                    || (on != FollowOn::Finish && (clash(&self.on_finish)))
+                    || (on == FollowOn::Finish && clash(&self.on_success))
+                    || (on == FollowOn::Finish && clash(&self.on_failure));
+                if twice {
+                    return Err(invalid(
+                        format!("{at}.job_name"),
+                        format!(
+                            "{:?} is listed twice for the same end; one end enqueues one run per name",
+                            f.job_name
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FollowUp {
+    fn validate(&self, parent: &str, at: &str, depth: usize) -> Result<(), InvalidFollowUp> {
+        let invalid = |field: &str, reason: String| InvalidFollowUp {
+            field: format!("{at}.{field}"),
+            reason,
+        };
+        validate_name("job name", &self.job_name)
+            .map_err(|e| invalid("job_name", e.to_string()))?;
+        validate_name("job type", &self.job_type)
+            .map_err(|e| invalid("job_type", e.to_string()))?;
+        if self.job_name == parent {
+            return Err(invalid(
+                "job_name",
+                format!("{parent:?} is the parent's own name; a follow-up needs a name of its own (its run key would be the parent's)"),
+            ));
+        }
+        if self.after.len() > MAX_AFTER {
+            return Err(invalid(
+                "after",
+                format!("{} parents; at most {MAX_AFTER}", self.after.len()),
+            ));
+        }
+        for (i, p) in self.after.iter().enumerate() {
+            validate_name("job name", p)
+                .map_err(|e| invalid(&format!("after[{i}]"), e.to_string()))?;
+            if p == parent || p == &self.job_name || self.after[..i].contains(p) {
+                return Err(invalid(
+                    &format!("after[{i}]"),
+                    format!("{p:?} is the parent itself, the follow-up, or listed twice; name the other jobs it waits for"),
+                ));
+            }
+        }
+        crate::check_storable_json("payload", &self.payload)
+            .map_err(|e| invalid("payload", e.to_string()))?;
+        self.options
+            .follow_ups
+            .validate_at(&self.job_name, &format!("{at}.options."), depth + 1)
+    }
+
+    /// The child's run key for a parent of `parent_job` with `parent_key`:
+    /// `{job_name}@{the parent key's identity}`; `None` when the parent key
+    /// is not `{parent_job}@{identity}`.
+    pub fn child_run_key(&self, parent_job: &str, parent_key: &str) -> Option<String> {
+        identity_of(parent_job, parent_key).map(|id| format!("{}@{id}", self.job_name))
+    }
+
+    /// The run keys of the other parents it waits for, for a parent of
+    /// `parent_job` with `parent_key`.
+    pub fn other_parent_keys(&self, parent_job: &str, parent_key: &str) -> Vec<(String, String)> {
+        let Some(id) = identity_of(parent_job, parent_key) else {
+            return Vec::new();
+        };
+        self.after
+            .iter()
+            .map(|p| (p.clone(), format!("{p}@{id}")))
+            .collect()
+    }
+}
+
+/// The identity part of `run_key` (after `{job_name}@`).
+fn identity_of<'a>(job_name: &str, run_key: &'a str) -> Option<&'a str> {
+    run_key.strip_prefix(job_name)?.strip_prefix('@')
+}
+
+/// A follow-up as written in a schedule file or an API request: the
+/// child's options as strings, as a schedule's are.
+///
+/// ```toml
+/// [[schedule.on_success]]
+/// name = "load"
+/// job_type = "load"
+/// payload = { table = "orders" }
+/// after = ["extract-b"]   # optional: also wait for extract-b's run of the same instant
+/// timeout = "10m"         # optional, as a schedule's
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = FollowUp))]
+#[serde(deny_unknown_fields)]
+pub struct FollowUpSpec {
+    /// The child's job name.
+    pub name: String,
+    /// The child's job type.
+    pub job_type: String,
+    /// The child's payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+    /// Other jobs whose run of the same instant (or key) must have
+    /// succeeded too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
+    /// Overrides of the child's job type retry policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
+    /// The child's per-attempt timeout, e.g. `"10m"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// The child's priority: `high`, `normal` (default) or `low`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+    /// The child's own follow-ups when it succeeds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(no_recursion))]
+    pub on_success: Vec<FollowUpSpec>,
+    /// The child's own follow-ups when it fails.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(no_recursion))]
+    pub on_failure: Vec<FollowUpSpec>,
+    /// The child's own follow-ups whatever its end.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(no_recursion))]
+    pub on_finish: Vec<FollowUpSpec>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(name: &str) -> FollowUp {
+        FollowUp {
+            job_name: name.into(),
+            job_type: "noop".into(),
+            ..FollowUp::default()
+        }
+    }
+
+    #[test]
+    fn the_childs_key_is_derived_from_the_parents_identity() {
+        let f = FollowUp {
+            after: vec!["extract-b".into()],
+            ..child("load")
+        };
+        let key = "extract-a@2026-07-26T02:00:00Z";
+        assert_eq!(
+            f.child_run_key("extract-a", key).as_deref(),
+            Some("load@2026-07-26T02:00:00Z")
+        );
+        assert_eq!(
+            f.other_parent_keys("extract-a", key),
+            vec![("extract-b".into(), "extract-b@2026-07-26T02:00:00Z".into())]
+        );
+        assert_eq!(f.child_run_key("other", key), None);
+    }
+
+    #[test]
+    fn each_end_enqueues_its_lists() {
+        let f = FollowUps {
+            on_success: vec![child("s")],
+            on_failure: vec![child("f")],
+            on_finish: vec![child("a")],
+        };
+        let names = |status| {
+            f.for_status(status)
+                .iter()
+                .map(|c| c.job_name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names("succeeded"), ["s", "a"]);
+        assert_eq!(names("failed"), ["f", "a"]);
+        assert_eq!(names("dead"), ["f", "a"]);
+        assert_eq!(names("cancelled"), ["a"]);
+        assert!(names("running").is_empty());
+    }
+
+    #[test]
+    fn bad_lists_are_refused_by_field() {
+        let cases: Vec<(FollowUps, &str, &str)> = vec![
+            (
+                FollowUps {
+                    on_success: vec![child("nightly")],
+                    ..FollowUps::default()
+                },
+                "on_success[0].job_name",
+                "parent's own name",
+            ),
+            (
+                FollowUps {
+                    on_success: vec![child("a"), child("a")],
+                    ..FollowUps::default()
+                },
+                "on_success[1].job_name",
+                "listed twice",
+            ),
+            (
+                FollowUps {
+                    on_success: vec![child("a")],
+                    on_finish: vec![child("a")],
+                    ..FollowUps::default()
+                },
+                "on_success[0].job_name",
+                "listed twice",
+            ),
+            (
+                FollowUps {
+                    on_failure: vec![FollowUp {
+                        after: vec!["nightly".into()],
+                        ..child("b")
+                    }],
+                    ..FollowUps::default()
+                },
+                "on_failure[0].after[0]",
+                "the parent itself",
+            ),
+            (
+                FollowUps {
+                    on_finish: vec![child("bad name")],
+                    ..FollowUps::default()
+                },
+                "on_finish[0].job_name",
+                "job name",
+            ),
+            (
+                FollowUps {
+                    on_success: vec![FollowUp {
+                        payload: serde_json::json!({"k": "a\u{0}b"}),
+                        ..child("c")
+                    }],
+                    ..FollowUps::default()
+                },
+                "on_success[0].payload",
+                "NUL",
+            ),
+            (
+                FollowUps {
+                    on_success: (0..17).map(|i| child(&format!("c{i}"))).collect(),
+                    ..FollowUps::default()
+                },
+                "on_success",
+                "at most 16",
+            ),
+        ];
+        for (lists, field, reason) in cases {
+            let e = lists.validate("nightly").unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.reason.contains(reason), "{e}");
+        }
+        // The same name on success and on failure is two different ends.
+        let ok = FollowUps {
+            on_success: vec![child("notify")],
+            on_failure: vec![child("notify")],
+            ..FollowUps::default()
+        };
+        assert_eq!(ok.validate("nightly"), Ok(()));
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        let mut f = child("c5");
+        for i in (1..5).rev() {
+            let mut parent = child(&format!("c{i}"));
+            parent.options.follow_ups.on_success = vec![f];
+            f = parent;
+        }
+        let deep = FollowUps {
+            on_success: vec![f.clone()],
+            ..FollowUps::default()
+        };
+        let e = deep.validate("root").unwrap_err();
+        assert!(e.reason.contains("nested more than 4"), "{e}");
+        let shallow = FollowUps {
+            on_success: vec![f.options.follow_ups.on_success[0].clone()],
+            ..FollowUps::default()
+        };
+        assert_eq!(shallow.validate("root"), Ok(()));
+    }
+}
