@@ -36,7 +36,11 @@ const CONCURRENCY: u32 = 4;
 const RATE: u32 = 50;
 
 /// Starts the scheduler and three workers, logs in `dir`.
-fn spawn(env: &TestEnv, dir: &std::path::Path, names: &[&str]) -> anyhow::Result<Processes> {
+pub(crate) fn spawn(
+    env: &TestEnv,
+    dir: &std::path::Path,
+    names: &[&str],
+) -> anyhow::Result<Processes> {
     // No schedules: only the benchmark's runs (the default file's would
     // share the job types).
     let schedules = dir.join("schedules.toml");

@@ -16,12 +16,14 @@
 //! cargo run --release -p belfry-bench -- retention [--rows 10000000] [--rounds 3]
 //! cargo run --release -p belfry-bench -- million [--schedules 1000000] [--raw 100000]   # builds: -p belfry-server -p belfry-worker too
 //! cargo run --release -p belfry-bench -- limits [--runs 60] [--seconds 60]   # builds: -p belfry-server -p belfry-worker too
+//! cargo run --release -p belfry-bench -- follow-ups [--runs 200] [--depth 8]   # builds: -p belfry-server -p belfry-worker too
 //! ```
 
 mod dispatch_burst;
 mod embedded_mode;
 mod failover;
 mod fire_cost;
+mod follow_up_latency;
 mod limit_accuracy;
 mod million;
 mod pooler_cost;
@@ -52,6 +54,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
     ("retention", &["--rows", "--rounds"]),
     ("million", &["--schedules", "--raw"]),
     ("limits", &["--runs", "--seconds"]),
+    ("follow-ups", &["--runs", "--depth"]),
 ];
 
 fn usage() -> String {
@@ -152,6 +155,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Some("retention") => {
             retention_volume::run(flag("--rows", 10_000_000)?, flag("--rounds", 3)?).await
+        }
+        Some("follow-ups") => {
+            follow_up_latency::run(flag("--runs", 200)?, flag("--depth", 8)?).await
         }
         Some("limits") => limit_accuracy::run(flag("--runs", 60)?, flag("--seconds", 60)?).await,
         Some("fire-cost") => fire_cost::run(flag("--fires", 2000)?, flag("--rounds", 3)?).await,

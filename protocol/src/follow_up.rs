@@ -30,7 +30,7 @@ pub const MAX_FOLLOW_UPS: usize = 16;
 /// Most other parents one follow-up may wait for (`after`).
 pub const MAX_AFTER: usize = 8;
 /// Deepest nesting of follow-ups of follow-ups.
-pub const MAX_DEPTH: usize = 4;
+pub const MAX_DEPTH: usize = 8;
 
 /// The follow-ups of a run, by the end that enqueues them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -445,8 +445,8 @@ mod tests {
 
     #[test]
     fn nesting_is_bounded() {
-        let mut f = child("c5");
-        for i in (1..5).rev() {
+        let mut f = child(&format!("c{}", MAX_DEPTH + 1));
+        for i in (1..=MAX_DEPTH).rev() {
             let mut parent = child(&format!("c{i}"));
             parent.options.follow_ups.on_success = vec![f];
             f = parent;
@@ -456,7 +456,7 @@ mod tests {
             ..FollowUps::default()
         };
         let e = deep.validate("root").unwrap_err();
-        assert!(e.reason.contains("nested more than 4"), "{e}");
+        assert!(e.reason.contains("nested more than 8"), "{e}");
         let shallow = FollowUps {
             on_success: vec![f.options.follow_ups.on_success[0].clone()],
             ..FollowUps::default()
