@@ -135,9 +135,16 @@ pub(crate) fn other_keys(parents: &[EndedParent]) -> Vec<(String, String)> {
 }
 
 /// The follow-ups `parent`'s end enqueues (none if its options do not
-/// read: such a parent is marked decided, never looked at again).
+/// read or its lists break the rules, as a hand-published message's may:
+/// such a parent is marked decided, never looked at again).
 fn follow_ups_of(parent: &EndedParent) -> Vec<FollowUp> {
-    match serde_json::from_value::<JobOptions>(parent.options.clone()) {
+    let options = serde_json::from_value::<JobOptions>(parent.options.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|o| match o.follow_ups.validate(&parent.job_name) {
+            Ok(()) => Ok(o),
+            Err(e) => Err(e.to_string()),
+        });
+    match options {
         Ok(options) => options
             .follow_ups
             .for_status(&parent.status)
@@ -146,7 +153,7 @@ fn follow_ups_of(parent: &EndedParent) -> Vec<FollowUp> {
             .collect(),
         Err(e) => {
             tracing::warn!(run_key = %parent.run_key, error = %e,
-                "a run's options do not read; its follow-ups are not enqueued");
+                "a run's follow-ups do not read or break a rule; they are not enqueued");
             Vec::new()
         }
     }
@@ -423,11 +430,22 @@ mod tests {
     }
 
     #[test]
-    fn unreadable_options_are_decided_with_nothing_enqueued() {
+    fn unreadable_or_bad_lists_are_decided_with_nothing_enqueued() {
         let mut bad = parent("nightly", "succeeded", FollowUps::default());
         bad.options = serde_json::json!({"follow_ups": 7});
         let p = plan(std::slice::from_ref(&bad), &HashMap::new(), at(1), "r1");
         assert_eq!(p.done, [bad.id]);
         assert!(p.enqueue.is_empty());
+        let lists = FollowUps {
+            on_success: vec![FollowUp {
+                job_name: "has space".into(),
+                job_type: "noop".into(),
+                ..FollowUp::default()
+            }],
+            ..FollowUps::default()
+        };
+        let bad = parent("nightly", "succeeded", lists);
+        let p = plan(std::slice::from_ref(&bad), &HashMap::new(), at(1), "r1");
+        assert_eq!((p.done.len(), p.enqueue.len()), (1, 0));
     }
 }

@@ -81,9 +81,6 @@ pub enum MessageError {
     /// header).
     #[error("invalid message: {0}")]
     Unstorable(#[from] crate::Unstorable),
-    /// The run's follow-up lists break a rule (see [`crate::follow_up`]).
-    #[error("invalid message: options.follow_ups.{0}")]
-    BadFollowUp(#[from] crate::InvalidFollowUp),
 }
 
 impl JobMessage {
@@ -111,7 +108,6 @@ impl JobMessage {
         // Every value that reaches the ledger must be storable there, or the
         // message could never be recorded (see `crate::storable`).
         crate::check_storable_json("payload", &message.payload)?;
-        message.options.follow_ups.validate(&message.job_name)?;
         // The options are stored as JSON too (a follow-up's payload, a
         // parent's error text).
         if let Ok(options) = serde_json::to_value(&message.options) {

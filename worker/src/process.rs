@@ -329,6 +329,14 @@ impl Worker {
             Ok(limits) => limits,
             Err(reason) => return self.give_up(&delivery, message, &reason).await,
         };
+        // Checked before the first attempt, as the limits: a run whose
+        // follow-ups could never be enqueued (a hand-published message;
+        // schedules and requests are checked when stored) is refused once,
+        // not run and then found wanting.
+        if let Err(e) = message.options.follow_ups.validate(&message.job_name) {
+            let reason = format!("the run's follow-ups cannot be used: options.follow_ups.{e}");
+            return self.give_up(&delivery, message, &reason).await;
+        }
         loop {
             // The lease is short and renewed by the heartbeat while the
             // attempt runs (see `crate::lease`); `sent` is when the

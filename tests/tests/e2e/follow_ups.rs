@@ -309,3 +309,36 @@ belfry_testkit::both_backends! {
         env.teardown(&["default"]).await;
     }
 }
+
+belfry_testkit::both_backends! {
+    async fn a_message_with_a_bad_follow_up_is_dead_lettered_once_and_its_neighbour_runs(env: TestEnv) {
+        let registry = Registry::builder().job(Step).build().unwrap();
+        let running = belfry_tests::serve(&env, registry, &[]).await;
+        // Published by hand (another language): the follow-up takes its
+        // parent's name, so its run key would be the parent's own.
+        let bad = json!({
+            "version": 1, "message_id": uuid::Uuid::new_v4(), "job_name": "bad-chain",
+            "job_type": "step", "run_key": "bad-chain@2026-07-26T03:00:00Z",
+            "scheduled_at": "2026-07-26T03:00:00Z", "published_at": "2026-07-26T03:00:00Z",
+            "options": {"follow_ups": {"on_success": [{"job_name": "bad-chain", "job_type": "step"}]}},
+        });
+        env.publish_raw("step", bad.to_string().as_bytes()).await;
+        let good = env.enqueue("good", "step", json!(null), t0()).await;
+        assert_eq!(env.wait_terminal_of(&good, Duration::from_secs(15)).await.status_text, "succeeded");
+        let run = env
+            .wait_terminal("bad-chain", "bad-chain@2026-07-26T03:00:00Z", Duration::from_secs(15))
+            .await;
+        assert_eq!((run.status_text.as_str(), run.attempts), ("dead", 0), "{run:?}");
+        let said = run.last_error.unwrap_or_default();
+        assert!(said.contains("options.follow_ups.on_success[0].job_name") && said.contains("parent's own name"), "{said}");
+        let dead = eventually("the dead letter", Duration::from_secs(10), || {
+            let env = &env;
+            async move { Some(env.drain_dead_letters().await).filter(|d| !d.is_empty()) }
+        })
+        .await;
+        assert_eq!(dead.len(), 1, "dead-lettered once: {dead:?}");
+        // Refused, not mistaken for an outage: nothing handed back.
+        assert_eq!(belfry_worker::WorkerCounters::get(&running.counters.handed_back), 0);
+        running.stop_and_teardown(env).await;
+    }
+}
