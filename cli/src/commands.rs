@@ -467,6 +467,21 @@ fn run_detail(d: &RunDetail) -> String {
             ]
         }));
     }
+    for (title, links) in [("parents", &d.parents), ("follow-ups", &d.children)] {
+        if links.is_empty() {
+            continue;
+        }
+        s.push_str(&format!("\n{title}:\n"));
+        let headers = ["ID", "RUN_KEY", "STATUS"];
+        s.push_str(&render_each(&headers, links, |l| {
+            vec![
+                l.id.to_string(),
+                cell(&l.run_key),
+                l.status
+                    .map_or_else(|| "gone".to_owned(), |st| st.to_string()),
+            ]
+        }));
+    }
     s
 }
 

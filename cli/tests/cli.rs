@@ -312,6 +312,40 @@ async fn run_and_job_commands() {
     );
     cli.fails(&format!("runs cancel {id}"), 4, "already finished")
         .await;
+    // A run with a follow-up on any end: cancelled, its follow-up enqueued
+    // by the follow-up pass, and both shown linked.
+    let made: Value = reqwest::Client::new()
+        .post(format!("{}/v1/jobs", api.base))
+        .json(
+            &serde_json::json!({"job_type": "noop", "name": "parent", "key": "k-2", "delay": "1h",
+                                  "on_finish": [{"name": "cleanup", "job_type": "noop"}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let parent = made["run_id"].as_str().unwrap().to_owned();
+    cli.ok(&format!("runs cancel {parent}")).await;
+    let pass = env.ledger.settle_follow_ups(200, "cli-test").await.unwrap();
+    assert_eq!(
+        pass.enqueued,
+        [("cleanup".to_owned(), "cleanup@k-2".to_owned())]
+    );
+    let show = cli.ok(&format!("runs show {parent}")).await;
+    assert!(
+        show.contains("follow-ups:") && show.contains("cleanup@k-2"),
+        "{show}"
+    );
+    let child: Value =
+        serde_json::from_str(&cli.ok(&format!("--json runs show {parent}")).await).unwrap();
+    let child_id = child["children"][0]["id"].as_str().unwrap().to_owned();
+    let show = cli.ok(&format!("runs show {child_id}")).await;
+    assert!(
+        show.contains("parents:") && show.contains("parent@k-2"),
+        "{show}"
+    );
     cli.fails(
         &format!("runs show {}", uuid::Uuid::now_v7()),
         3,
