@@ -11,8 +11,9 @@
 -- writes a column it covers except the status it already wrote.
 --
 -- Upgrading: two nullable columns (a catalog change, no rewrite); the
--- partial index is built on every partition and stays empty for existing
--- runs (none carries follow-ups).
+-- partial index is built on every partition (each is read once while
+-- writes to it wait, as for the earlier partial indexes) and holds nothing
+-- for existing runs (none carries follow-ups).
 ALTER TABLE job_runs ADD COLUMN IF NOT EXISTS follow_ups_done_at TIMESTAMPTZ;
 ALTER TABLE job_runs ADD COLUMN IF NOT EXISTS follow_ups_next_at TIMESTAMPTZ;
 CREATE INDEX IF NOT EXISTS job_runs_follow_ups_idx ON job_runs (follow_ups_next_at)

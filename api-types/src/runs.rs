@@ -44,6 +44,8 @@ wire_enum! {
         Manual = "manual",
         /// An ad-hoc job.
         Adhoc = "adhoc",
+        /// A follow-up of another run.
+        FollowUp = "follow_up",
     }
 }
 
@@ -56,6 +58,7 @@ impl Origin {
             Some(c) if c.starts_with("manual:") => Self::Manual,
             Some(c) if c.starts_with("backfill:") => Self::Backfill,
             Some(c) if c.starts_with("client:") => Self::Adhoc,
+            Some(c) if c.starts_with("follow-up:") => Self::FollowUp,
             None => Self::Adhoc,
             Some(_) => Self::Schedule,
         }

@@ -215,6 +215,7 @@ impl Client {
         let name = job.name.clone().unwrap_or_else(|| job.job_type.clone());
         validate_name("job name", &name)?;
         job.options.follow_ups.validate(&name)?;
+        belfry_protocol::follow_up::check_parents(&job.options.parents)?;
         let id = Uuid::now_v7();
         let key = match &job.key {
             Some(key) => {

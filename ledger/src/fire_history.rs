@@ -46,19 +46,21 @@ pub enum ExclusiveClaim {
 /// SQL that is true when the run aliased `alias` is a fire of its schedule's
 /// timetable (claimed by a replica's timer or misfire recovery), and false
 /// for ad-hoc jobs (`claimed_by` `client:...`), manual triggers
-/// (`manual:...`), backfills (`backfill:...`) and hand-published messages
+/// (`manual:...`), backfills (`backfill:...`), follow-ups (`follow-up:...`)
+/// and hand-published messages
 /// (no `claimed_by`). Misfire policies, late-claim decisions and retention's
 /// "newest fire" only look at these.
 pub(crate) fn live_fire(alias: &str) -> String {
     format!(
         "({alias}.claimed_by NOT LIKE 'client:%' AND {alias}.claimed_by NOT LIKE 'manual:%' \
-          AND {alias}.claimed_by NOT LIKE 'backfill:%')"
+          AND {alias}.claimed_by NOT LIKE 'backfill:%' \
+          AND {alias}.claimed_by NOT LIKE 'follow-up:%')"
     )
 }
 
 /// [`live_fire`] for a run about to be claimed by `claimed_by`.
 pub(crate) fn is_live_claimer(claimed_by: &str) -> bool {
-    !["client:", "manual:", "backfill:"]
+    !["client:", "manual:", "backfill:", "follow-up:"]
         .iter()
         .any(|p| claimed_by.starts_with(p))
 }

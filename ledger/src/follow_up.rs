@@ -56,12 +56,17 @@ pub(crate) struct EndedParent {
     pub(crate) trace_id: Option<String>,
     pub(crate) traceparent: Option<String>,
     pub(crate) finished_at: Option<DateTime<Utc>>,
+    /// Whether an earlier pass looked at it already (a join waited).
+    pub(crate) looked: bool,
 }
 
 /// The columns of [`EndedParent`], in its order.
+/// (`finished_at` falls back on `updated_at`, so a join's wait always
+/// ends.)
 pub(crate) const ENDED_PARENT_COLUMNS: &str =
     "id, job_name, run_key, status, last_error, options, \
-     trace_id, traceparent, finished_at";
+     trace_id, traceparent, COALESCE(finished_at, updated_at) AS finished_at, \
+     follow_ups_next_at IS NOT NULL AS looked";
 
 /// Another parent of a join, as found (or not) in the ledger.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -99,9 +104,29 @@ impl FollowUpPlan {
             .collect()
     }
 
-    /// The children to record `cancelled`, as runs to claim first.
-    pub(crate) fn skip_runs(&self) -> Vec<NewRun> {
-        self.skip.iter().map(|(run, _)| run.clone()).collect()
+    /// Every child to insert, to enqueue or to record `cancelled`, in one
+    /// order by key: one statement inserts them all, so two passes sharing
+    /// keys (one to enqueue, the other to cancel) take them in the same
+    /// order and never wait for each other in a cycle.
+    pub(crate) fn all_children(&self) -> Vec<NewRun> {
+        let mut all: Vec<NewRun> = self
+            .enqueue
+            .iter()
+            .cloned()
+            .chain(self.skip.iter().map(|(run, _)| run.clone()))
+            .collect();
+        all.sort_by(|a, b| (&a.job_name, &a.run_key).cmp(&(&b.job_name, &b.run_key)));
+        all
+    }
+
+    /// `(id, reason)` of the children to record `cancelled` whose claim
+    /// `won` holds.
+    pub(crate) fn skipped(&self, won: &HashSet<Uuid>) -> Vec<(Uuid, String)> {
+        self.skip
+            .iter()
+            .filter(|(run, _)| won.contains(&run.id))
+            .map(|(run, reason)| (run.id, reason.clone()))
+            .collect()
     }
 }
 
@@ -188,6 +213,12 @@ pub(crate) fn plan(
             error: parent.last_error.clone(),
         };
         for f in follow_ups_of(parent) {
+            // A later look is for the joins still waiting: the first look
+            // decided every other follow-up in its commit (looking at them
+            // again would enqueue a child retention has pruned since).
+            if parent.looked && f.after.is_empty() {
+                continue;
+            }
             let Some(run_key) = f.child_run_key(&parent.job_name, &parent.run_key) else {
                 continue;
             };
@@ -274,7 +305,9 @@ fn child_run(
         job_type: f.job_type.clone(),
         payload: f.payload.clone(),
         scheduled_at: now,
-        claimed_by: by.to_owned(),
+        // Not a fire of a schedule's timetable (`fire_history::live_fire`):
+        // misfire policies and retention's "newest fire" leave it alone.
+        claimed_by: format!("follow-up:{by}"),
         trace_id: parent.trace_id.clone(),
         traceparent: parent.traceparent.clone(),
         options,
@@ -321,6 +354,7 @@ mod tests {
             trace_id: Some("t".into()),
             traceparent: None,
             finished_at: Some(at(0)),
+            looked: false,
         }
     }
 

@@ -78,6 +78,14 @@ pub(crate) fn not_newest_fire() -> String {
     )
 }
 
+/// SQL that is true when the finished run aliased `r` has no follow-ups
+/// left to decide (see `crate::follow_up`): retention keeps a parent whose
+/// join still waits, so the pass finds it. `has_follow_ups` is the
+/// dialect's test that `r` has follow-up lists.
+pub(crate) fn follow_ups_decided(has_follow_ups: &str) -> String {
+    format!("(r.follow_ups_done_at IS NOT NULL OR NOT ({has_follow_ups}))")
+}
+
 /// What retention deletes, one kind of row at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Retained {

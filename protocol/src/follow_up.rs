@@ -31,6 +31,8 @@ pub const MAX_FOLLOW_UPS: usize = 16;
 pub const MAX_AFTER: usize = 8;
 /// Deepest nesting of follow-ups of follow-ups.
 pub const MAX_DEPTH: usize = 8;
+/// Most follow-ups in one run's whole tree (nested ones included).
+pub const MAX_TREE: usize = 64;
 
 /// The follow-ups of a run, by the end that enqueues them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -103,6 +105,10 @@ impl FollowOn {
     }
 }
 
+/// An entry of a follow-up tree: its route from the root (the list and
+/// the index taken at each level), its field path and its name.
+type Entry<'a> = (Vec<(FollowOn, usize)>, String, &'a str);
+
 /// A follow-up list that cannot be accepted.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{field}: {reason}")]
@@ -152,7 +158,66 @@ impl FollowUps {
     ///
     /// [`InvalidFollowUp`] naming the entry and the broken rule.
     pub fn validate(&self, parent: &str) -> Result<(), InvalidFollowUp> {
-        self.validate_at(parent, "", 1)
+        self.validate_at(parent, "", 1)?;
+        // Every run of the tree shares the root's identity, so two entries
+        // of one name that can both be enqueued (one below the other, or
+        // side by side under ends that can both happen) would be one run:
+        // the second silently not enqueued. Refused instead.
+        let mut nodes: Vec<Entry<'_>> = vec![(Vec::new(), String::new(), parent)];
+        self.collect(&mut Vec::new(), "", &mut nodes);
+        if nodes.len() > MAX_TREE + 1 {
+            return Err(InvalidFollowUp {
+                field: "on_success".into(),
+                reason: format!(
+                    "{} follow-ups in the whole tree; at most {MAX_TREE}",
+                    nodes.len() - 1
+                ),
+            });
+        }
+        for (j, (route, at, name)) in nodes.iter().enumerate().skip(1) {
+            for (other, other_at, other_name) in &nodes[..j] {
+                if name == other_name && !exclusive(other, route) {
+                    let first = if other_at.is_empty() {
+                        "the parent".to_owned()
+                    } else {
+                        other_at.clone()
+                    };
+                    return Err(InvalidFollowUp {
+                        field: format!("{at}.job_name"),
+                        reason: format!(
+                            "{name:?} is also {first}, and both would be enqueued from one run \
+                             (one run per name and identity); give each follow-up a name of its own \
+                             (only the same name under on_success and on_failure of one run is allowed)"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every entry of the tree with its route (the `(depth, end)` steps
+    /// from the root), its field path and its name.
+    fn collect<'a>(
+        &'a self,
+        route: &mut Vec<(FollowOn, usize)>,
+        path: &str,
+        out: &mut Vec<Entry<'a>>,
+    ) {
+        if out.len() > MAX_TREE + 1 {
+            return;
+        }
+        for (on, list) in self.lists() {
+            for (i, f) in list.iter().enumerate() {
+                let at = format!("{path}{}[{i}]", on.as_str());
+                route.push((on, i));
+                out.push((route.clone(), at.clone(), &f.job_name));
+                f.options
+                    .follow_ups
+                    .collect(route, &format!("{at}.options.follow_ups."), out);
+                route.pop();
+            }
+        }
     }
 
     fn validate_at(&self, parent: &str, path: &str, depth: usize) -> Result<(), InvalidFollowUp> {
@@ -177,22 +242,6 @@ impl FollowUps {
             for (i, f) in list.iter().enumerate() {
                 let at = format!("{path}{}[{i}]", on.as_str());
                 f.validate(parent, &at, depth)?;
-                // A name twice among what one end enqueues would be one
-                // run (one key): say so instead of silently merging.
-                let clash = |other: &[FollowUp]| other.iter().any(|o| o.job_name == f.job_name);
-                let twice = list[..i].iter().any(|o| o.job_name == f.job_name)
-                    || (on != FollowOn::Finish && (clash(&self.on_finish)))
-                    || (on == FollowOn::Finish && clash(&self.on_success))
-                    || (on == FollowOn::Finish && clash(&self.on_failure));
-                if twice {
-                    return Err(invalid(
-                        format!("{at}.job_name"),
-                        format!(
-                            "{:?} is listed twice for the same end; one end enqueues one run per name",
-                            f.job_name
-                        ),
-                    ));
-                }
             }
         }
         Ok(())
@@ -256,6 +305,43 @@ impl FollowUp {
             .map(|p| (p.clone(), format!("{p}@{id}")))
             .collect()
     }
+}
+
+/// Whether the entries at `a` and `b` (routes from the root: the list and
+/// the index taken at each level) can never both be enqueued: they part at
+/// one run, one under its `on_success`, the other under its `on_failure`.
+/// Entries that part as two entries of one list, or one below the other
+/// (or the root), are both enqueued.
+fn exclusive(a: &[(FollowOn, usize)], b: &[(FollowOn, usize)]) -> bool {
+    // Every step before the first difference is the same entry, so at the
+    // difference both routes leave the same run.
+    match a.iter().zip(b).find(|(x, y)| x != y) {
+        Some(((x, _), (y, _))) => matches!(
+            (x, y),
+            (FollowOn::Success, FollowOn::Failure) | (FollowOn::Failure, FollowOn::Success)
+        ),
+        None => false,
+    }
+}
+
+/// Checks a run's `parents` as received (a follow-up run carries at most
+/// its parent and the [`MAX_AFTER`] others it waited for).
+///
+/// # Errors
+///
+/// [`InvalidFollowUp`] on `parents` when there are more.
+pub fn check_parents(parents: &[ParentRun]) -> Result<(), InvalidFollowUp> {
+    if parents.len() > MAX_AFTER + 1 {
+        return Err(InvalidFollowUp {
+            field: "parents".into(),
+            reason: format!(
+                "{} parents; a follow-up run has at most {}",
+                parents.len(),
+                MAX_AFTER + 1
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The identity part of `run_key` (after `{job_name}@`).
@@ -379,7 +465,7 @@ mod tests {
                     ..FollowUps::default()
                 },
                 "on_success[1].job_name",
-                "listed twice",
+                "is also on_success[0]",
             ),
             (
                 FollowUps {
@@ -387,8 +473,56 @@ mod tests {
                     on_finish: vec![child("a")],
                     ..FollowUps::default()
                 },
-                "on_success[0].job_name",
-                "listed twice",
+                "on_finish[0].job_name",
+                "is also on_success[0]",
+            ),
+            (
+                // A grandchild named as the root: its key is the root's.
+                FollowUps {
+                    on_success: vec![FollowUp {
+                        options: JobOptions {
+                            follow_ups: FollowUps {
+                                on_failure: vec![child("nightly")],
+                                ..FollowUps::default()
+                            },
+                            ..JobOptions::default()
+                        },
+                        ..child("b")
+                    }],
+                    ..FollowUps::default()
+                },
+                "on_success[0].options.follow_ups.on_failure[0].job_name",
+                "is also the parent",
+            ),
+            (
+                // Cousins under two siblings: both can be enqueued.
+                FollowUps {
+                    on_success: vec![
+                        FollowUp {
+                            options: JobOptions {
+                                follow_ups: FollowUps {
+                                    on_failure: vec![child("x")],
+                                    ..FollowUps::default()
+                                },
+                                ..JobOptions::default()
+                            },
+                            ..child("b")
+                        },
+                        FollowUp {
+                            options: JobOptions {
+                                follow_ups: FollowUps {
+                                    on_success: vec![child("x")],
+                                    ..FollowUps::default()
+                                },
+                                ..JobOptions::default()
+                            },
+                            ..child("c")
+                        },
+                    ],
+                    ..FollowUps::default()
+                },
+                "on_success[1].options.follow_ups.on_success[0].job_name",
+                "is also on_success[0].options.follow_ups.on_failure[0]",
             ),
             (
                 FollowUps {
@@ -434,13 +568,32 @@ mod tests {
             assert_eq!(e.field, field, "{e}");
             assert!(e.reason.contains(reason), "{e}");
         }
-        // The same name on success and on failure is two different ends.
+        // The same name on success and on failure is two different ends,
+        // at any depth below them.
         let ok = FollowUps {
             on_success: vec![child("notify")],
-            on_failure: vec![child("notify")],
-            ..FollowUps::default()
+            on_failure: vec![FollowUp {
+                options: JobOptions {
+                    follow_ups: FollowUps {
+                        on_finish: vec![child("cleanup")],
+                        ..FollowUps::default()
+                    },
+                    ..JobOptions::default()
+                },
+                ..child("notify")
+            }],
+            on_finish: vec![],
         };
         assert_eq!(ok.validate("nightly"), Ok(()));
+        let mut wide = FollowUps::default();
+        for i in 0..5 {
+            let mut f = child(&format!("c{i}"));
+            f.options.follow_ups.on_success =
+                (0..16).map(|j| child(&format!("c{i}-{j}"))).collect();
+            wide.on_success.push(f);
+        }
+        let e = wide.validate("nightly").unwrap_err();
+        assert!(e.reason.contains("at most 64"), "{e}");
     }
 
     #[test]

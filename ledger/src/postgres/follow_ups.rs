@@ -57,18 +57,12 @@ impl FollowUpStore for PgStore {
             .await?;
         let decided = plan(&parents, &others, now, by);
         // Children first, then the parents' marks: all in this commit.
-        let won = claim_rows(self.route.on(&mut tx), &decided.enqueue, false).await?;
+        // One insert, in key order (see `FollowUpPlan::all_children`).
+        let won = claim_rows(self.route.on(&mut tx), &decided.all_children(), false).await?;
         let won: std::collections::HashSet<Uuid> = won.into_iter().map(|(id, _)| id).collect();
         let enqueued = decided.enqueued(&won);
-        let skipped = claim_rows(self.route.on(&mut tx), &decided.skip_runs(), false).await?;
-        let skipped: std::collections::HashSet<Uuid> =
-            skipped.into_iter().map(|(id, _)| id).collect();
-        let (skip_ids, reasons): (Vec<Uuid>, Vec<String>) = decided
-            .skip
-            .iter()
-            .filter(|(run, _)| skipped.contains(&run.id))
-            .map(|(run, reason)| (run.id, reason.clone()))
-            .unzip();
+        let (skip_ids, reasons): (Vec<Uuid>, Vec<String>) =
+            decided.skipped(&won).into_iter().unzip();
         sqlx::query(
             "UPDATE job_runs j SET status = 'cancelled', last_error = s.reason, finished_at = now(), \
                  next_dispatch_at = NULL, updated_at = now() \

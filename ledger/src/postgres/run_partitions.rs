@@ -37,16 +37,21 @@ const MAINTENANCE_LOCK: &str = "SELECT pg_advisory_xact_lock(21, 1)";
 const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
 
 /// Whether partition `{name}` holds a run that keeps it from being dropped:
-/// unfinished, or finished after the cutoff (`$1`). Three `EXISTS`, each an
-/// index probe (the partial indexes on unfinished, buffered and finished
-/// runs); one `OR` of the three conditions would scan the whole day, and
-/// the second check runs while `job_runs` is locked.
+/// unfinished, finished after the cutoff (`$1`), or ended with follow-ups
+/// not decided yet (a join waiting; see `crate::follow_up`). Four
+/// `EXISTS`, each an index probe (the partial indexes on unfinished,
+/// buffered, finished and undecided runs); one `OR` of the conditions
+/// would scan the whole day, and the second check runs while `job_runs`
+/// is locked.
 fn blockers(name: &str) -> String {
     format!(
         "SELECT EXISTS (SELECT 1 FROM {name} \
                         WHERE status IN ('claimed', 'dispatched', 'running', 'retrying')) \
              OR EXISTS (SELECT 1 FROM {name} WHERE status = 'buffered') \
-             OR EXISTS (SELECT 1 FROM {name} WHERE finished_at >= $1)"
+             OR EXISTS (SELECT 1 FROM {name} WHERE finished_at >= $1) \
+             OR EXISTS (SELECT 1 FROM {name} WHERE follow_ups_done_at IS NULL \
+                        AND options ? 'follow_ups' \
+                        AND status IN ('succeeded', 'failed', 'dead', 'cancelled'))"
     )
 }
 

@@ -162,11 +162,13 @@ impl PgStore {
             let deleted = sqlx::query(&format!(
                 "WITH doomed AS ( \
                      SELECT r.id, r.key_instant FROM {name} r WHERE r.finished_at < $1 AND {} \
+                       AND {} \
                      ORDER BY r.finished_at LIMIT $2 \
                      FOR UPDATE SKIP LOCKED) \
                  DELETE FROM {name} d USING doomed \
                  WHERE d.id = doomed.id AND d.key_instant = doomed.key_instant",
-                not_newest_fire()
+                not_newest_fire(),
+                crate::retention::follow_ups_decided("r.options ? 'follow_ups'")
             ))
             .bind(batch.cutoff)
             .bind(left)

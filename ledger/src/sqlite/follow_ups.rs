@@ -54,26 +54,17 @@ impl FollowUpStore for SqliteLedger {
         let decided = plan(&parents, &others, now, by);
         // Children first, then the parents' marks: all in this commit.
         let mut won = HashSet::new();
-        for chunk in decided.enqueue.chunks(CLAIM_CHUNK) {
+        for chunk in decided.all_children().chunks(CLAIM_CHUNK) {
             won.extend(claim_in(&mut tx, chunk, &at, false).await?);
         }
         let enqueued = decided.enqueued(&won);
-        let skip_runs = decided.skip_runs();
-        let mut inserted = HashSet::new();
-        for chunk in skip_runs.chunks(CLAIM_CHUNK) {
-            inserted.extend(claim_in(&mut tx, chunk, &at, false).await?);
-        }
         let mut skipped = 0;
-        for (run, reason) in decided
-            .skip
-            .iter()
-            .filter(|(r, _)| inserted.contains(&r.id))
-        {
+        for (id, reason) in decided.skipped(&won) {
             sqlx::query(
                 "UPDATE job_runs SET status = 'cancelled', last_error = ?2, finished_at = ?3, \
                      next_dispatch_at = NULL, updated_at = ?3 WHERE id = ?1 AND status = 'claimed'",
             )
-            .bind(run.id)
+            .bind(id)
             .bind(reason)
             .bind(&at)
             .execute(&mut *tx)

@@ -117,9 +117,12 @@ impl ViewStore for SqliteLedger {
         let delete = match batch.rows {
             Retained::FinishedRuns => format!(
                 "DELETE FROM job_runs WHERE id IN ( \
-                     SELECT r.id FROM job_runs r WHERE r.finished_at < ?1 AND {} \
+                     SELECT r.id FROM job_runs r WHERE r.finished_at < ?1 AND {} AND {} \
                      ORDER BY r.finished_at LIMIT ?2)",
-                not_newest_fire()
+                not_newest_fire(),
+                crate::retention::follow_ups_decided(
+                    "json_extract(r.options, '$.follow_ups') IS NOT NULL"
+                )
             ),
             Retained::SkippedFires | Retained::SkippedRanges => {
                 let table = batch.rows.table();

@@ -97,6 +97,16 @@ pub fn detail(run: &RunRecord) -> Result<RunDetail, ApiError> {
     })
 }
 
+/// A link to `run`.
+fn link(run: &RunRecord) -> Result<RunLink, ApiError> {
+    Ok(RunLink {
+        id: run.id,
+        job_name: run.job_name.clone(),
+        run_key: run.run_key.clone(),
+        status: Some(run_status(&run.status_text)?),
+    })
+}
+
 /// [`detail`] with the run's lineage: the parents that enqueued it (from
 /// its options) and the follow-ups enqueued from its lists so far (looked
 /// up by their derived run keys), each with its status now.
@@ -109,17 +119,29 @@ pub async fn detail_with_lineage(
     run: &RunRecord,
 ) -> Result<RunDetail, ApiError> {
     let mut out = detail(run)?;
-    // Options that do not read show no lineage (the run itself still shows).
+    // Options that do not read show no lineage (the run itself still
+    // shows), and neither does a lookup that fails: the lineage is an aid,
+    // the run's own page must not depend on it.
     let options: belfry_protocol::JobOptions =
         serde_json::from_value(run.options.clone()).unwrap_or_default();
-    for p in &options.parents {
-        let now = ledger.run(p.id).await?;
-        out.parents.push(RunLink {
-            id: p.id,
-            job_name: p.job_name.clone(),
-            run_key: p.run_key.clone(),
-            status: now.map(|r| run_status(&r.status_text)).transpose()?,
-        });
+    let look = |r: Result<Option<RunRecord>, belfry_ledger::LedgerError>| match r {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(run = %run.id, error = %e, "cannot read a related run; its link is left out");
+            None
+        }
+    };
+    // At most the parent and the runs it waited for (checked when the run
+    // was received); each shown as the ledger has it, not as the options
+    // say.
+    for p in options
+        .parents
+        .iter()
+        .take(belfry_protocol::follow_up::MAX_AFTER + 1)
+    {
+        if let Some(found) = look(ledger.run(p.id).await) {
+            out.parents.push(link(&found)?);
+        }
     }
     for (_, list) in options.follow_ups.lists() {
         for f in list {
@@ -129,13 +151,8 @@ pub async fn detail_with_lineage(
             if out.children.iter().any(|c| c.run_key == key) {
                 continue;
             }
-            if let Some(child) = ledger.run_by_key(&f.job_name, &key).await? {
-                out.children.push(RunLink {
-                    id: child.id,
-                    job_name: child.job_name.clone(),
-                    run_key: child.run_key.clone(),
-                    status: Some(run_status(&child.status_text)?),
-                });
+            if let Some(child) = look(ledger.run_by_key(&f.job_name, &key).await) {
+                out.children.push(link(&child)?);
             }
         }
     }

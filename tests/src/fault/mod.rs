@@ -663,6 +663,16 @@ fn schedule_file_text(config: &FaultConfig, url: &str) -> String {
             "[[schedule]]\nname = \"fault-{i:04}\"\nevery = \"1s\"\njob_type = \"http\"\n\
              {policy}payload = {{ url = \"{url}\", timeout_ms = 4000 }}\n\n"
         ));
+        // Every tenth schedule has a follow-up on success (an `http` run
+        // too, so the probe sees its executions): each succeeded fire of
+        // it must get exactly one, whatever the faults (see `report`).
+        if report::has_follow_up(i) {
+            out.push_str(&format!(
+                "[[schedule.on_success]]\nname = \"{}\"\njob_type = \"http\"\n\
+                 payload = {{ url = \"{url}\", timeout_ms = 4000 }}\n\n",
+                report::follow_up_name(i)
+            ));
+        }
     }
     out
 }

@@ -154,6 +154,13 @@ pub struct Report {
     pub unexpected_exits: Vec<String>,
     /// Graceful stops that did not exit 0 in time: must be empty.
     pub unclean_stops: Vec<String>,
+    /// Succeeded runs of the schedules with a follow-up.
+    pub follow_ups_expected: usize,
+    /// Of those, runs with no follow-up row (by its derived run key): must
+    /// be 0. (Two rows for one key cannot exist: the key is unique.)
+    pub follow_ups_missing: usize,
+    /// Follow-up rows whose parent did not succeed: must be 0.
+    pub follow_ups_unexpected: usize,
     /// Whether everything finished within the drain deadlines.
     pub settled: bool,
     /// Log tails, when the run failed.
@@ -162,8 +169,20 @@ pub struct Report {
     pub alerts: super::alert_tally::AlertTally,
 }
 
+/// Whether schedule `i` of the suite has a follow-up on success (every
+/// tenth).
+pub fn has_follow_up(i: usize) -> bool {
+    i.is_multiple_of(10)
+}
+
+/// The follow-up of schedule `i`'s runs.
+pub fn follow_up_name(i: usize) -> String {
+    format!("fault-{i:04}-then")
+}
+
 /// Waits until every fire of the window has a row or a policy skip and
-/// every such row is terminal; returns whether that happened in `within`.
+/// every such row is terminal, and every ended run's follow-ups are
+/// enqueued and ended too; returns whether that happened in `within`.
 pub async fn wait_settled(
     env: &TestEnv,
     config: &FaultConfig,
@@ -176,7 +195,7 @@ pub async fn wait_settled(
         if let Some(accounting) = Accounting::read(env).await {
             let open = accounting.open_in(from, to);
             let unaccounted = accounting.unaccounted(config, from, to).count();
-            if open == 0 && unaccounted == 0 {
+            if open == 0 && unaccounted == 0 && accounting.follow_ups_pending == 0 {
                 return true;
             }
         }
@@ -199,6 +218,9 @@ struct Accounting {
     skipped: HashSet<(String, DateTime<Utc>)>,
     /// Spans `(after, until]` of `skipped_ranges`, by schedule.
     spans: HashMap<String, Spans>,
+    /// Ended runs whose follow-ups are not decided yet, plus follow-up
+    /// runs not ended.
+    follow_ups_pending: i64,
 }
 
 impl Accounting {
@@ -219,6 +241,14 @@ impl Accounting {
                 .fetch_all(pool)
                 .await
                 .ok()?;
+        let follow_ups_pending: i64 = sqlx::query_scalar(&format!(
+            "SELECT (SELECT count(*) FROM job_runs WHERE follow_ups_done_at IS NULL \
+                 AND options ? 'follow_ups' AND status IN ('succeeded', 'failed', 'dead', 'cancelled')) \
+              + (SELECT count(*) FROM job_runs WHERE job_name LIKE '%-then' AND status NOT IN {TERMINAL})"
+        ))
+        .fetch_one(pool)
+        .await
+        .ok()?;
         let mut by_schedule: HashMap<String, Spans> = HashMap::new();
         for (name, after, until) in spans {
             by_schedule.entry(name).or_default().push((after, until));
@@ -227,6 +257,7 @@ impl Accounting {
             rows: rows.into_iter().map(|(n, at, st)| ((n, at), st)).collect(),
             skipped: skipped.into_iter().collect(),
             spans: by_schedule,
+            follow_ups_pending,
         })
     }
 
@@ -338,10 +369,13 @@ impl Report {
         report.rows_skipped_by_policy = skipped_rows.len();
         let mut fires: HashSet<(String, DateTime<Utc>)> = HashSet::new();
         for (id, name, at, status, _, error, claimed_by) in &rows {
-            if !fires.insert((name.clone(), *at)) {
+            // A follow-up's instant is when it was enqueued (a pass
+            // enqueues several of one name at one instant); its key is
+            // unique and accounted for in `follow_ups`.
+            if !name.ends_with("-then") && !fires.insert((name.clone(), *at)) {
                 report.duplicate_rows += 1;
             }
-            if *at >= from && *at < to {
+            if *at >= from && *at < to && !name.ends_with("-then") {
                 report.rows_in_window += 1;
             }
             match status.as_str() {
@@ -385,6 +419,7 @@ impl Report {
             }
         }
 
+        report.follow_ups(env, config, &rows).await;
         report.executions = executions.len();
         let finished: HashMap<Uuid, Option<DateTime<Utc>>> = rows
             .iter()
@@ -416,6 +451,36 @@ impl Report {
         report.takeovers(executions, observed);
         report.storm(env, observed, &rows).await;
         report
+    }
+
+    /// The follow-ups' accounting: every succeeded run of a schedule with
+    /// a follow-up has its follow-up, keyed `{follow-up}@{fire instant}`,
+    /// and no other follow-up exists.
+    async fn follow_ups(&mut self, env: &TestEnv, config: &FaultConfig, rows: &[Row]) {
+        let keys: Vec<String> =
+            sqlx::query_scalar("SELECT run_key FROM job_runs WHERE job_name LIKE '%-then'")
+                .fetch_all(env.ledger.pg_pool().expect("a Postgres ledger"))
+                .await
+                .unwrap_or_else(|e| panic!("reading follow-up runs: {e}"));
+        let mut children: HashSet<String> = keys.into_iter().collect();
+        let parents: HashMap<String, String> = (0..config.schedules)
+            .filter(|i| has_follow_up(*i))
+            .map(|i| (format!("fault-{i:04}"), follow_up_name(i)))
+            .collect();
+        for (_, name, at, status, ..) in rows {
+            let Some(child) = parents.get(name) else {
+                continue;
+            };
+            if status != "succeeded" {
+                continue;
+            }
+            self.follow_ups_expected += 1;
+            let key = format!("{child}@{}", at.format("%Y-%m-%dT%H:%M:%SZ"));
+            if !children.remove(&key) {
+                self.follow_ups_missing += 1;
+            }
+        }
+        self.follow_ups_unexpected = children.len();
     }
 
     /// Seconds from each worker kill to the next attempt of each run it was
@@ -518,6 +583,8 @@ impl Report {
                 .is_none_or(|p99| p99 < TAKEOVER_P99_TARGET_SECS)
             && self.unexpected_exits.is_empty()
             && self.unclean_stops.is_empty()
+            && self.follow_ups_missing == 0
+            && self.follow_ups_unexpected == 0
             && self.settled
             && self.alerts.passed()
     }
@@ -527,7 +594,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "| fault suite (seed {}) | value | must be |", self.seed)?;
         writeln!(f, "| --- | ---: | --- |")?;
-        let rows: [(&str, String, &str); 16] = [
+        let rows: [(&str, String, &str); 19] = [
             ("measured window (s)", self.window_secs.to_string(), ""),
             ("faults injected", self.injected.len().to_string(), ""),
             (
@@ -536,7 +603,7 @@ impl fmt::Display for Report {
                 "",
             ),
             (
-                "`job_runs` rows in the window",
+                "`job_runs` rows of fires in the window (follow-ups aside)",
                 self.rows_in_window.to_string(),
                 "= expected − skipped",
             ),
@@ -590,6 +657,21 @@ impl fmt::Display for Report {
             (
                 "claims by a replica with a skewed clock",
                 self.claims_while_skewed.to_string(),
+                "0",
+            ),
+            (
+                "succeeded runs with a follow-up",
+                self.follow_ups_expected.to_string(),
+                "",
+            ),
+            (
+                "of those, without their follow-up run",
+                self.follow_ups_missing.to_string(),
+                "0",
+            ),
+            (
+                "follow-up runs of a run that did not succeed",
+                self.follow_ups_unexpected.to_string(),
                 "0",
             ),
         ];

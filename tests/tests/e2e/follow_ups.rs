@@ -165,21 +165,26 @@ belfry_testkit::both_backends! {
             let again = env.ledger.begin_attempt(&m, "w2", Duration::from_secs(60)).await.unwrap();
             assert!(matches!(again, AttemptStart::AlreadyFinished { .. }), "{again:?}");
         }
-        // Three replicas pass at once, twice each.
-        let replicas = [
-            Arc::new(replica(&env, "sched-a", None).await),
-            Arc::new(replica(&env, "sched-b", None).await),
-            Arc::new(replica(&env, "sched-c", None).await),
-        ];
-        let mut enqueued = 0;
-        for _ in 0..2 {
-            let passes = futures::future::join_all(
-                replicas.iter().map(|r| async move { r.settle_follow_ups_once().await.unwrap() }),
-            )
-            .await;
-            enqueued += passes.iter().sum::<usize>();
-        }
-        assert_eq!(enqueued, 2 * PARENTS, "each child counted once by the pass that inserted it");
+        // Three replicas pass at once, in pages of 5 (so their passes
+        // overlap on the 40 parents), until a pass finds nothing.
+        let passes = futures::future::join_all(["sched-a", "sched-b", "sched-c"].map(|by| {
+            let ledger = env.ledger.clone();
+            async move {
+                let mut enqueued = 0;
+                let mut pages = 0;
+                loop {
+                    let pass = ledger.settle_follow_ups(5, by).await.unwrap();
+                    if pass.parents == 0 {
+                        return (enqueued, pages);
+                    }
+                    enqueued += pass.enqueued.len();
+                    pages += 1;
+                }
+            }
+        }))
+        .await;
+        let enqueued: usize = passes.iter().map(|(e, _)| e).sum();
+        assert_eq!(enqueued, 2 * PARENTS, "each child counted once by the pass that inserted it: {passes:?}");
         for name in ["child", "audit"] {
             let runs = env.ledger.runs_of(name, 1000).await.unwrap();
             assert_eq!(runs.len(), PARENTS, "{name}");
@@ -189,7 +194,9 @@ belfry_testkit::both_backends! {
             assert_eq!(keys.len(), PARENTS, "{name}: one run per parent");
             assert!(runs.iter().all(|r| r.status_text == "claimed"), "{name}: due for the outbox");
         }
-        // Decided: another pass finds no parent to look at.
+        // Decided: another pass (a replica's whole loop) finds no parent.
+        let r = replica(&env, "sched-d", None).await;
+        assert_eq!(r.settle_follow_ups_once().await.unwrap(), 0);
         assert_eq!(env.ledger.settle_follow_ups(200, "sched-a").await.unwrap().parents, 0);
         env.teardown(&["default"]).await;
     }
@@ -340,5 +347,54 @@ belfry_testkit::both_backends! {
         // Refused, not mistaken for an outage: nothing handed back.
         assert_eq!(belfry_worker::WorkerCounters::get(&running.counters.handed_back), 0);
         running.stop_and_teardown(env).await;
+    }
+}
+
+belfry_testkit::both_backends! {
+    async fn a_join_listed_by_one_parent_waits_and_a_later_look_enqueues_only_the_join(env: TestEnv) {
+        env.declare_default_group(&["step"]).await;
+        // Only A lists the join (B has no follow-ups), beside a plain
+        // follow-up that runs at once.
+        let lists = FollowUps {
+            on_success: vec![
+                FollowUp { after: vec!["extract-b".into()], ..child("load", "step") },
+                child("notify", "step"),
+            ],
+            ..FollowUps::default()
+        };
+        let a = env.enqueue_with("extract-a", "step", json!(null), t0(), with_follow_ups(lists)).await;
+        let b = env.enqueue("extract-b", "step", json!(null), t0()).await;
+        finish(&env, &a, RunStatus::Succeeded).await;
+        let first = env.ledger.settle_follow_ups(200, "sched-a").await.unwrap();
+        assert_eq!(
+            (first.enqueued.clone(), first.waiting),
+            (vec![("notify".to_owned(), "notify@2026-07-26T03:00:00Z".to_owned())], 1)
+        );
+        // Retention (shorter than the join's wait) runs meanwhile: it
+        // prunes the finished plain follow-up, and keeps A, whose join
+        // waits (a later fire of extract-a is its schedule's newest).
+        let notify = env.ledger.run_by_key("notify", "notify@2026-07-26T03:00:00Z").await.unwrap().unwrap();
+        finish(&env, &notify.to_message(), RunStatus::Succeeded).await;
+        let a_later = env.enqueue("extract-a", "step", json!(null), t0() + chrono::Duration::hours(1)).await;
+        finish(&env, &a_later, RunStatus::Succeeded).await;
+        let pruned = env.ledger.prune_finished_runs(Utc::now() + chrono::Duration::hours(1), 1000).await.unwrap();
+        assert_eq!(pruned, 1, "only the plain follow-up");
+        assert!(env.ledger.run_by_key("notify", "notify@2026-07-26T03:00:00Z").await.unwrap().is_none());
+        assert!(env.ledger.run_by_key("extract-a", &a.run_key).await.unwrap().is_some());
+        // B succeeds: it lists nothing, so A's later look sees it.
+        finish(&env, &b, RunStatus::Succeeded).await;
+        let later = eventually("A looked at again", Duration::from_secs(10), || async {
+            let pass = env.ledger.settle_follow_ups(200, "sched-a").await.unwrap();
+            (pass.parents > 0).then_some(pass)
+        })
+        .await;
+        assert_eq!(
+            (later.enqueued, later.waiting),
+            (vec![("load".to_owned(), "load@2026-07-26T03:00:00Z".to_owned())], 0)
+        );
+        assert!(env.ledger.run_by_key("notify", "notify@2026-07-26T03:00:00Z").await.unwrap().is_none());
+        let load = env.ledger.run_by_key("load", "load@2026-07-26T03:00:00Z").await.unwrap().unwrap();
+        assert_eq!(load.claimed_by.as_deref(), Some("follow-up:sched-a"));
+        env.teardown(&["default"]).await;
     }
 }
