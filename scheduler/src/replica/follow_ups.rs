@@ -5,6 +5,10 @@
 //! once). A child is claimed due at once, so the outbox pass right after
 //! publishes it: a follow-up starts within one reconcile interval
 //! (`BELFRY_RECONCILE_INTERVAL`) of its parent's end.
+//!
+//! The clock guard does not hold the pass: a child's run key is derived
+//! from its parent's, and its instants are the database's, so a replica
+//! whose clock is off enqueues the same children as any other.
 
 use crate::counters::FireCounters;
 use crate::replica::Replica;
