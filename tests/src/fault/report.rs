@@ -195,7 +195,7 @@ pub async fn wait_settled(
         if let Some(accounting) = Accounting::read(env).await {
             let open = accounting.open_in(from, to);
             let unaccounted = accounting.unaccounted(config, from, to).count();
-            if open == 0 && unaccounted == 0 && accounting.follow_ups_pending == 0 {
+            if open == 0 && unaccounted == 0 && accounting.follow_ups_pending_in(from, to) == 0 {
                 return true;
             }
         }
@@ -218,9 +218,10 @@ struct Accounting {
     skipped: HashSet<(String, DateTime<Utc>)>,
     /// Spans `(after, until]` of `skipped_ranges`, by schedule.
     spans: HashMap<String, Spans>,
-    /// Ended runs whose follow-ups are not decided yet, plus follow-up
-    /// runs not ended.
-    follow_ups_pending: i64,
+    /// Fire instants of ended runs whose follow-ups are not decided yet.
+    undecided: Vec<DateTime<Utc>>,
+    /// Run keys of follow-up runs not ended.
+    open_follow_ups: Vec<String>,
 }
 
 impl Accounting {
@@ -241,12 +242,17 @@ impl Accounting {
                 .fetch_all(pool)
                 .await
                 .ok()?;
-        let follow_ups_pending: i64 = sqlx::query_scalar(&format!(
-            "SELECT (SELECT count(*) FROM job_runs WHERE follow_ups_done_at IS NULL \
-                 AND options ? 'follow_ups' AND status IN ('succeeded', 'failed', 'dead', 'cancelled')) \
-              + (SELECT count(*) FROM job_runs WHERE job_name LIKE '%-then' AND status NOT IN {TERMINAL})"
+        let undecided: Vec<DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT scheduled_at FROM job_runs WHERE follow_ups_done_at IS NULL \
+                 AND options ? 'follow_ups' AND status IN ('succeeded', 'failed', 'dead', 'cancelled')",
+        )
+        .fetch_all(pool)
+        .await
+        .ok()?;
+        let open_follow_ups: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT run_key FROM job_runs WHERE job_name LIKE '%-then' AND status NOT IN {TERMINAL}"
         ))
-        .fetch_one(pool)
+        .fetch_all(pool)
         .await
         .ok()?;
         let mut by_schedule: HashMap<String, Spans> = HashMap::new();
@@ -257,8 +263,28 @@ impl Accounting {
             rows: rows.into_iter().map(|(n, at, st)| ((n, at), st)).collect(),
             skipped: skipped.into_iter().collect(),
             spans: by_schedule,
-            follow_ups_pending,
+            undecided,
+            open_follow_ups,
         })
+    }
+
+    /// Follow-ups of the window's fires not enqueued or not ended yet:
+    /// undecided parents of the window, and follow-up runs whose key names
+    /// an instant of the window (fires keep coming during the drain, and
+    /// theirs are not waited for).
+    fn follow_ups_pending_in(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> usize {
+        let in_window = |at: DateTime<Utc>| at >= from && at < to;
+        let parents = self.undecided.iter().filter(|at| in_window(**at)).count();
+        let children = self
+            .open_follow_ups
+            .iter()
+            .filter(|key| {
+                key.split_once('@')
+                    .and_then(|(_, at)| at.parse::<DateTime<Utc>>().ok())
+                    .is_none_or(in_window)
+            })
+            .count();
+        parents + children
     }
 
     /// Rows of the window not terminal.
