@@ -214,8 +214,7 @@ impl Client {
         validate_name("job type", &job.job_type)?;
         let name = job.name.clone().unwrap_or_else(|| job.job_type.clone());
         validate_name("job name", &name)?;
-        job.options.follow_ups.validate(&name)?;
-        belfry_protocol::follow_up::check_parents(&job.options.parents)?;
+        job.options.check_follow_ups(&name)?;
         let id = Uuid::now_v7();
         let key = match &job.key {
             Some(key) => {

@@ -47,11 +47,9 @@ pub const JOIN_WAIT: chrono::Duration = chrono::Duration::hours(24);
 /// An ended run with undecided follow-ups, as the pass reads it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct EndedParent {
-    pub(crate) id: Uuid,
-    pub(crate) job_name: String,
-    pub(crate) run_key: String,
-    pub(crate) status: String,
-    pub(crate) last_error: Option<String>,
+    /// The run and how it ended.
+    #[sqlx(flatten)]
+    pub(crate) run: RelatedRun,
     pub(crate) options: serde_json::Value,
     pub(crate) trace_id: Option<String>,
     pub(crate) traceparent: Option<String>,
@@ -68,9 +66,10 @@ pub(crate) const ENDED_PARENT_COLUMNS: &str =
      trace_id, traceparent, COALESCE(finished_at, updated_at) AS finished_at, \
      follow_ups_next_at IS NOT NULL AS looked";
 
-/// Another parent of a join, as found (or not) in the ledger.
+/// A parent as a follow-up sees it: the pass's own parent, or another
+/// parent of a join as found in the ledger.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub(crate) struct OtherParent {
+pub(crate) struct RelatedRun {
     pub(crate) id: Uuid,
     pub(crate) job_name: String,
     pub(crate) run_key: String,
@@ -78,12 +77,24 @@ pub(crate) struct OtherParent {
     pub(crate) last_error: Option<String>,
 }
 
+impl RelatedRun {
+    /// The run as a child carries it in its options.
+    fn as_parent(&self) -> ParentRun {
+        ParentRun {
+            id: self.id,
+            job_name: self.job_name.clone(),
+            run_key: self.run_key.clone(),
+            status: self.status.clone(),
+            error: self.last_error.clone(),
+        }
+    }
+}
+
 /// What a page's pass writes, in one transaction.
 #[derive(Debug, Default)]
 pub(crate) struct FollowUpPlan {
-    /// Children to claim, due at once; sorted by key, so two passes insert
-    /// shared keys in the same order (never waiting for each other in a
-    /// cycle).
+    /// Children to claim, due at once (inserted with `skip`'s, in key
+    /// order: see [`FollowUpPlan::all_children`]).
     pub(crate) enqueue: Vec<NewRun>,
     /// Children to record as `cancelled`, each with its reason.
     pub(crate) skip: Vec<(NewRun, String)>,
@@ -150,7 +161,7 @@ pub(crate) fn other_keys(parents: &[EndedParent]) -> Vec<(String, String)> {
         .flat_map(|p| {
             follow_ups_of(p)
                 .into_iter()
-                .flat_map(|f| f.other_parent_keys(&p.job_name, &p.run_key))
+                .flat_map(|f| f.other_parent_keys(&p.run.job_name, &p.run.run_key))
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -165,19 +176,19 @@ pub(crate) fn other_keys(parents: &[EndedParent]) -> Vec<(String, String)> {
 fn follow_ups_of(parent: &EndedParent) -> Vec<FollowUp> {
     let options = serde_json::from_value::<JobOptions>(parent.options.clone())
         .map_err(|e| e.to_string())
-        .and_then(|o| match o.follow_ups.validate(&parent.job_name) {
+        .and_then(|o| match o.follow_ups.validate(&parent.run.job_name) {
             Ok(()) => Ok(o),
             Err(e) => Err(e.to_string()),
         });
     match options {
         Ok(options) => options
             .follow_ups
-            .for_status(&parent.status)
+            .for_status(&parent.run.status)
             .into_iter()
             .cloned()
             .collect(),
         Err(e) => {
-            tracing::warn!(run_key = %parent.run_key, error = %e,
+            tracing::warn!(run_key = %parent.run.run_key, error = %e,
                 "a run's follow-ups do not read or break a rule; they are not enqueued");
             Vec::new()
         }
@@ -198,20 +209,15 @@ fn look_again_after(waited: chrono::Duration) -> chrono::Duration {
 /// `by` the deciding replica.
 pub(crate) fn plan(
     parents: &[EndedParent],
-    others: &HashMap<(String, String), OtherParent>,
+    others: &HashMap<(String, String), RelatedRun>,
     now: DateTime<Utc>,
     by: &str,
 ) -> FollowUpPlan {
     let mut out = FollowUpPlan::default();
     for parent in parents {
-        let mut waiting = false;
-        let me = ParentRun {
-            id: parent.id,
-            job_name: parent.job_name.clone(),
-            run_key: parent.run_key.clone(),
-            status: parent.status.clone(),
-            error: parent.last_error.clone(),
-        };
+        let run = &parent.run;
+        // When to look again, if a join still waits.
+        let mut look_again: Option<DateTime<Utc>> = None;
         for f in follow_ups_of(parent) {
             // A later look is for the joins still waiting: the first look
             // decided every other follow-up in its commit (looking at them
@@ -219,21 +225,15 @@ pub(crate) fn plan(
             if parent.looked && f.after.is_empty() {
                 continue;
             }
-            let Some(run_key) = f.child_run_key(&parent.job_name, &parent.run_key) else {
+            let Some(run_key) = f.child_run_key(&run.job_name, &run.run_key) else {
                 continue;
             };
-            let mut lineage = vec![me.clone()];
+            let mut lineage = vec![run.as_parent()];
             let mut blocked: Option<String> = None;
             let mut missing: Option<String> = None;
-            for (name, key) in f.other_parent_keys(&parent.job_name, &parent.run_key) {
+            for (name, key) in f.other_parent_keys(&run.job_name, &run.run_key) {
                 match others.get(&(name, key.clone())) {
-                    Some(o) if o.status == "succeeded" => lineage.push(ParentRun {
-                        id: o.id,
-                        job_name: o.job_name.clone(),
-                        run_key: o.run_key.clone(),
-                        status: o.status.clone(),
-                        error: o.last_error.clone(),
-                    }),
+                    Some(o) if o.status == "succeeded" => lineage.push(o.as_parent()),
                     Some(o) if is_end(&o.status) => {
                         blocked.get_or_insert(format!(
                             "not run: parent {} ended {}",
@@ -252,13 +252,12 @@ pub(crate) fn plan(
                 (None, Some(key)) if waited > JOIN_WAIT => Some(format!(
                     "not run: parent {key} had not succeeded {} h after {} ended",
                     JOIN_WAIT.num_hours(),
-                    parent.run_key
+                    run.run_key
                 )),
                 (None, Some(_)) => {
                     // Not inserted yet: the pass that sees every parent
                     // succeeded inserts it.
-                    waiting = true;
-                    out.later.push((parent.id, now + look_again_after(waited)));
+                    look_again = Some(now + look_again_after(waited));
                     continue;
                 }
             };
@@ -268,15 +267,11 @@ pub(crate) fn plan(
                 None => out.enqueue.push(child),
             }
         }
-        if !waiting {
-            out.done.push(parent.id);
+        match look_again {
+            Some(at) => out.later.push((run.id, at)),
+            None => out.done.push(run.id),
         }
     }
-    out.later.dedup_by_key(|(id, _)| *id);
-    out.enqueue
-        .sort_by(|a, b| (&a.job_name, &a.run_key).cmp(&(&b.job_name, &b.run_key)));
-    out.skip
-        .sort_by(|a, b| (&a.0.job_name, &a.0.run_key).cmp(&(&b.0.job_name, &b.0.run_key)));
     out
 }
 
@@ -345,11 +340,13 @@ mod tests {
             ..JobOptions::default()
         };
         EndedParent {
-            id: Uuid::now_v7(),
-            job_name: name.into(),
-            run_key: format!("{name}@2026-07-26T02:00:00Z"),
-            status: status.into(),
-            last_error: None,
+            run: RelatedRun {
+                id: Uuid::now_v7(),
+                job_name: name.into(),
+                run_key: format!("{name}@2026-07-26T02:00:00Z"),
+                status: status.into(),
+                last_error: None,
+            },
             options: serde_json::to_value(options).unwrap(),
             trace_id: Some("t".into()),
             traceparent: None,
@@ -374,11 +371,11 @@ mod tests {
         }
     }
 
-    fn other(name: &str, status: &str) -> HashMap<(String, String), OtherParent> {
+    fn other(name: &str, status: &str) -> HashMap<(String, String), RelatedRun> {
         let key = format!("{name}@2026-07-26T02:00:00Z");
         HashMap::from([(
             (name.to_owned(), key.clone()),
-            OtherParent {
+            RelatedRun {
                 id: Uuid::now_v7(),
                 job_name: name.into(),
                 run_key: key,
@@ -403,7 +400,7 @@ mod tests {
             "r1",
         );
         assert!(p.enqueue.is_empty() && p.skip.is_empty() && p.done.is_empty());
-        assert_eq!(p.later, [(a.id, at(10))]);
+        assert_eq!(p.later, [(a.run.id, at(10))]);
         // Succeeded: the child, with both parents, in the parent's trace.
         let p = plan(
             std::slice::from_ref(&a),
@@ -411,7 +408,7 @@ mod tests {
             at(8),
             "r1",
         );
-        assert_eq!(p.done, [a.id]);
+        assert_eq!(p.done, [a.run.id]);
         let child = &p.enqueue[0];
         assert_eq!(child.run_key, "load@2026-07-26T02:00:00Z");
         assert_eq!(child.options.parents.len(), 2);
@@ -423,7 +420,7 @@ mod tests {
             at(8),
             "r1",
         );
-        assert_eq!(p.done, [a.id]);
+        assert_eq!(p.done, [a.run.id]);
         assert!(p.skip[0]
             .1
             .contains("extract-b@2026-07-26T02:00:00Z ended failed"));
@@ -468,7 +465,7 @@ mod tests {
         let mut bad = parent("nightly", "succeeded", FollowUps::default());
         bad.options = serde_json::json!({"follow_ups": 7});
         let p = plan(std::slice::from_ref(&bad), &HashMap::new(), at(1), "r1");
-        assert_eq!(p.done, [bad.id]);
+        assert_eq!(p.done, [bad.run.id]);
         assert!(p.enqueue.is_empty());
         let lists = FollowUps {
             on_success: vec![FollowUp {

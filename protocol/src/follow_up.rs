@@ -119,6 +119,32 @@ pub struct InvalidFollowUp {
     pub reason: String,
 }
 
+impl InvalidFollowUp {
+    /// The list the broken entry is in, as a request's field names it
+    /// (`on_success`, `on_failure` or `on_finish`; `on_success` for what
+    /// concerns the run's lists as a whole).
+    pub fn list(&self) -> &'static str {
+        [FollowOn::Failure, FollowOn::Finish]
+            .into_iter()
+            .map(FollowOn::as_str)
+            .find(|l| self.field.starts_with(l))
+            .unwrap_or(FollowOn::Success.as_str())
+    }
+}
+
+impl crate::JobOptions {
+    /// Checks a received run's follow-up lists against its job name
+    /// ([`FollowUps::validate`]) and its `parents` ([`check_parents`]).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidFollowUp`] naming what is wrong.
+    pub fn check_follow_ups(&self, job_name: &str) -> Result<(), InvalidFollowUp> {
+        self.follow_ups.validate(job_name)?;
+        check_parents(&self.parents)
+    }
+}
+
 impl FollowUps {
     /// True when no list has an entry.
     pub fn is_empty(&self) -> bool {

@@ -690,7 +690,7 @@ pub fn job_options_of(spec: &RunOptionsSpec<'_>) -> Result<JobOptions, (&'static
     };
     follow_ups
         .validate(job_name)
-        .map_err(|e| (follow_up_field(&e.field), e.to_string()))?;
+        .map_err(|e| (e.list(), e.to_string()))?;
     let priority = priority
         .map(|p| {
             p.parse::<belfry_protocol::Priority>()
@@ -800,18 +800,6 @@ fn follow_ups_of(
             })
         })
         .collect()
-}
-
-/// The top-level field a follow-up error is reported under: the list it
-/// is in (`on_success`, `on_failure`, `on_finish`).
-fn follow_up_field(path: &str) -> &'static str {
-    if path.starts_with("on_failure") {
-        "on_failure"
-    } else if path.starts_with("on_finish") {
-        "on_finish"
-    } else {
-        "on_success"
-    }
 }
 
 /// Whether `key` reads as a limit key template: not blank, at most

@@ -333,12 +333,7 @@ impl Worker {
         // follow-ups could never be enqueued (a hand-published message;
         // schedules and requests are checked when stored) is refused once,
         // not run and then found wanting.
-        if let Err(e) = message
-            .options
-            .follow_ups
-            .validate(&message.job_name)
-            .and_then(|()| belfry_protocol::follow_up::check_parents(&message.options.parents))
-        {
+        if let Err(e) = message.options.check_follow_ups(&message.job_name) {
             let reason = format!("the run's follow-ups cannot be used: options.follow_ups.{e}");
             return self.give_up(&delivery, message, &reason).await;
         }

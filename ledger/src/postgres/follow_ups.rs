@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::runs::claim_rows;
 use super::PgStore;
 use crate::follow_up::{
-    other_keys, plan, EndedParent, FollowUpPass, OtherParent, ENDED_PARENT_COLUMNS,
+    other_keys, plan, EndedParent, FollowUpPass, RelatedRun, ENDED_PARENT_COLUMNS,
 };
 use crate::store::FollowUpStore;
 use crate::LedgerError;
@@ -39,7 +39,7 @@ impl FollowUpStore for PgStore {
         }
         let keys = other_keys(&parents);
         let (names, run_keys): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
-        let others: Vec<OtherParent> = sqlx::query_as(
+        let others: Vec<RelatedRun> = sqlx::query_as(
             "SELECT j.id, j.job_name, j.run_key, j.status, j.last_error \
              FROM job_runs j JOIN unnest($1::text[], $2::text[]) AS k(n, r) \
                ON j.job_name = k.n AND j.run_key = k.r AND j.key_instant = belfry_key_instant(k.n, k.r)",
@@ -48,7 +48,7 @@ impl FollowUpStore for PgStore {
         .bind(&run_keys)
         .fetch_all(self.route.on(&mut tx))
         .await?;
-        let others: HashMap<(String, String), OtherParent> = others
+        let others: HashMap<(String, String), RelatedRun> = others
             .into_iter()
             .map(|o| ((o.job_name.clone(), o.run_key.clone()), o))
             .collect();

@@ -10,7 +10,7 @@ use chrono::Utc;
 use super::runs::{claim_in, CLAIM_CHUNK};
 use super::{ts, SqliteLedger};
 use crate::follow_up::{
-    other_keys, plan, EndedParent, FollowUpPass, OtherParent, ENDED_PARENT_COLUMNS,
+    other_keys, plan, EndedParent, FollowUpPass, RelatedRun, ENDED_PARENT_COLUMNS,
 };
 use crate::store::FollowUpStore;
 use crate::LedgerError;
@@ -39,7 +39,7 @@ impl FollowUpStore for SqliteLedger {
         }
         let mut others = HashMap::new();
         for (name, key) in other_keys(&parents) {
-            let found: Option<OtherParent> = sqlx::query_as(
+            let found: Option<RelatedRun> = sqlx::query_as(
                 "SELECT id, job_name, run_key, status, last_error FROM job_runs \
                  WHERE job_name = ?1 AND run_key = ?2",
             )

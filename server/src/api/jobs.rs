@@ -101,15 +101,7 @@ pub async fn enqueue(
             ApiError::invalid(field, n.to_string())
         }
         DispatchError::BadKey { .. } => ApiError::invalid("key", e.to_string()),
-        DispatchError::FollowUp(f) => {
-            let field = f.field.split(['[', '.']).next().unwrap_or("on_success");
-            let field = match field {
-                "on_failure" => "on_failure",
-                "on_finish" => "on_finish",
-                _ => "on_success",
-            };
-            ApiError::invalid(field, f.to_string())
-        }
+        DispatchError::FollowUp(f) => ApiError::invalid(f.list(), f.to_string()),
         DispatchError::Ledger(l) => ApiError::from(l),
         other => ApiError::unavailable(format!("the job could not be enqueued: {other}; retry")),
     })?;
