@@ -590,7 +590,11 @@ async fn open(
         Err(_) => Err(connect_err(lapin::Error::IOError(Arc::new(
             std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("no answer within {CONNECT_TIMEOUT:?}"),
+                format!(
+                    "no answer within {CONNECT_TIMEOUT:?} (a node that is up but out of file \
+                     handles takes the TCP connection and never answers: see the File \
+                     Descriptors of `rabbitmq-diagnostics status`)"
+                ),
             ),
         )))),
     }

@@ -177,6 +177,9 @@ pub struct TestEnv {
     pub broker: Broker,
     /// The embedded database's directory (embedded environments only).
     embedded_dir: Option<std::path::PathBuf>,
+    /// Set by [`TestEnv::teardown`]; an environment dropped without it (a
+    /// test that panicked or never tore down) is removed by `Drop`.
+    torn_down: bool,
 }
 
 impl TestEnv {
@@ -278,6 +281,7 @@ impl TestEnv {
             ledger,
             broker,
             embedded_dir: Some(dir),
+            torn_down: false,
         }
     }
 
@@ -318,6 +322,7 @@ impl TestEnv {
             ledger,
             broker,
             embedded_dir: None,
+            torn_down: false,
         }
     }
 
@@ -653,35 +658,92 @@ impl TestEnv {
             .unwrap_or_else(|e| panic!("declaring the default group: {e}"));
     }
 
-    /// Drops the database, the namespace's AMQP objects (for `groups`) and
-    /// its Redis keys.
-    pub async fn teardown(self, groups: &[&str]) {
-        let _ = self.broker.delete_namespace(groups).await;
+    /// Drops the database, the namespace's AMQP objects (for `groups`, and
+    /// the `default` group, which a test's processes may have declared
+    /// whatever the test names) and its Redis keys.
+    pub async fn teardown(mut self, groups: &[&str]) {
+        self.torn_down = true;
+        let mut all = groups.to_vec();
+        all.extend(DROPPED_ENV_GROUPS.iter().filter(|g| !groups.contains(g)));
+        let _ = self.broker.delete_namespace(&all).await;
         self.broker.close().await;
         self.ledger.close().await;
         if let Some(dir) = &self.embedded_dir {
             let _ = std::fs::remove_dir_all(dir);
             return;
         }
-        if let Ok(mut conn) = PgConnection::connect(&admin_database_url()).await {
-            let _ = sqlx::query(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.database
-            ))
+        remove_database_and_keys(&self.database, &self.namespace).await;
+    }
+}
+
+/// The groups whose queues an environment dropped without
+/// [`TestEnv::teardown`] deletes: the one most tests run. A test of other
+/// groups tears down with their names (leftovers are swept by
+/// `scripts/rabbitmq-sweep`, which `scripts/test` runs before and after).
+const DROPPED_ENV_GROUPS: &[&str] = &["default"];
+
+impl Drop for TestEnv {
+    /// Removes what a test that panicked or never called
+    /// [`TestEnv::teardown`] left: its queues above all. Each leftover
+    /// quorum queue holds file handles on the broker (three on RabbitMQ
+    /// 3.10), and a node started with the usual limit of 1,024 stops
+    /// accepting connections after about 300 of them: every later test
+    /// then fails with "no answer" (issue 24's CI run, RELIABILITY.md).
+    fn drop(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        if let Some(dir) = &self.embedded_dir {
+            let _ = std::fs::remove_dir_all(dir);
+            return;
+        }
+        let (topology, database, namespace) = (
+            self.topology.clone(),
+            self.database.clone(),
+            self.namespace.clone(),
+        );
+        // Drop runs inside the test's runtime, where blocking on another
+        // future panics: the clean-up runs on a thread with a runtime of
+        // its own (and its own broker connection), joined so that it ends
+        // before the test does.
+        let cleanup = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(broker) =
+                    Broker::connect(&amqp_url(), topology, "belfry-test-cleanup").await
+                {
+                    let _ = broker.delete_namespace(DROPPED_ENV_GROUPS).await;
+                    broker.close().await;
+                }
+                remove_database_and_keys(&database, &namespace).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Drops a test's database (its connections too) and its Redis keys.
+async fn remove_database_and_keys(database: &str, namespace: &str) {
+    if let Ok(mut conn) = PgConnection::connect(&admin_database_url()).await {
+        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
             .execute(&mut conn)
             .await;
-        }
-        if let Ok(client) = redis::Client::open(redis_url()) {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                // KEYS is fine here: a test Redis holds a handful of keys.
-                let keys: Vec<String> = redis::cmd("KEYS")
-                    .arg(format!("{}:*", self.namespace))
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap_or_default();
-                if !keys.is_empty() {
-                    let _: Result<(), _> = redis::AsyncCommands::del(&mut conn, keys).await;
-                }
+    }
+    if let Ok(client) = redis::Client::open(redis_url()) {
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            // KEYS is fine here: a test Redis holds a handful of keys.
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{namespace}:*"))
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            if !keys.is_empty() {
+                let _: Result<(), _> = redis::AsyncCommands::del(&mut conn, keys).await;
             }
         }
     }

@@ -34,6 +34,7 @@ mod retention;
 mod run_partitions;
 mod schedule_engine;
 mod sharding;
+mod test_isolation;
 mod tls;
 mod ui;
 mod ui_browser;
