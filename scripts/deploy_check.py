@@ -14,6 +14,14 @@
 
 `--self-test` shows the variable check can fail: a manifest naming a
 variable belfry does not read must be reported.
+
+`--run BIN_DIR` runs every command line of the manifests' Deployments and
+of compose's belfry services outside containers, with the binaries in
+BIN_DIR, the manifests' own environment (the Secrets' service URLs pointed
+at this machine's services): each must answer its probe (the readiness
+probe, else the metrics endpoint) and exit 0 on SIGTERM within its pod's
+grace period. Its self-test first: a misspelt binary and a value the
+worker refuses must be reported.
 """
 
 import pathlib
@@ -130,9 +138,209 @@ def check_schemas(directory):
     return problems, custom
 
 
+# --run: the services the processes are pointed at instead of the Secrets'
+# and compose's hosts (the machine's own, as the tests use them).
+LOCAL_URLS = {
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/{database}",
+    "REDIS_URL": "redis://127.0.0.1:6379/",
+    "AMQP_URL": "amqp://guest:guest@127.0.0.1:5672/%2f",
+}
+
+
+def secret_literals(directory):
+    """{Secret name: {key: value}} of the overlays' secretGenerators."""
+    out = {}
+    for path in sorted(directory.rglob("kustomization.yaml")):
+        k = yaml.safe_load(path.read_text()) or {}
+        for gen in k.get("secretGenerator", []):
+            out[gen["name"]] = dict(lit.split("=", 1) for lit in gen.get("literals", []))
+    return out
+
+
+def config_maps(directory):
+    """{ConfigMap name: data} of the manifests."""
+    return {doc["metadata"]["name"]: doc.get("data", {})
+            for _, doc in manifest_docs(directory) if doc.get("kind") == "ConfigMap"}
+
+
+def deployment_runs(directory, tmp):
+    """What each Deployment's containers would run, outside a container:
+    (where, argv, env, files to write, readiness URL path and port, grace
+    period in seconds). Values come from the manifests themselves: command
+    and args, env (a fieldRef is the pod's name), envFrom of the overlays'
+    Secrets, ConfigMap volumes written under `tmp` with paths in the env
+    rewritten to them."""
+    secrets, maps = secret_literals(directory), config_maps(directory)
+    runs = []
+    for path, doc in manifest_docs(directory):
+        if doc.get("kind") != "Deployment":
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for c in pod["containers"]:
+            where = f"{shown(path)} {doc['metadata']['name']}/{c['name']}"
+            env, files, mounts = {}, {}, {}
+            for m in c.get("volumeMounts", []):
+                cm = volumes.get(m["name"], {}).get("configMap")
+                if cm:
+                    local = pathlib.Path(tmp) / doc["metadata"]["name"] / m["name"]
+                    mounts[m["mountPath"]] = str(local)
+                    for key, text in maps.get(cm["name"], {}).items():
+                        files[local / key] = text
+            for ref in c.get("envFrom", []):
+                env.update(secrets.get(ref.get("secretRef", {}).get("name"), {}))
+            for e in c.get("env", []):
+                if "value" in e:
+                    value = str(e["value"])
+                    for mount, local in mounts.items():
+                        if value.startswith(mount.rstrip("/") + "/"):
+                            value = local + value[len(mount.rstrip("/")):]
+                    env[e["name"]] = value
+                elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                    env[e["name"]] = f"{doc['metadata']['name']}-deploy-check"
+            ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+            probe = (c.get("readinessProbe") or c.get("livenessProbe") or {}).get("httpGet")
+            if probe:
+                ready = (probe["path"], ports.get(probe["port"], probe["port"]))
+            else:
+                ready = ("/metrics", ports.get("metrics"))
+            argv = list(c.get("command", [])) + list(c.get("args", []))
+            grace = pod.get("terminationGracePeriodSeconds", 30)
+            runs.append((where, argv, env, files, ready, grace))
+    return runs
+
+
+def compose_runs(compose):
+    """The same for docker-compose.yml's belfry services (no probe: the
+    metrics endpoint, published in the container on BELFRY_METRICS_ADDR)."""
+    runs = []
+    for name, service in compose.get("services", {}).items():
+        command = [str(c) for c in service.get("command") or []]
+        if not command or not command[0].startswith("belfry"):
+            continue
+        env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
+        port = int(env.get("BELFRY_METRICS_ADDR", "0.0.0.0:9464").rsplit(":", 1)[1])
+        runs.append((f"docker-compose.yml {name}", command, env, {}, ("/metrics", port), 30))
+    return runs
+
+
+def http_status(port, path):
+    import urllib.request
+    import urllib.error
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def run_one(where, argv, env, files, ready, grace, bin_dir, database):
+    """Starts one command line with its environment (the service URLs
+    pointed at this machine's, a namespace of its own), waits until its
+    probe answers 200, sends SIGTERM and expects exit code 0 within the
+    pod's grace period. Returns the problem, or None."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import uuid
+    if not argv:
+        return f"{where}: no command (the image has no entrypoint: the manifest must name the binary)"
+    binary = pathlib.Path(bin_dir) / argv[0]
+    if not binary.is_file():
+        return f"{where}: command {argv[0]!r} is not a belfry binary (no {shown(binary)})"
+    path, port = ready
+    if port is None:
+        return f"{where}: no probe and no metrics port to tell that it started"
+    if http_status(port, path) is not None:
+        return f"{where}: port {port} is already taken on this machine; cannot run the command line"
+    for file, text in files.items():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(text)
+    full = dict(os.environ)
+    full.update(env)
+    for name, url in LOCAL_URLS.items():
+        full[name] = url.format(database=database)
+    full["BELFRY_NAMESPACE"] = "t" + uuid.uuid4().hex
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([str(binary)] + argv[1:], env=full, stdout=log, stderr=subprocess.STDOUT)
+
+    def tail():
+        log.seek(0)
+        return log.read().decode(errors="replace")[-1500:]
+    try:
+        deadline = time.monotonic() + 60
+        while http_status(port, path) != 200:
+            if proc.poll() is not None:
+                return f"{where}: exited with {proc.returncode} before {path} answered 200:\n{tail()}"
+            if time.monotonic() > deadline:
+                return f"{where}: {path} on port {port} did not answer 200 within 60 s:\n{tail()}"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return f"{where}: still running {grace} s (the pod's grace period) after SIGTERM"
+        if code != 0:
+            return f"{where}: exit code {code} after SIGTERM:\n{tail()}"
+        return None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_commands(deploy, compose, bin_dir):
+    """--run: every command line of the manifests and compose, run."""
+    import subprocess
+    import uuid
+    database = "belfry_deploycheck_" + uuid.uuid4().hex
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
+    subprocess.run(psql + [f"CREATE DATABASE {database}"], check=True)
+    problems, count = [], 0
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for run in deployment_runs(deploy, tmp) + compose_runs(compose):
+                count += 1
+                problem = run_one(*run, bin_dir, database)
+                print(f"deploy-check --run: {run[0]}: {'ok' if problem is None else 'FAILED'}")
+                if problem:
+                    problems.append(problem)
+    finally:
+        subprocess.run(psql + [f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"])
+    return problems, count
+
+
 def main():
     read = names_read()
     deploy = ROOT / "deploy" / "kubernetes"
+    if "--run" in sys.argv:
+        bin_dir = sys.argv[sys.argv.index("--run") + 1]
+        compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+        # Self-test first: a misspelt binary and a value the worker refuses
+        # must be reported.
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = pathlib.Path(tmp) / "kubernetes"
+            shutil.copytree(deploy, copy)
+            for name, old, new in [("scheduler.yaml", '["belfry-scheduler"]', '["belfry-schedular"]'),
+                                   ("worker.yaml", 'value: "32"', 'value: "lots"')]:
+                path = copy / "base" / name
+                assert old in path.read_text(), f"self-test: {old} not in {name}"
+                path.write_text(path.read_text().replace(old, new, 1))
+            broken, _ = run_commands(copy, {}, bin_dir)
+        if len(broken) != 2:
+            print(f"deploy-check --run self-test: a broken command line was NOT reported ({broken})", file=sys.stderr)
+            return 1
+        print("deploy-check --run self-test: a misspelt binary and a refused value are reported:",
+              "; ".join(b.splitlines()[0] for b in broken))
+        problems, count = run_commands(deploy, compose, bin_dir)
+        for p in problems:
+            print(f"deploy-check: {p}", file=sys.stderr)
+        print(f"deploy-check --run: {count - len(problems)} of {count} command lines started, "
+              f"became ready and stopped cleanly on SIGTERM")
+        return 1 if problems else 0
     if "--self-test" in sys.argv:
         with tempfile.TemporaryDirectory() as tmp:
             copy = pathlib.Path(tmp) / "kubernetes"
