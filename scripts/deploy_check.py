@@ -10,10 +10,17 @@
   tests use, and every `service_healthy` dependency has a healthcheck.
 * Every Kubernetes object of the base and the autoscaling files validates
   against the Kubernetes OpenAPI schemas (kubernetes-validate, pinned in
-  scripts/deploy-check); KEDA's kinds are listed as not checked.
+  scripts/deploy-check); the custom resources (KEDA's ScaledObject and
+  TriggerAuthentication, the Prometheus Operator's ServiceMonitor) against
+  the types of the kubernetes-models packages (npm, pinned), unknown
+  fields included (scripts/deploy_check_crds.mjs).
 
-`--self-test` shows the variable check can fail: a manifest naming a
-variable belfry does not read must be reported.
+* Every belfry metric the files name (the HPA's, prometheus-adapter's
+  rule) is one the binaries export.
+
+`--self-test` shows the checks can fail: a manifest naming a variable
+belfry does not read, a misspelt ScaledObject field and a misspelt metric
+must be reported.
 
 `--run BIN_DIR` runs every command line of the manifests' Deployments and
 of compose's belfry services outside containers, with the binaries in
@@ -39,17 +46,45 @@ CRATES = ["runtime", "scheduler", "server", "worker", "alert", "ledger", "broker
           "dispatch", "embedded", "cli", "protocol", "api-types"]
 NAME = re.compile(r'"((?:BELFRY|OTEL)_[A-Z0-9_]+|DATABASE_URL|REDIS_URL|AMQP_URL|RUST_LOG)"')
 KUBERNETES_VERSION = "1.31.0"
-# Kinds no Kubernetes schema covers (custom resources).
+# Kinds no Kubernetes schema covers (custom resources), checked against
+# the kubernetes-models packages (scripts/deploy_check_crds.mjs).
 CUSTOM_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor"}
+NODE_DIR = ROOT / "target" / "deploy-check-node"
+
+
+def literals(pattern):
+    """Every string literal of the binaries' sources that `pattern` matches."""
+    found = set()
+    for crate in CRATES:
+        for path in (ROOT / crate / "src").rglob("*.rs"):
+            found.update(pattern.findall(path.read_text()))
+    return found
 
 
 def names_read():
     """Every variable name the binaries' sources spell out."""
-    read = set()
-    for crate in CRATES:
-        for path in (ROOT / crate / "src").rglob("*.rs"):
-            read.update(NAME.findall(path.read_text()))
-    return read
+    return literals(NAME)
+
+
+METRIC = re.compile(r'"(belfry_[a-z0-9_]+)"')
+# Suffixes the exposition adds to a metric's registered name.
+METRIC_SUFFIX = re.compile(r"_(total|bucket|sum|count|created)$")
+
+
+def metrics_exported():
+    """Every metric name the binaries' sources register."""
+    return literals(METRIC)
+
+
+def check_metrics(directory, exported):
+    """Every belfry metric the deployment files name (the HPA's metric, the
+    adapter's rule) is one the binaries export."""
+    problems = []
+    for path in sorted(directory.rglob("*.yaml")):
+        for name in sorted(set(re.findall(r"\bbelfry_[a-z0-9_]+\b", path.read_text()))):
+            if name not in exported and METRIC_SUFFIX.sub("", name) not in exported:
+                problems.append(f"{shown(path)}: metric {name} is not exported by any belfry binary")
+    return problems
 
 
 def shown(path):
@@ -123,19 +158,36 @@ def check_compose(compose, readme):
     return problems
 
 
+def check_custom(custom):
+    """KEDA's and the Prometheus Operator's kinds, checked by
+    scripts/deploy_check_crds.mjs with the kubernetes-models packages that
+    scripts/deploy-check installed into NODE_DIR: types, required fields
+    and unknown fields."""
+    import json
+    import subprocess
+    script = NODE_DIR / "deploy_check_crds.mjs"
+    shutil.copyfile(ROOT / "scripts" / "deploy_check_crds.mjs", script)
+    items = [{"where": where, "doc": doc} for where, doc in custom]
+    p = subprocess.run(["node", str(script)], input=json.dumps(items), text=True,
+                       capture_output=True, cwd=NODE_DIR)
+    if p.returncode not in (0, 1) or (p.returncode == 1 and not p.stderr.strip()):
+        return [f"the custom-resource check could not run (exit {p.returncode}): {p.stderr.strip()}"]
+    return [line for line in p.stderr.splitlines() if line.strip()]
+
+
 def check_schemas(directory):
     import kubernetes_validate  # installed by scripts/deploy-check
     problems, custom = [], []
     for path, doc in manifest_docs(directory):
         where = f"{shown(path)} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
         if doc.get("kind") in CUSTOM_KINDS:
-            custom.append(where)
+            custom.append((where, doc))
             continue
         try:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as e:
             problems.append(f"{where}: {e.message} at {'.'.join(str(p) for p in e.path)}")
-    return problems, custom
+    return problems + check_custom(custom), [where for where, _ in custom]
 
 
 # --run: the services the processes are pointed at instead of the Secrets'
@@ -349,15 +401,32 @@ def main():
             path.write_text(path.read_text().replace(
                 "name: BELFRY_WORKER_GROUP", "name: BELFRY_WORKERS_GROUP", 1))
             problems = check_env(manifest_env(copy), read)
+            keda = copy / "autoscaling" / "keda-worker-default.yaml"
+            keda.write_text(keda.read_text().replace("maxReplicaCount:", "maxReplicas:", 1))
+            custom, _ = check_schemas(copy)
+            hpa = copy / "autoscaling" / "hpa-worker-default.yaml"
+            hpa.write_text(hpa.read_text().replace("name: belfry_jobs_in_flight", "name: belfry_job_in_flight", 1))
+            metrics = check_metrics(copy, metrics_exported())
         if not any("BELFRY_WORKERS_GROUP" in p for p in problems):
             print("deploy-check self-test: a misspelt variable in a manifest was NOT reported", file=sys.stderr)
             return 1
         print("deploy-check self-test: a misspelt variable in a manifest is reported:", problems[0])
+        if not any("maxReplicas: unknown field" in p for p in custom):
+            print(f"deploy-check self-test: a misspelt ScaledObject field was NOT reported ({custom})",
+                  file=sys.stderr)
+            return 1
+        print("deploy-check self-test: a misspelt ScaledObject field is reported:",
+              next(p for p in custom if "maxReplicas" in p))
+        if not any("belfry_job_in_flight" in p for p in metrics):
+            print(f"deploy-check self-test: a misspelt metric was NOT reported ({metrics})", file=sys.stderr)
+            return 1
+        print("deploy-check self-test: a misspelt metric is reported:", metrics[0])
         return 0
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     readme = (ROOT / "README.md").read_text()
     named = manifest_env(deploy) + compose_env(compose)
-    problems = check_env(named, read) + check_compose(compose, readme)
+    problems = check_env(named, read) + check_compose(compose, readme) \
+        + check_metrics(deploy, metrics_exported())
     schema_problems, custom = check_schemas(deploy)
     problems += schema_problems
     for p in problems:
@@ -365,8 +434,8 @@ def main():
     objects = sum(1 for _ in manifest_docs(deploy))
     print(f"deploy-check: {len(named)} variables named by the manifests and compose, all read by the binaries"
           if not problems else f"deploy-check: {len(problems)} problem(s)")
-    print(f"deploy-check: {objects - len(custom)} objects valid against Kubernetes {KUBERNETES_VERSION}; "
-          f"not checked (custom resources): {', '.join(custom) or 'none'}")
+    print(f"deploy-check: {objects - len(custom)} objects checked against Kubernetes {KUBERNETES_VERSION}, "
+          f"{len(custom)} custom resources against KEDA's and the Prometheus Operator's types: {', '.join(custom)}")
     return 1 if problems else 0
 
 
