@@ -24,8 +24,10 @@ must be reported.
 
 `--run BIN_DIR` runs every command line of the manifests' Deployments and
 of compose's belfry services outside containers, with the binaries in
-BIN_DIR, the manifests' own environment (the Secrets' service URLs pointed
-at this machine's services): each must answer its probe (the readiness
+BIN_DIR (each must be one the Dockerfile's runtime stage copies in), the
+image's ENV (paths it COPYs pointed at the repository's files) under the
+manifests' own environment (the Secrets' service URLs pointed at this
+machine's services): each must answer its probe (the readiness
 probe, else the metrics endpoint) and exit 0 on SIGTERM within its pod's
 grace period. Its self-test first: a misspelt binary and a value the
 worker refuses must be reported.
@@ -344,20 +346,46 @@ def run_one(where, argv, env, files, ready, grace, bin_dir, database):
             proc.wait()
 
 
-def run_commands(deploy, compose, bin_dir):
-    """--run: every command line of the manifests and compose, run."""
+def image_runtime(dockerfile):
+    """The Dockerfile's last stage, as a container built from it starts:
+    (binaries copied in from the build stage, its ENV with each path the
+    stage COPYs from the repository pointed at that repository file)."""
+    stage = dockerfile.split("\nFROM ")[-1]
+    binaries, copied, env = set(), {}, {}
+    for line in stage.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "COPY" and words[1].startswith("--from="):
+            binaries.update(pathlib.Path(w).name for w in words[2:-1])
+        elif words[0] == "COPY":
+            copied[words[-1]] = str(ROOT / words[1])
+        elif words[0] == "ENV":
+            for pair in words[1:]:
+                key, value = pair.split("=", 1)
+                env[key] = copied.get(value, value)
+    return binaries, env
+
+
+def run_commands(deploy, compose, bin_dir, dockerfile):
+    """--run: every command line of the manifests and compose, run in the
+    image's environment (its ENV, then the container's own)."""
     import subprocess
     import uuid
+    binaries, image_env = image_runtime(dockerfile)
     database = "belfry_deploycheck_" + uuid.uuid4().hex
     psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
     subprocess.run(psql + [f"CREATE DATABASE {database}"], check=True)
     problems, count = [], 0
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for run in deployment_runs(deploy, tmp) + compose_runs(compose):
+            for where, argv, env, files, ready, grace in deployment_runs(deploy, tmp) + compose_runs(compose):
                 count += 1
-                problem = run_one(*run, bin_dir, database)
-                print(f"deploy-check --run: {run[0]}: {'ok' if problem is None else 'FAILED'}")
+                if argv and argv[0] not in binaries:
+                    problem = f"{where}: the image has no {argv[0]!r} (the Dockerfile copies {sorted(binaries)})"
+                else:
+                    problem = run_one(where, argv, {**image_env, **env}, files, ready, grace, bin_dir, database)
+                print(f"deploy-check --run: {where}: {'ok' if problem is None else 'FAILED'}")
                 if problem:
                     problems.append(problem)
     finally:
@@ -371,6 +399,7 @@ def main():
     if "--run" in sys.argv:
         bin_dir = sys.argv[sys.argv.index("--run") + 1]
         compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+        dockerfile = (ROOT / "Dockerfile").read_text()
         # Self-test first: a misspelt binary and a value the worker refuses
         # must be reported.
         with tempfile.TemporaryDirectory() as tmp:
@@ -381,13 +410,13 @@ def main():
                 path = copy / "base" / name
                 assert old in path.read_text(), f"self-test: {old} not in {name}"
                 path.write_text(path.read_text().replace(old, new, 1))
-            broken, _ = run_commands(copy, {}, bin_dir)
+            broken, _ = run_commands(copy, {}, bin_dir, dockerfile)
         if len(broken) != 2:
             print(f"deploy-check --run self-test: a broken command line was NOT reported ({broken})", file=sys.stderr)
             return 1
         print("deploy-check --run self-test: a misspelt binary and a refused value are reported:",
               "; ".join(b.splitlines()[0] for b in broken))
-        problems, count = run_commands(deploy, compose, bin_dir)
+        problems, count = run_commands(deploy, compose, bin_dir, dockerfile)
         for p in problems:
             print(f"deploy-check: {p}", file=sys.stderr)
         print(f"deploy-check --run: {count - len(problems)} of {count} command lines started, "
