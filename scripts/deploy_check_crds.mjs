@@ -14,7 +14,6 @@
 // problem on stderr; exit code 1 when there is one.
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import { createRequire } from "node:module";
 
 const MODELS = {
   "keda.sh/v1alpha1": "@kubernetes-models/keda/keda.sh/v1alpha1",
@@ -27,22 +26,25 @@ const interfaces = new Map();
 function declaration(dts) {
   if (interfaces.has(dts)) return interfaces.get(dts);
   const text = readFileSync(dts, "utf8");
-  const require = createRequire(dts);
   const imports = {};
   for (const m of text.matchAll(/import \{ ([^}]+) \} from "([^"]+)";/g)) {
-    let target;
-    try {
-      target = m[2].startsWith(".")
-        ? new URL(m[2], "file://" + dts).pathname
-        : require.resolve(m[2]);
-    } catch {
-      continue; // a type package with no declaration here: not checked
-    }
+    // Relative to the declaring file; a package (apimachinery's ObjectMeta,
+    // LabelSelector) through its `exports` with the import condition, as
+    // node resolves it (the packages are installed beside this script).
+    const target = m[2].startsWith(".")
+      ? new URL(m[2], "file://" + dts).pathname
+      : fileURLToPath(import.meta.resolve(m[2]));
     for (const name of m[1].split(",").map((s) => s.trim())) {
       imports[name] = target.replace(/\.js$/, "") + ".d.ts";
     }
   }
   const start = text.search(/export interface \w+[^{]*\{/);
+  // `interface IServiceMonitorSpec extends INativeHistogramConfig`: the
+  // parents' fields are this level's too (TypeMeta's are declared here).
+  const parents = (text.slice(start).match(/^export interface \w+ extends ([^{]+)\{/) || [null, ""])[1]
+    .split(",")
+    .map((p) => p.trim())
+    .filter((p) => p && p !== "TypeMeta" && imports[p]);
   const alias = text.match(/export type \w+ = (\w+);/);
   if (start < 0 && alias && imports[alias[1]]) {
     // `export type IAuthSecretTargetRef = IAuthTargetRef;`: the other's.
@@ -68,6 +70,15 @@ function declaration(dts) {
       }
       depth += opens - closes;
       if (depth <= 0 && opens + closes > 0) break;
+    }
+  }
+  for (const p of parents) {
+    const inherited = declaration(imports[p]);
+    for (const [k, v] of Object.entries(inherited.props)) {
+      if (!(k in props)) {
+        props[k] = v;
+        imports[v.match(/^Array<(\w+)>$/)?.[1] ?? v] ??= inherited.imports[v.match(/^Array<(\w+)>$/)?.[1] ?? v];
+      }
     }
   }
   const result = { props, imports };

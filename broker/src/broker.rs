@@ -591,9 +591,9 @@ async fn open(
             std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
-                    "no answer within {CONNECT_TIMEOUT:?} (a node that is up but out of file \
-                     handles takes the TCP connection and never answers: see the File \
-                     Descriptors of `rabbitmq-diagnostics status`)"
+                    "no answer within {CONNECT_TIMEOUT:?} (the node may be unreachable, or up \
+                     but out of file handles: such a node takes the TCP connection and never \
+                     answers; see the File Descriptors of `rabbitmq-diagnostics status`)"
                 ),
             ),
         )))),

@@ -678,9 +678,13 @@ impl TestEnv {
 
 /// The groups whose queues an environment dropped without
 /// [`TestEnv::teardown`] deletes: the one most tests run. A test of other
-/// groups tears down with their names (leftovers are swept by
-/// `scripts/rabbitmq-sweep`, which `scripts/test` runs before and after).
+/// groups tears down with their names. Leftovers (other groups, or a queue
+/// a worker still running declared again after the delete) are swept by
+/// `scripts/rabbitmq-sweep`, which `scripts/test` runs before and after.
 const DROPPED_ENV_GROUPS: &[&str] = &["default"];
+
+/// How long a dropped environment's clean-up may take.
+const DROP_CLEANUP_WITHIN: Duration = Duration::from_secs(20);
 
 impl Drop for TestEnv {
     /// Removes what a test that panicked or never called
@@ -713,14 +717,20 @@ impl Drop for TestEnv {
             else {
                 return;
             };
+            // Bounded: a service that stopped answering (the fault suite
+            // restarts them) must not hold the test up; the sweep of
+            // `scripts/test` removes what is left.
             runtime.block_on(async move {
-                if let Ok(broker) =
-                    Broker::connect(&amqp_url(), topology, "belfry-test-cleanup").await
-                {
-                    let _ = broker.delete_namespace(DROPPED_ENV_GROUPS).await;
-                    broker.close().await;
-                }
-                remove_database_and_keys(&database, &namespace).await;
+                let _ = tokio::time::timeout(DROP_CLEANUP_WITHIN, async {
+                    if let Ok(broker) =
+                        Broker::connect(&amqp_url(), topology, "belfry-test-cleanup").await
+                    {
+                        let _ = broker.delete_namespace(DROPPED_ENV_GROUPS).await;
+                        broker.close().await;
+                    }
+                    remove_database_and_keys(&database, &namespace).await;
+                })
+                .await;
             });
         });
         let _ = cleanup.join();
