@@ -38,6 +38,7 @@ use crate::follow_up::FollowUpPass;
 use crate::postgres::PgStore;
 use crate::retention::PruneBatch;
 use crate::run_limits::RunLimits;
+use crate::run_log::{LogCursor, RunLogLine};
 use crate::run_partitions::{PartitionDrop, RunPartition};
 use crate::run_query::RunPage;
 use crate::run_rows::{FromMessage, RunLookup};
@@ -61,6 +62,7 @@ pub(crate) trait Store:
     + LimitStore
     + RunPartitionStore
     + FollowUpStore
+    + RunLogStore
     + std::fmt::Debug
     + Send
     + Sync
@@ -416,6 +418,26 @@ pub(crate) trait LimitStore {
 pub(crate) trait FollowUpStore {
     /// [`crate::Ledger::settle_follow_ups`].
     async fn settle_follow_ups(&self, limit: i64, by: &str) -> Result<FollowUpPass, LedgerError>;
+}
+
+/// Run logs and progress (`crate::run_log`).
+#[async_trait]
+pub(crate) trait RunLogStore {
+    /// [`crate::Ledger::append_run_logs`].
+    async fn append_run_logs(&self, lines: &[RunLogLine]) -> Result<u64, LedgerError>;
+    /// [`crate::Ledger::run_logs`].
+    async fn run_logs(
+        &self,
+        run_id: Uuid,
+        after: LogCursor,
+        limit: i64,
+    ) -> Result<Vec<RunLogLine>, LedgerError>;
+    /// [`crate::Ledger::prune_run_logs`].
+    async fn prune_run_logs(
+        &self,
+        older_than: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, LedgerError>;
 }
 
 /// Shard leases (`crate::shards`); Postgres only.

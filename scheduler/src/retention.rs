@@ -1,5 +1,6 @@
-//! Retention: prunes finished runs (and records of skipped fires, and alert
-//! events whose deliveries are all final) older than
+//! Retention: prunes finished runs (and records of skipped fires, alert
+//! events whose deliveries are all final, and the log lines of runs that
+//! are gone) older than
 //! `BELFRY_RETENTION`, so `job_runs` stays the size of its useful history.
 //!
 //! On Postgres most runs go a whole day at a time: a day partition of
@@ -40,6 +41,8 @@ pub struct Pruned {
     /// Rate-limit starts deleted that no window reaches any more (keys no
     /// run asked for in a day).
     pub rate_starts: u64,
+    /// Run log lines deleted (their runs were pruned).
+    pub log_lines: u64,
 }
 
 /// Prunes one ledger's old history.
@@ -111,15 +114,19 @@ impl Retention {
                 .ledger
                 .prune_rate_limits(now - window, PRUNE_BATCH)
                 .await?;
+            // After the runs: a line goes once its run is gone.
+            let log_lines = self.ledger.prune_run_logs(cutoff, PRUNE_BATCH).await?;
             pruned.runs += runs;
             pruned.rate_starts += rate_starts;
+            pruned.log_lines += log_lines;
             pruned.skipped_fires += skipped + spans;
             pruned.alerts += alerts;
             let full = runs >= PRUNE_BATCH as u64
                 || skipped >= PRUNE_BATCH as u64
                 || spans >= PRUNE_BATCH as u64
                 || alerts >= PRUNE_BATCH as u64
-                || rate_starts >= PRUNE_BATCH as u64;
+                || rate_starts >= PRUNE_BATCH as u64
+                || log_lines >= PRUNE_BATCH as u64;
             if !full || cancel.is_cancelled() {
                 return Ok(pruned);
             }

@@ -172,6 +172,7 @@ mod tests {
             cancel,
             span: tracing::Span::none(),
             parents: Vec::new(),
+            run_log: crate::run_log::RunLog::disabled(),
         }
     }
 

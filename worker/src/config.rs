@@ -83,6 +83,9 @@ pub struct WorkerConfig {
     /// How long start-up retries while a service is unreachable
     /// (`BELFRY_START_TIMEOUT`).
     pub start_timeout: Duration,
+    /// How much of a run's log is kept (`BELFRY_RUN_LOG_MAX_LINES`, 10,000;
+    /// `BELFRY_RUN_LOG_MAX_BYTES`, 1 MiB).
+    pub run_log: crate::run_log::RunLogBounds,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -114,6 +117,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("log_format", &self.log_format)
             .field("metrics_addr", &self.metrics_addr)
             .field("start_timeout", &self.start_timeout)
+            .field("run_log", &self.run_log)
             .finish()
     }
 }
@@ -219,6 +223,16 @@ impl WorkerConfig {
                 Duration::from_secs(30),
                 Duration::ZERO,
             )?,
+            run_log: crate::run_log::RunLogBounds {
+                max_lines: u32::try_from(num("BELFRY_RUN_LOG_MAX_LINES", 10_000, 0, 10_000_000)?)
+                    .unwrap_or(10_000),
+                max_bytes: num(
+                    "BELFRY_RUN_LOG_MAX_BYTES",
+                    1024 * 1024,
+                    0,
+                    1024 * 1024 * 1024,
+                )?,
+            },
         })
     }
 }

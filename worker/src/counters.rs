@@ -7,6 +7,7 @@
 //! `prometheus-client` families.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use belfry_runtime::metrics::{encode_counter, encode_metric, latency_buckets};
 use prometheus_client::collector::Collector;
@@ -62,6 +63,9 @@ pub struct WorkerCounters {
     /// Attempts interrupted because their lease could not be renewed in
     /// time or was taken over (see `crate::lease`).
     pub lease_lost: AtomicU64,
+    /// Run log lines given up (the writer's queue was full, or a batch
+    /// waited through a long outage): see `crate::run_log`.
+    pub run_log_dropped: Arc<AtomicU64>,
     /// Runs finished here, by job type and outcome (`succeeded`,
     /// `failed`, `dead`, `cancelled`, `deferred`, `handed_back`,
     /// `duplicate`, `superseded`, `waiting`).
@@ -91,6 +95,7 @@ impl Default for WorkerCounters {
             rate_limited: AtomicU64::default(),
             superseded: AtomicU64::default(),
             lease_lost: AtomicU64::default(),
+            run_log_dropped: Arc::default(),
             jobs: Family::default(),
             attempts_by_type: Family::default(),
             durations: Family::new_with_constructor(duration_histogram),
@@ -144,6 +149,12 @@ impl Collector for WorkerCounters {
             "belfry_attempts_interrupted_lease_lost",
             "Attempts stopped because their lease could not be renewed in time or was taken over",
             get(&self.lease_lost),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_run_log_lines_dropped",
+            "Run log lines not stored: the writer's queue was full or a batch waited through a long outage",
+            get(&self.run_log_dropped),
         )?;
         encode_metric(
             &mut e,

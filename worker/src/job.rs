@@ -14,6 +14,8 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::run_log::RunLog;
+
 /// What a handler gets besides its payload.
 #[derive(Debug, Clone)]
 pub struct JobContext {
@@ -36,6 +38,36 @@ pub struct JobContext {
     /// For a follow-up run: the runs whose end enqueued it, with the status
     /// each ended with (empty for every other run).
     pub parents: Vec<belfry_protocol::ParentRun>,
+    /// This attempt's stored log (see [`JobContext::log`]);
+    /// [`RunLog::disabled`] outside a worker.
+    pub run_log: RunLog,
+}
+
+impl JobContext {
+    /// Writes a line to the run's stored log (shown per attempt by the API,
+    /// the web view and `belfry runs logs`), at `level`. Never waits: see
+    /// [`crate::run_log`] for batching and bounds.
+    pub fn log(&self, level: tracing::Level, message: impl AsRef<str>) {
+        self.run_log
+            .write(level, message.as_ref(), serde_json::Value::Null);
+    }
+
+    /// [`JobContext::log`] with structured fields (a JSON object, e.g.
+    /// `serde_json::json!({"invoice": 42})`).
+    pub fn log_with(
+        &self,
+        level: tracing::Level,
+        message: impl AsRef<str>,
+        fields: serde_json::Value,
+    ) {
+        self.run_log.write(level, message.as_ref(), fields);
+    }
+
+    /// Records progress: `done` of `total` units (when known) with a short
+    /// note; the web view shows the latest as a progress bar.
+    pub fn progress(&self, done: u64, total: Option<u64>, note: impl AsRef<str>) {
+        self.run_log.progress(done, total, note.as_ref());
+    }
 }
 
 /// A handler's failure, saying whether it is worth retrying.

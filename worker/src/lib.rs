@@ -47,6 +47,7 @@ pub mod process;
 pub mod registry;
 pub mod retry_policy;
 pub mod run_limits;
+pub mod run_log;
 mod settle;
 pub mod worker;
 
@@ -57,4 +58,5 @@ pub use job::{Job, JobContext, JobError};
 pub use process::ProcessOutcome;
 pub use registry::{Registry, RegistryBuilder, RegistryError};
 pub use retry_policy::RetryPolicy;
+pub use run_log::{RunLog, RunLogBounds};
 pub use worker::{Worker, HEARTBEAT_POOL};

@@ -417,7 +417,22 @@ impl Worker {
                 .unwrap_or("");
             let span = tracing::info_span!("attempt", job_name = %message.job_name, job_type = %message.job_type,
                 run_key = %message.run_key, attempt, trace_id, worker = %self.instance);
+            // A retry starts from what the run's earlier attempts stored, so
+            // the log's bound is the run's (read only after a first attempt).
+            let stored_before = if attempt_no > 1 {
+                // This worker's lines of the earlier attempt first (another
+                // worker's are written within a batch's wait, well inside
+                // any retry delay).
+                self.run_logs.flush(Duration::from_secs(1)).await;
+                crate::run_log::stored_before(&self.ledger, id).await
+            } else {
+                (0, 0)
+            };
+            let run_log = self
+                .run_logs
+                .attempt(id, attempt_no, self.run_log_bounds, stored_before);
             let ctx = JobContext {
+                run_log: run_log.clone(),
                 run_id: id,
                 job_name: message.job_name.clone(),
                 run_key: message.run_key.clone(),
@@ -460,6 +475,7 @@ impl Worker {
                 AttemptResult::Failed(JobError::Permanent(m)) => {
                     entry.outcome = "failed".into();
                     entry.error = Some(m.clone());
+                    run_log.error(&m);
                     tracing::warn!(parent: &span, error = %m, "attempt failed permanently");
                     return self.conclude(&delivery, id, RunStatus::Failed, entry).await;
                 }
@@ -470,6 +486,7 @@ impl Worker {
                     );
                     entry.outcome = "invalid_payload".into();
                     entry.error = Some(reason.clone());
+                    run_log.error(&reason);
                     tracing::error!(parent: &span, error = %reason, "dead-lettering: payload cannot be decoded");
                     return self.dead(&delivery, id, entry, &reason).await;
                 }
@@ -510,6 +527,8 @@ impl Worker {
             };
             entry.outcome = outcome.into();
             entry.error = Some(error.clone());
+            // The failure after the handler's last lines: read together.
+            run_log.error(&error);
             let Some(policy_delay) = policy.delay_after(attempt_no) else {
                 let reason =
                     format!("retries exhausted after {attempt} attempts; last error: {error}");

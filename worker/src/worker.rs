@@ -45,6 +45,10 @@ pub struct Worker {
     pub(crate) counters: Arc<WorkerCounters>,
     pub(crate) dead_letters: PublisherSlot,
     pub(crate) leases: crate::lease::Leases,
+    /// Where attempts' log lines go (`crate::run_log`).
+    pub(crate) run_logs: crate::run_log::RunLogSink,
+    /// How much of a run's log is kept.
+    pub(crate) run_log_bounds: crate::run_log::RunLogBounds,
     /// Stops the lease heartbeat when the worker is dropped.
     _heartbeat: tokio_util::sync::DropGuard,
 }
@@ -163,9 +167,15 @@ impl Worker {
             ledger.clone(),
             heartbeat_stop.clone(),
         ));
+        let counters = Arc::new(WorkerCounters::default());
         Ok(Self {
             leases,
             _heartbeat: heartbeat_stop.drop_guard(),
+            run_logs: crate::run_log::RunLogSink::start(
+                ledger.clone(),
+                counters.run_log_dropped.clone(),
+            ),
+            run_log_bounds: config.run_log,
             instance: config.instance.clone(),
             group: config.group.clone(),
             queue,
@@ -181,8 +191,14 @@ impl Worker {
             prefetch: config.prefetch,
             concurrency: config.concurrency.max(1),
             shutdown_timeout: config.shutdown_timeout,
-            counters: Arc::new(WorkerCounters::default()),
+            counters,
         })
+    }
+
+    /// Waits until every run log line written so far is stored, or
+    /// `within` passed (the database may be down); whether all were.
+    pub async fn flush_run_logs(&self, within: Duration) -> bool {
+        self.run_logs.flush(within).await
     }
 
     /// This worker's counters.
@@ -356,6 +372,12 @@ impl Worker {
         }
         for consumption in consumers {
             consumption.close().await;
+        }
+        // The finished attempts' last log lines (their outcomes are stored
+        // already): a short, bounded wait, as the kubelet's grace period
+        // is counted from SIGTERM.
+        if !this.run_logs.flush(HAND_BACK_GRACE).await {
+            tracing::warn!("run log lines not stored before shutdown; they are lost");
         }
         this.broker.close().await;
         tracing::info!(instance = %this.instance, "worker stopped");

@@ -23,6 +23,7 @@ mod partition_map;
 pub(crate) mod pooler;
 pub(crate) mod primary;
 mod run_limits;
+mod run_logs;
 mod run_partitions;
 pub(crate) mod runs;
 mod schedules;

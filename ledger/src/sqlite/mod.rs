@@ -28,6 +28,7 @@ mod fire_history;
 mod follow_ups;
 mod outbox;
 mod run_limits;
+mod run_logs;
 mod run_partitions;
 mod runs;
 mod schedules;

@@ -31,6 +31,7 @@ mod publish_confirm;
 mod rabbitmq_cluster;
 mod redis_ha;
 mod retention;
+mod run_logs;
 mod run_partitions;
 mod schedule_engine;
 mod sharding;
