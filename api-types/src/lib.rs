@@ -33,8 +33,8 @@ pub use health::{
 };
 pub use jobs::{Enqueued, JobRequest};
 pub use runs::{
-    Attempt, CancelAnswer, CancelResult, CancelRun, Origin, Run, RunDetail, RunLink, RunList,
-    RunPath, RunQuery, RunStatus,
+    Attempt, CancelAnswer, CancelResult, CancelRun, LogLine, LogLineKind, Origin, Run, RunDetail,
+    RunLink, RunList, RunLogPage, RunLogQuery, RunPath, RunQuery, RunStatus, MAX_LOG_PAGE,
 };
 pub use schedules::{
     Backfill, BackfillOutcome, BackfillRequest, BackfilledFire, Misfire, Name, Overlap,

@@ -263,3 +263,86 @@ pub struct CancelAnswer {
     /// The run's status after the request.
     pub status: RunStatus,
 }
+
+/// What a line of a run's log is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLineKind {
+    /// A line the handler logged.
+    Log,
+    /// A progress report (`done` of `total`, the note as the message).
+    Progress,
+    /// The run's log reached its bound here: later lines were dropped.
+    Truncated,
+    /// The attempt's failure, written by the worker after its lines.
+    Error,
+}
+
+/// One line of a run's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LogLine {
+    /// The attempt that wrote it (1-based).
+    pub attempt: i32,
+    /// Its place in the attempt, from 0.
+    pub seq: i32,
+    /// When it was written (the worker's clock).
+    pub at: DateTime<Utc>,
+    /// What it is.
+    pub kind: LogLineKind,
+    /// `trace`, `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    /// The text (a NUL written as `\0`).
+    pub message: String,
+    /// Structured fields (a JSON object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub fields: Option<serde_json::Value>,
+    /// Progress: units done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub done: Option<i64>,
+    /// Progress: units in all, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub total: Option<i64>,
+}
+
+/// `GET /v1/runs/{id}/logs`: a page of a run's log, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunLogPage {
+    /// The run.
+    pub run_id: Uuid,
+    /// The run's status now.
+    pub status: RunStatus,
+    /// True when this page is empty and the log will not grow: the run is
+    /// final and ended long enough ago for its last batch of lines to be
+    /// stored (a few seconds). A follower stops here.
+    pub complete: bool,
+    /// The lines after `after`, at most `limit`.
+    pub lines: Vec<LogLine>,
+    /// Pass as `after` for the lines that follow (the same cursor when the
+    /// page is empty: ask again later for new lines).
+    pub next: String,
+    /// The run's latest progress report, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub progress: Option<LogLine>,
+}
+
+/// The query of `GET /v1/runs/{id}/logs` and its stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RunLogQuery {
+    /// `next` of the previous page (`ATTEMPT.SEQ`); from the start when
+    /// absent.
+    #[param(pattern = "^-?[0-9]{1,10}\\.-?[0-9]{1,10}$", nullable = false)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// Lines per page (the stream: lines read at a time).
+    #[param(minimum = 1, maximum = 1000, default = 200, nullable = false)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+/// Lines per page of `GET /v1/runs/{id}/logs` at most.
+pub const MAX_LOG_PAGE: u32 = 1000;

@@ -234,6 +234,19 @@ pub enum RunCommand {
         /// Run id.
         id: String,
     },
+    /// Print a run's log: its handler's lines and progress per attempt,
+    /// and each failed attempt's error after its last lines.
+    Logs {
+        /// Run id.
+        id: String,
+        /// Keep printing new lines until the run has ended and its log is
+        /// complete.
+        #[arg(long, short)]
+        follow: bool,
+        /// Start after this cursor (ATTEMPT.SEQ, as printed by --json).
+        #[arg(long)]
+        after: Option<String>,
+    },
     /// Cancel a run: a waiting run never executes; a running one is
     /// stopped on its worker (its handler's cancellation token fires, and
     /// after BELFRY_CANCEL_GRACE the attempt is abandoned). A finished run

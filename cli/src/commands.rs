@@ -10,8 +10,9 @@ use serde_json::Value;
 use belfry_api_types::{AlertList, AlertQuery, TestAlert, TestAlertQueued};
 use belfry_api_types::{
     Backfill, BackfillOutcome, BackfillRequest, CancelAnswer, CancelResult, CancelRun, Enqueued,
-    JobRequest, Page, PauseRequest, Preview, Run, RunDetail, RunList, RunQuery, Schedule,
-    ScheduleInput, ScheduleList, ScheduleQuery, TriggerRequest, Triggered,
+    JobRequest, LogLine, LogLineKind, Page, PauseRequest, Preview, Run, RunDetail, RunList,
+    RunLogPage, RunLogQuery, RunQuery, Schedule, ScheduleInput, ScheduleList, ScheduleQuery,
+    TriggerRequest, Triggered, MAX_LOG_PAGE,
 };
 
 use crate::api_client::{ApiClient, CliError, NONE};
@@ -53,6 +54,74 @@ impl Output {
             print!("{}", human(v));
         }
     }
+}
+
+/// How often `belfry runs logs --follow` asks for new lines.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `belfry runs logs`: pages of the run's log from `after`; with `follow`,
+/// asks again until the API says the log is complete. With `--json`, one
+/// JSON line per log line.
+async fn run_logs(
+    api: &ApiClient,
+    out: &Output,
+    id: &str,
+    follow: bool,
+    mut after: Option<String>,
+) -> Result<(), CliError> {
+    let path = format!("/v1/runs/{}/logs", encode(id));
+    let mut attempt = None;
+    loop {
+        let query = RunLogQuery {
+            after: after.clone(),
+            limit: Some(MAX_LOG_PAGE),
+        };
+        let page: RunLogPage = api.call(Method::GET, &path, Some(&query), NONE).await?;
+        for line in &page.lines {
+            if out.json {
+                println!("{}", serde_json::to_string(line).unwrap_or_default());
+                continue;
+            }
+            if attempt != Some(line.attempt) {
+                attempt = Some(line.attempt);
+                println!("── attempt {} ──", line.attempt);
+            }
+            println!("{}", log_line(line));
+        }
+        after = Some(page.next.clone());
+        let full = page.lines.len() == MAX_LOG_PAGE as usize;
+        if full {
+            continue;
+        }
+        if !follow || page.complete {
+            if !out.json && page.complete && follow {
+                println!("── run {} ──", page.status.as_str());
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+/// One log line for a terminal: time, level, text, fields; progress as
+/// `[done/total] note`.
+fn log_line(l: &LogLine) -> String {
+    let at = l.at.format("%H:%M:%S%.3f");
+    let text = match l.kind {
+        LogLineKind::Progress => match l.total {
+            Some(t) => format!("[{}/{t}] {}", l.done.unwrap_or(0), l.message),
+            None => format!("[{}] {}", l.done.unwrap_or(0), l.message),
+        },
+        LogLineKind::Truncated => format!("… {}", l.message),
+        LogLineKind::Error => format!("attempt failed: {}", l.message),
+        LogLineKind::Log => l.message.clone(),
+    };
+    let fields = l
+        .fields
+        .as_ref()
+        .map(|f| format!(" {f}"))
+        .unwrap_or_default();
+    format!("{at} {:<5} {text}{fields}", l.level.to_uppercase())
 }
 
 /// Lists `path` with the query `query(cursor)` from `cursor`, following
@@ -522,6 +591,9 @@ async fn runs(api: &ApiClient, out: &Output, c: &RunCommand) -> Result<(), CliEr
                 .call(Method::GET, &format!("/v1/runs/{}", encode(id)), NONE, NONE)
                 .await?;
             out.show(&d, run_detail);
+        }
+        RunCommand::Logs { id, follow, after } => {
+            run_logs(api, out, id, *follow, after.clone()).await?;
         }
         RunCommand::Cancel { id, reason } => {
             let body = CancelRun {

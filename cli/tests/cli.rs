@@ -441,3 +441,78 @@ async fn alert_commands_list_channels_and_deliveries_and_send_a_test() {
     cli.fails("alerts ls --status lost", 5, "not a delivery status")
         .await;
 }
+
+/// Logs two lines and a progress report, waits a moment (so a follower
+/// sees the run running), logs a last line and succeeds.
+#[derive(Clone, Default)]
+struct Chatter;
+
+impl belfry_worker::Job for Chatter {
+    const TYPE: &'static str = "chatter";
+    type Payload = Value;
+    async fn run(
+        &self,
+        ctx: belfry_worker::JobContext,
+        _: Value,
+    ) -> Result<(), belfry_worker::JobError> {
+        ctx.log(tracing::Level::INFO, "first");
+        ctx.log_with(
+            tracing::Level::WARN,
+            "second",
+            serde_json::json!({"rows": 2}),
+        );
+        ctx.progress(1, Some(2), "half");
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        ctx.log(tracing::Level::INFO, "last");
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_logs_prints_a_runs_log_and_follows_it_to_the_end() {
+    let (env, api) = setup().await;
+    env.declare_default_group(&["noop", "chatter"]).await;
+    let registry = belfry_worker::Registry::builder()
+        .job(Chatter)
+        .build()
+        .unwrap();
+    let worker = belfry_tests::serve(&env, registry, &[]).await;
+    let cli = Cli { api: &api.base };
+    let m = env
+        .enqueue("chatter-job", "chatter", Value::Null, belfry_tests::t0())
+        .await;
+    let id = m.message_id.to_string();
+    // Started while the run waits or runs: it ends on its own once the run
+    // has ended and its log is complete.
+    let followed = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        cli.run(&format!("runs logs {id} --follow")),
+    )
+    .await
+    .expect("--follow ends once the run has ended");
+    let text = ok(followed);
+    let shown: Vec<&str> = text.lines().collect();
+    assert_eq!(shown.len(), 6, "{text}");
+    assert_eq!(shown[0], "── attempt 1 ──");
+    assert!(shown[1].ends_with("INFO  first"), "{text}");
+    assert!(shown[2].ends_with("WARN  second {\"rows\":2}"), "{text}");
+    assert!(shown[3].ends_with("INFO  [1/2] half"), "{text}");
+    assert!(shown[4].ends_with("INFO  last"), "{text}");
+    assert_eq!(shown[5], "── run succeeded ──");
+    // Without --follow: what is stored, no end line; from a cursor: the rest.
+    let once = cli.ok(&format!("runs logs {id}")).await;
+    assert_eq!(once.lines().count(), 5, "{once}");
+    let rest = cli.ok(&format!("--json runs logs {id} --after 1.1")).await;
+    let rest: Vec<Value> = rest
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rest.len(), 2);
+    assert_eq!(rest[0]["kind"], "progress");
+    assert_eq!(rest[1]["message"], "last");
+    cli.fails(&format!("runs logs {id} --after soon"), 5, "after")
+        .await;
+    cli.fails("runs logs not-a-run", 5, "not a run id").await;
+    worker.stop().await;
+    env.teardown(&["default"]).await;
+}

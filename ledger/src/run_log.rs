@@ -227,6 +227,16 @@ impl Ledger {
             .await
     }
 
+    /// The latest progress report of run `run_id` (its last attempt's
+    /// last), if any.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn latest_progress(&self, run_id: Uuid) -> Result<Option<RunLogLine>, LedgerError> {
+        self.store.latest_progress(run_id).await
+    }
+
     /// Deletes at most `limit` lines written before `older_than` whose run
     /// no longer exists; returns how many. Call until it returns less than
     /// `limit`.

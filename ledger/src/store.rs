@@ -432,6 +432,8 @@ pub(crate) trait RunLogStore {
         after: LogCursor,
         limit: i64,
     ) -> Result<Vec<RunLogLine>, LedgerError>;
+    /// [`crate::Ledger::latest_progress`].
+    async fn latest_progress(&self, run_id: Uuid) -> Result<Option<RunLogLine>, LedgerError>;
     /// [`crate::Ledger::prune_run_logs`].
     async fn prune_run_logs(
         &self,

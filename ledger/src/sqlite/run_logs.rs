@@ -58,6 +58,18 @@ impl RunLogStore for SqliteLedger {
         Ok(rows.into_iter().map(RunLogLine::from).collect())
     }
 
+    async fn latest_progress(&self, run_id: Uuid) -> Result<Option<RunLogLine>, LedgerError> {
+        // Backwards along the primary key; a run holds at most its bound.
+        let row: Option<StoredLine> = sqlx::query_as(&format!(
+            "SELECT {LINE_COLUMNS} FROM run_logs WHERE run_id = ?1 AND kind = 'progress' \
+             ORDER BY attempt DESC, seq DESC LIMIT 1"
+        ))
+        .bind(run_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(RunLogLine::from))
+    }
+
     async fn prune_run_logs(
         &self,
         older_than: DateTime<Utc>,

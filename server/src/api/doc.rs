@@ -23,7 +23,7 @@ use utoipa::{Modify, OpenApi};
 
 use belfry_api_types::ErrorBody;
 
-use super::{alerts, health, input, jobs, runs, schedules};
+use super::{alerts, health, input, jobs, run_logs, runs, schedules};
 
 /// The API's description, from the handlers and the API types.
 #[derive(OpenApi)]
@@ -50,6 +50,8 @@ use super::{alerts, health, input, jobs, runs, schedules};
         runs::list,
         runs::get_one,
         runs::cancel,
+        run_logs::page,
+        run_logs::stream,
         jobs::enqueue,
         alerts::list,
         alerts::test,

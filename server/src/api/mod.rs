@@ -15,6 +15,7 @@ pub mod error;
 pub mod health;
 pub mod input;
 pub mod jobs;
+pub mod run_logs;
 pub mod runs;
 pub mod schedules;
 
@@ -149,6 +150,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/runs", get(runs::list))
         .route("/v1/runs/{id}", get(runs::get_one))
         .route("/v1/runs/{id}/cancel", post(runs::cancel))
+        .route("/v1/runs/{id}/logs", get(run_logs::page))
+        .route("/v1/runs/{id}/logs/stream", get(run_logs::stream))
         .route("/v1/jobs", post(jobs::enqueue))
         .route("/v1/alerts", get(alerts::list))
         .route("/v1/alerts/test", post(alerts::test))

@@ -201,3 +201,156 @@ belfry_testkit::both_backends! {
         env.teardown(&[]).await;
     }
 }
+
+/// Logs "before", waits until the test opens its gate (at most 20 s), logs
+/// "after" and succeeds.
+#[derive(Clone, Default)]
+struct Gated {
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Job for Gated {
+    const TYPE: &'static str = "gated";
+    type Payload = serde_json::Value;
+    async fn run(&self, ctx: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        ctx.log(tracing::Level::INFO, "before");
+        ctx.progress(1, Some(2), "half way");
+        for _ in 0..2_000 {
+            if self.open.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ctx.log(tracing::Level::INFO, "after");
+        Ok(())
+    }
+}
+
+/// The `line` events' messages and the `end` event's data, read from an
+/// SSE body until `end` (or 30 s).
+async fn read_events(
+    mut resp: reqwest::Response,
+    on_first_line: impl FnOnce(),
+) -> (Vec<String>, String) {
+    let mut on_first_line = Some(on_first_line);
+    let (mut buf, mut lines) = (String::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .expect("the stream ended with `end` within 30 s")
+            .unwrap()
+            .expect("the stream ended before its `end` event");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(i) = buf.find("\n\n") {
+            let event: String = buf.drain(..i + 2).collect();
+            let field = |name: &str| {
+                event.lines().find_map(|l| {
+                    l.strip_prefix(&format!("{name}:"))
+                        .map(|v| v.trim().to_owned())
+                })
+            };
+            match field("event").as_deref() {
+                Some("line") => {
+                    let line: serde_json::Value =
+                        serde_json::from_str(&field("data").unwrap()).unwrap();
+                    lines.push(line["message"].as_str().unwrap().to_owned());
+                    if let Some(f) = on_first_line.take() {
+                        f();
+                    }
+                }
+                Some("end") => return (lines, field("data").unwrap()),
+                other => assert!(other.is_none(), "unexpected event {event:?}"),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_pages_a_runs_log_and_streams_it_live_until_the_run_ends() {
+    let env = belfry_testkit::service_env!("gated");
+    let job = Gated::default();
+    let registry = Registry::builder().job(job.clone()).build().unwrap();
+    let running = serve(&env, registry, &[]).await;
+    let (_, api) =
+        belfry_tests::TestApi::of_replica(&env, "logs-api", belfry_server::api::Tokens::default())
+            .await;
+    let m = env.enqueue("gated-job", "gated", json!(null), t0()).await;
+    let http = reqwest::Client::new();
+    let logs = api.url(&format!("/v1/runs/{}/logs", m.message_id));
+    // The running run's page: its first lines, its progress, not complete.
+    let page: belfry_api_types::RunLogPage =
+        eventually("the first lines", Duration::from_secs(20), || async {
+            let p: belfry_api_types::RunLogPage =
+                http.get(&logs).send().await.ok()?.json().await.ok()?;
+            (p.lines.len() == 2).then_some(p)
+        })
+        .await;
+    assert_eq!(page.status, belfry_api_types::RunStatus::Running);
+    assert!(!page.complete);
+    assert_eq!(page.next, "1.1");
+    let progress = page.progress.unwrap();
+    assert_eq!(
+        (progress.done, progress.total, progress.message.as_str()),
+        (Some(1), Some(2), "half way")
+    );
+    // From a cursor: nothing yet after the last line.
+    let after: belfry_api_types::RunLogPage = http
+        .get(format!("{logs}?after=1.1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(after.lines.is_empty() && !after.complete && after.next == "1.1");
+    // A bad cursor names the parameter.
+    let bad = http.get(format!("{logs}?after=one")).send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await.unwrap().contains("after"));
+
+    // The stream from the start: both old lines, then the gate opens and
+    // the new line arrives live, then `end`.
+    let stream = http.get(format!("{logs}/stream")).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let open = job.open.clone();
+    let (lines, end) = read_events(stream, move || {
+        open.store(true, std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    assert_eq!(lines, ["before", "half way", "after"]);
+    assert_eq!(end, "succeeded");
+    // A stream resumed after its last event (Last-Event-ID) gets only `end`.
+    let resumed = http
+        .get(format!("{logs}/stream"))
+        .header("Last-Event-ID", "1.2")
+        .send()
+        .await
+        .unwrap();
+    let (lines, end) = read_events(resumed, || {}).await;
+    assert!(lines.is_empty(), "{lines:?}");
+    assert_eq!(end, "succeeded");
+    // The page of a finished run is complete once its last lines settled.
+    let done: belfry_api_types::RunLogPage =
+        eventually("a complete page", Duration::from_secs(20), || async {
+            let p: belfry_api_types::RunLogPage = http
+                .get(format!("{logs}?after=1.2"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            p.complete.then_some(p)
+        })
+        .await;
+    assert_eq!(done.status, belfry_api_types::RunStatus::Succeeded);
+    let missing = http
+        .get(api.url(&format!("/v1/runs/{}/logs", Uuid::now_v7())))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    drop(api);
+    running.stop_and_teardown(env).await;
+}

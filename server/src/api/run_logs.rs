@@ -1,0 +1,231 @@
+//! `/v1/runs/{id}/logs`: a run's stored log (issue 23), a page at a time
+//! after a cursor, and the same as a stream of server-sent events that
+//! tails it while the run is running.
+//!
+//! The cursor is `ATTEMPT.SEQ` of the last line seen
+//! (`belfry_ledger::LogCursor`). The stream reads the ledger every
+//! [`TAIL_EVERY`] after its cursor, sends each line as an event whose id is
+//! the line's cursor (a browser's `EventSource` reconnects with
+//! `Last-Event-ID` and misses nothing), and ends with an `end` event once
+//! the run is final and nothing more is stored.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Json;
+use futures::Stream;
+use uuid::Uuid;
+
+use belfry_api_types::{
+    ErrorBody, LogLine, LogLineKind, RunLogPage, RunLogQuery, RunPath, RunStatus, MAX_LOG_PAGE,
+};
+use belfry_ledger::{LogCursor, LogKind, RunLogLine};
+
+use super::error::ApiError;
+use super::input::{PathParam, QueryParams};
+use super::runs::{run_id, run_status};
+use super::ApiState;
+
+/// How often a stream looks for new lines.
+pub const TAIL_EVERY: Duration = Duration::from_millis(250);
+
+/// How long after a run ended its last lines may still arrive: a worker
+/// writes lines in batches (`belfry_worker::run_log`, at most 100 ms
+/// apart, retried through short outages), so the outcome can be stored
+/// before the lines that precede it.
+pub const LATE_LINES: Duration = Duration::from_secs(3);
+
+/// The API's form of a stored line.
+pub fn log_line(l: &RunLogLine) -> LogLine {
+    LogLine {
+        attempt: l.attempt,
+        seq: l.seq,
+        at: l.at,
+        kind: match l.kind {
+            LogKind::Log => LogLineKind::Log,
+            LogKind::Progress => LogLineKind::Progress,
+            LogKind::Truncated => LogLineKind::Truncated,
+            LogKind::Error => LogLineKind::Error,
+        },
+        level: l.level.clone(),
+        message: l.message.clone(),
+        fields: l.fields.clone(),
+        done: l.done,
+        total: l.total,
+    }
+}
+
+/// The cursor of `after` (or the start).
+fn cursor(raw: Option<&str>) -> Result<LogCursor, ApiError> {
+    raw.map_or(Ok(LogCursor::START), |r| {
+        r.parse().map_err(|e: belfry_ledger::BadLogCursor| {
+            ApiError::bad_request(e.to_string()).field("after")
+        })
+    })
+}
+
+/// The run's status now, and whether its log can still grow (not final,
+/// or ended less than [`LATE_LINES`] ago); 404 when there is no such run.
+async fn status_of(state: &ApiState, id: Uuid) -> Result<(RunStatus, bool), ApiError> {
+    let run = state
+        .ledger()
+        .run(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no run with id {id}")))?;
+    let status = run_status(&run.status_text)?;
+    let settled = run.finished_at.is_some_and(|f| {
+        chrono::Utc::now() - f > chrono::Duration::from_std(LATE_LINES).unwrap_or_default()
+    });
+    Ok((status, !(is_final(status) && settled)))
+}
+
+/// `GET /v1/runs/{id}/logs`.
+#[utoipa::path(
+    get, path = "/v1/runs/{id}/logs", operation_id = "getRunLogs",
+    summary = "A page of a run's log (the handler's lines, progress, each failed attempt's error), oldest first",
+    params(RunPath, RunLogQuery),
+    responses(
+        (status = 200, description = "A page; pass `next` as `after` for the lines that follow", body = RunLogPage),
+        (status = 400, description = "A bad cursor or limit", body = ErrorBody),
+        (status = 404, description = "No such run", body = ErrorBody),
+    ),
+)]
+pub async fn page(
+    State(state): State<ApiState>,
+    PathParam(id): PathParam,
+    RawQuery(query): RawQuery,
+) -> Result<Json<RunLogPage>, ApiError> {
+    let id = run_id(&id)?;
+    let q = QueryParams::parse(query.as_deref(), &["after", "limit"])?;
+    let after = cursor(q.text("after"))?;
+    let limit = q.number("limit", 200, 1, MAX_LOG_PAGE)?;
+    // The status first: a line written after it is read below too, so a
+    // final status with an empty page really is the end.
+    let (status, growing) = status_of(&state, id).await?;
+    let lines = state.ledger().run_logs(id, after, i64::from(limit)).await?;
+    let progress = state.ledger().latest_progress(id).await?;
+    let next = lines.last().map_or(after, RunLogLine::cursor);
+    Ok(Json(RunLogPage {
+        run_id: id,
+        status,
+        complete: !growing && lines.is_empty(),
+        lines: lines.iter().map(log_line).collect(),
+        next: next.to_string(),
+        progress: progress.as_ref().map(log_line),
+    }))
+}
+
+/// `GET /v1/runs/{id}/logs/stream`: server-sent events, one `line` event
+/// per line (data: a [`LogLine`], id: its cursor), then `end` (data: the
+/// run's final status) once the run is final and its log is read.
+#[utoipa::path(
+    get, path = "/v1/runs/{id}/logs/stream", operation_id = "streamRunLogs",
+    summary = "A run's log as server-sent events, tailed while the run is running",
+    params(RunPath, RunLogQuery),
+    responses(
+        (status = 200, description = "`text/event-stream`: `line` events (a LogLine as JSON, id = its cursor), then `end`", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad cursor", body = ErrorBody),
+        (status = 404, description = "No such run", body = ErrorBody),
+    ),
+)]
+pub async fn stream(
+    State(state): State<ApiState>,
+    PathParam(id): PathParam,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let id = run_id(&id)?;
+    let q = QueryParams::parse(query.as_deref(), &["after", "limit"])?;
+    // A reconnecting EventSource names the last event it had.
+    let resumed = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let after = cursor(resumed.as_deref().or(q.text("after")))?;
+    // For the stream, the most lines read from the ledger at a time.
+    let read = i64::from(q.number("limit", 200, 1, MAX_LOG_PAGE)?);
+    status_of(&state, id).await?;
+    let tail = Tail {
+        state,
+        id,
+        after,
+        read,
+        pending: Vec::new(),
+        ended: false,
+    };
+    let events = futures::stream::unfold(tail, |mut t| async move {
+        let event = t.next_event().await?;
+        Some((Ok(event), t))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+/// A stream's state: where it is, lines read but not sent yet.
+struct Tail {
+    state: ApiState,
+    id: Uuid,
+    after: LogCursor,
+    read: i64,
+    pending: Vec<RunLogLine>,
+    ended: bool,
+}
+
+impl Tail {
+    /// The next event, or `None` once `end` was sent.
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if self.ended {
+                return None;
+            }
+            if !self.pending.is_empty() {
+                let line = self.pending.remove(0);
+                self.after = line.cursor();
+                return Some(
+                    Event::default()
+                        .event("line")
+                        .id(line.cursor().to_string())
+                        .json_data(log_line(&line))
+                        .unwrap_or_else(|_| Event::default().event("line")),
+                );
+            }
+            // The status before the read, as in `page`.
+            let (status, growing) = match status_of(&self.state, self.id).await {
+                Ok(s) => s,
+                // Gone (pruned) or the database away: say so and stop; the
+                // client may reconnect with the last id it had.
+                Err(e) => {
+                    self.ended = true;
+                    return Some(Event::default().event("error").data(e.to_string()));
+                }
+            };
+            match self
+                .state
+                .ledger()
+                .run_logs(self.id, self.after, self.read)
+                .await
+            {
+                Ok(lines) if !lines.is_empty() => self.pending = lines,
+                Ok(_) if !growing => {
+                    self.ended = true;
+                    return Some(Event::default().event("end").data(status.as_str()));
+                }
+                Ok(_) => tokio::time::sleep(TAIL_EVERY).await,
+                Err(e) => {
+                    self.ended = true;
+                    return Some(Event::default().event("error").data(e.to_string()));
+                }
+            }
+        }
+    }
+}
+
+/// Whether a run in `status` writes no more lines.
+fn is_final(status: RunStatus) -> bool {
+    matches!(
+        status,
+        RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled
+    )
+}
