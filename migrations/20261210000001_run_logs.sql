@@ -8,7 +8,7 @@
 -- which jsonb refuses). No foreign key: `job_runs` is partitioned and its
 -- rows leave by whole partitions; retention removes a run's lines once the
 -- run is gone (`Ledger::prune_run_logs`, by `at`).
-CREATE TABLE run_logs (
+CREATE TABLE IF NOT EXISTS run_logs (
     run_id   UUID        NOT NULL,
     attempt  INTEGER     NOT NULL,
     seq      INTEGER     NOT NULL,
@@ -21,4 +21,4 @@ CREATE TABLE run_logs (
     total    BIGINT,
     PRIMARY KEY (run_id, attempt, seq)
 );
-CREATE INDEX run_logs_at_idx ON run_logs (at);
+CREATE INDEX IF NOT EXISTS run_logs_at_idx ON run_logs (at);

@@ -7,6 +7,7 @@
 // (API + web view) and a worker, prepares the data named below, and runs
 // this script; a non-zero exit fails that test.
 import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
 import { chromium } from "playwright-core";
 
 const base = process.argv[2];
@@ -69,6 +70,20 @@ try {
   const error = await page.locator("table").first().locator("tr:has(th:text-is('last error')) pre").textContent();
   assert.equal(error, "boom: <b>not bold</b>");
   await snap("run");
+
+  step("a running run's log tails live, with its progress bar");
+  // E2E_LOG_RUN: a run whose handler logs, then waits for the file
+  // E2E_LOG_GATE before its last line (tests/tests/e2e/ui_browser.rs).
+  await page.goto(`${base}/ui/runs/${process.env.E2E_LOG_RUN}`);
+  await page.locator('#run-log span:text-matches("first line")').waitFor({ timeout: 30000 });
+  writeFileSync(process.env.E2E_LOG_GATE, "open");
+  // Brought by the stream to this page (not by a reload or a refresh).
+  await page.waitForFunction(() => (window.__belfry_tailed || []).includes("line after the gate"),
+    null, { timeout: 20000 });
+  await page.locator('#run-log span:text-matches("line after the gate")').waitFor();
+  const bar = await page.locator("p.progress progress").evaluate((b) => [b.value, b.max]);
+  assert.deepEqual(bar, [2, 2], "the progress bar shows the last report");
+  await snap("run-log");
 
   step("a schedule name with <script> renders as text");
   await page.goto(`${base}/ui/schedules`);

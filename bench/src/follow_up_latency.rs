@@ -24,6 +24,7 @@ use belfry_protocol::{FollowUp, FollowUps, JobOptions};
 use belfry_testkit::TestEnv;
 
 use crate::limit_accuracy::spawn;
+use crate::sample::spread;
 
 /// `options` with `on_success` = `child`.
 fn then(child: FollowUp) -> JobOptions {
@@ -44,17 +45,6 @@ fn noop(name: &str, options: JobOptions) -> FollowUp {
         options,
         ..FollowUp::default()
     }
-}
-
-/// `(p50, p99, max)` of `v` in milliseconds.
-fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        v.get(((v.len() as f64 * q).ceil() as usize).saturating_sub(1))
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
-    (at(0.5), at(0.99), v.last().copied().unwrap_or(f64::NAN))
 }
 
 fn ms(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {

@@ -17,6 +17,7 @@
 //! cargo run --release -p belfry-bench -- million [--schedules 1000000] [--raw 100000]   # builds: -p belfry-server -p belfry-worker too
 //! cargo run --release -p belfry-bench -- limits [--runs 60] [--seconds 60]   # builds: -p belfry-server -p belfry-worker too
 //! cargo run --release -p belfry-bench -- follow-ups [--runs 200] [--depth 8]   # builds: -p belfry-server -p belfry-worker too
+//! cargo run --release -p belfry-bench -- run-logs [--jobs 5000] [--rounds 3] [--lines 200]
 //! ```
 
 mod dispatch_burst;
@@ -29,6 +30,7 @@ mod million;
 mod pooler_cost;
 mod processes;
 mod retention_volume;
+mod run_log_cost;
 mod sample;
 mod shard_scale;
 mod timer_lateness;
@@ -55,6 +57,7 @@ const COMMANDS: &[(&str, &[&str])] = &[
     ("million", &["--schedules", "--raw"]),
     ("limits", &["--runs", "--seconds"]),
     ("follow-ups", &["--runs", "--depth"]),
+    ("run-logs", &["--jobs", "--rounds", "--lines"]),
 ];
 
 fn usage() -> String {
@@ -155,6 +158,14 @@ async fn main() -> anyhow::Result<()> {
         }
         Some("retention") => {
             retention_volume::run(flag("--rows", 10_000_000)?, flag("--rounds", 3)?).await
+        }
+        Some("run-logs") => {
+            run_log_cost::run(
+                flag("--jobs", 5000)?,
+                flag("--rounds", 3)?,
+                u64::try_from(flag("--lines", 200)?)?,
+            )
+            .await
         }
         Some("follow-ups") => {
             follow_up_latency::run(flag("--runs", 200)?, flag("--depth", 8)?).await

@@ -65,22 +65,8 @@ pub async fn run(schedules: usize, runs: usize, rounds: usize) -> anyhow::Result
         "loaded {schedules} schedules and {runs} runs in {:.1} s",
         loading.elapsed().as_secs_f64()
     );
-    let ledger = Ledger::connect(&env.database_url, 8).await?;
-    let broker = Broker::connect(&amqp_url(), env.topology.clone(), "bench-ui").await?;
-    let replica = Arc::new(Replica::new(
-        "bench-ui",
-        None,
-        ledger,
-        broker,
-        ReplicaTiming::default(),
-    ));
     let stop = CancellationToken::new();
-    let addr = belfry_server::api::serve(
-        "127.0.0.1:0",
-        ApiState::new(replica, Tokens::default()),
-        stop.clone(),
-    )
-    .await?;
+    let addr = serve_api(&env, "bench-ui", &stop).await?;
     let some_run: uuid::Uuid =
         sqlx::query_scalar("SELECT id FROM job_runs WHERE status = 'failed' LIMIT 1")
             .fetch_one(env.ledger.pg_pool().expect("a Postgres ledger"))
@@ -133,4 +119,32 @@ pub async fn run(schedules: usize, runs: usize, rounds: usize) -> anyhow::Result
     stop.cancel();
     env.teardown(&[]).await;
     Ok(())
+}
+
+/// Serves the API and web view of a new replica `instance` of `env` (no
+/// timer, no Redis lock) on a free loopback port until `stop`.
+///
+/// # Errors
+///
+/// When the ledger or the broker cannot be reached, or the port bound.
+pub(crate) async fn serve_api(
+    env: &TestEnv,
+    instance: &str,
+    stop: &CancellationToken,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let ledger = Ledger::connect(&env.database_url, 8).await?;
+    let broker = Broker::connect(&amqp_url(), env.topology.clone(), instance).await?;
+    let replica = Arc::new(Replica::new(
+        instance,
+        None,
+        ledger,
+        broker,
+        ReplicaTiming::default(),
+    ));
+    Ok(belfry_server::api::serve(
+        "127.0.0.1:0",
+        ApiState::new(replica, Tokens::default()),
+        stop.clone(),
+    )
+    .await?)
 }

@@ -31,7 +31,7 @@ use belfry_worker::{Registry, Worker, WorkerConfig, WorkerCounters};
 use crate::sample::median;
 
 const PREFETCH: u16 = 64;
-const CONCURRENCY: usize = 32;
+pub(crate) const CONCURRENCY: usize = 32;
 const SLEEP_CONCURRENCY: usize = 8;
 /// Batches in flight in the batched baseline.
 const BATCHES_IN_FLIGHT: usize = 4;
@@ -244,6 +244,27 @@ async fn belfry(
     concurrency: usize,
     limits: Option<belfry_protocol::JobOptions>,
 ) -> anyhow::Result<Duration> {
+    belfry_with(env, n, workers, concurrency, || {
+        Ok(match &limits {
+            None => Registry::builder().builtins(),
+            Some(options) => {
+                Registry::builder().job_with(belfry_worker::builtin::Noop, options.clone())
+            }
+        }
+        .build()?)
+    })
+    .await
+}
+
+/// [`belfry`] with the workers' job types from `registry`: the time until
+/// `n` runs succeeded.
+pub(crate) async fn belfry_with(
+    env: &TestEnv,
+    n: usize,
+    workers: usize,
+    concurrency: usize,
+    registry: impl Fn() -> anyhow::Result<Registry>,
+) -> anyhow::Result<Duration> {
     let mut started = Vec::new();
     for i in 0..workers {
         let mut pairs = env.process_env();
@@ -253,13 +274,7 @@ async fn belfry(
             ("BELFRY_CONCURRENCY".to_owned(), concurrency.to_string()),
         ]);
         let config = WorkerConfig::from_settings(&Settings::from_pairs(pairs))?;
-        let registry = match &limits {
-            None => Registry::builder().builtins(),
-            Some(options) => {
-                Registry::builder().job_with(belfry_worker::builtin::Noop, options.clone())
-            }
-        };
-        let worker = Worker::start(&config, registry.build()?).await?;
+        let worker = Worker::start(&config, registry()?).await?;
         started.push(worker);
     }
     let stop = tokio_util::sync::CancellationToken::new();
@@ -292,7 +307,7 @@ async fn belfry(
 /// day partitions of `past_days` days before today (a fresh ledger has
 /// today's and the next 3; a 30-day retention keeps about 30 more); with
 /// `spread`, the jobs go round the three priorities (high, normal, low).
-async fn scenario<F, Fut>(
+pub(crate) async fn scenario<F, Fut>(
     job_type: &str,
     payload: serde_json::Value,
     n: usize,

@@ -41,6 +41,12 @@ pub fn routes() -> Router<ApiState> {
         .route("/ui/runs", get(pages::runs))
         .route("/ui/runs/{id}", get(pages::run))
         .route("/ui/runs/{id}/cancel", post(pages::cancel))
+        // The run page's live log: the API's stream, where the web view's
+        // cookie signs in (a reader may follow it; it changes nothing).
+        .route(
+            "/ui/runs/{id}/logs/stream",
+            get(crate::api::run_logs::stream),
+        )
         .route("/ui/alerts/test", post(pages::test_alert))
         .route("/ui/login", get(pages::login_form).post(pages::login))
         .route("/ui/logout", post(pages::logout))

@@ -1026,7 +1026,7 @@ async fn probes_report_services_and_every_documented_route_exists() {
             );
         }
     }
-    assert_eq!(operations, 19, "documented operations");
+    assert_eq!(operations, 21, "documented operations");
     drop((api, degraded_api));
     env.teardown(&[]).await;
 }

@@ -3,7 +3,8 @@
 //! (`service::start`: timer, API, web view) and a worker. The script opens
 //! the overview, waits for a schedule's strip to turn green, pauses it from
 //! its page and sees no more fires, triggers it, reads a failed run's error,
-//! and checks that a schedule name holding `<script>` is shown as text.
+//! watches a running run's log grow live on its page (issue 23), and checks
+//! that a schedule name holding `<script>` is shown as text.
 //!
 //! Needs `node`, `ui-tests/node_modules` and `/usr/bin/chromium`:
 //! `scripts/ui-deps` installs them (scripts/test runs it). Missing, the test
@@ -19,6 +20,34 @@ use belfry_worker::Registry;
 use chrono::{SubsecRound, Utc};
 use tokio_util::sync::CancellationToken;
 
+/// Logs a line and a progress report, waits (at most 2 minutes) until the
+/// file its payload names exists, logs one more line and succeeds.
+#[derive(Clone, Default)]
+struct Gated;
+
+impl belfry_worker::Job for Gated {
+    const TYPE: &'static str = "gated";
+    type Payload = serde_json::Value;
+    async fn run(
+        &self,
+        ctx: belfry_worker::JobContext,
+        payload: serde_json::Value,
+    ) -> Result<(), belfry_worker::JobError> {
+        ctx.log(tracing::Level::INFO, "first line");
+        ctx.progress(1, Some(2), "half way");
+        let gate = payload["gate"].as_str().unwrap_or_default().to_owned();
+        for _ in 0..6_000 {
+            if Path::new(&gate).exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        ctx.log(tracing::Level::INFO, "line after the gate");
+        ctx.progress(2, Some(2), "done");
+        Ok(())
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_web_view_works_in_headless_chromium() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -32,8 +61,8 @@ async fn the_web_view_works_in_headless_chromium() {
         return;
     }
     let env = belfry_testkit::service_env!();
-    let worker =
-        belfry_tests::serve(&env, Registry::builder().builtins().build().unwrap(), &[]).await;
+    let registry = Registry::builder().builtins().job(Gated).build().unwrap();
+    let worker = belfry_tests::serve(&env, registry, &[]).await;
     let file = std::env::temp_dir().join(format!("belfry-ui-{}.toml", env.namespace));
     std::fs::write(&file, "").unwrap();
     let mut pairs = env.process_env();
@@ -102,10 +131,25 @@ async fn the_web_view_works_in_headless_chromium() {
     .await
     .unwrap();
 
+    // A run whose handler logs, then waits for the script to open its gate.
+    let gate = std::env::temp_dir().join(format!("belfry-ui-gate-{}", env.namespace));
+    let enqueued: serde_json::Value = reqwest::Client::new()
+        .post(format!("{base}/v1/jobs"))
+        .json(&serde_json::json!({"job_type": "gated", "payload": {"gate": gate.display().to_string()}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let log_run = enqueued["run_id"].as_str().expect("a run id").to_owned();
+
     let mut cmd = tokio::process::Command::new("node");
     cmd.arg(root.join("ui-tests/e2e.mjs"))
         .arg(&base)
-        .env("CHROMIUM", &chromium);
+        .env("CHROMIUM", &chromium)
+        .env("E2E_LOG_RUN", &log_run)
+        .env("E2E_LOG_GATE", &gate);
     if let Ok(dir) = std::env::var("BELFRY_UI_SCREENSHOTS") {
         cmd.arg(dir);
     }
@@ -125,5 +169,6 @@ async fn the_web_view_works_in_headless_chromium() {
     service.wait().await;
     worker.stop().await;
     let _ = std::fs::remove_file(file);
+    let _ = std::fs::remove_file(gate);
     env.teardown(&["default"]).await;
 }

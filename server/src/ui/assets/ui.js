@@ -26,3 +26,68 @@
   }
   next();
 })();
+
+// A running run's log, tailed live: the run page's <section id="run-log">
+// names its stream (server-sent events) and the cursor of its last line.
+// Each `line` event is appended once (a line at or before the section's
+// cursor is skipped, so the page's own refresh, which re-renders the
+// section from the ledger, never shows a line twice); `end` closes it.
+(function () {
+  var section = document.getElementById("run-log");
+  if (!section || !section.dataset.stream || !window.EventSource) return;
+  window.__belfry_tailed = [];
+  function key(c) { var p = String(c).split("."); return [Number(p[0]), Number(p[1])]; }
+  function after(a, b) { return a[0] > b[0] || (a[0] === b[0] && a[1] > b[1]); }
+  function pad(n, w) { return String(n).padStart(w, "0"); }
+  function text(l) {
+    var t = l.message;
+    if (l.kind === "progress") t = "[" + (l.done || 0) + (l.total != null ? "/" + l.total : "") + "] " + t;
+    if (l.kind === "error") t = "attempt failed: " + t;
+    var d = new Date(l.at);
+    var at = pad(d.getUTCHours(), 2) + ":" + pad(d.getUTCMinutes(), 2) + ":" + pad(d.getUTCSeconds(), 2) + "." + pad(d.getUTCMilliseconds(), 3);
+    var level = (l.level.toUpperCase() + "     ").slice(0, Math.max(5, l.level.length));
+    return at + " " + level + " " + t + (l.fields ? " " + JSON.stringify(l.fields) : "");
+  }
+  var source = new EventSource(section.dataset.stream + "?after=" + encodeURIComponent(section.dataset.after), { withCredentials: true });
+  source.addEventListener("line", function (e) {
+    var l = JSON.parse(e.data);
+    var live = document.getElementById("run-log");
+    if (!live || !after([l.attempt, l.seq], key(live.dataset.after))) return;
+    var pre = live.querySelector('pre.log[data-attempt="' + l.attempt + '"]');
+    if (!pre) {
+      var empty = live.querySelector(".log-empty");
+      if (empty) empty.remove();
+      var h = document.createElement("h3");
+      h.textContent = "Attempt " + l.attempt;
+      pre = document.createElement("pre");
+      pre.className = "log";
+      pre.dataset.attempt = l.attempt;
+      live.appendChild(h);
+      live.appendChild(pre);
+    }
+    var span = document.createElement("span");
+    span.className = "l l-" + l.level + " k-" + l.kind;
+    span.textContent = text(l);
+    pre.appendChild(span);
+    pre.appendChild(document.createTextNode("\n"));
+    live.dataset.after = l.attempt + "." + l.seq;
+    if (l.kind === "progress") {
+      var p = document.querySelector("p.progress");
+      if (p) {
+        p.hidden = false;
+        var bar = p.querySelector("progress");
+        if (l.total) { bar.max = l.total; bar.value = l.done || 0; } else { bar.removeAttribute("value"); }
+        p.querySelector(".progress-text").textContent =
+          (l.done || 0) + (l.total != null ? " / " + l.total : "") + " " + l.message;
+      }
+    }
+    window.__belfry_tailed.push(l.message);
+  });
+  source.addEventListener("end", function () { source.close(); });
+  source.addEventListener("error", function (e) {
+    // An `error` event the server sent (the run is gone, the database
+    // away) carries data: stop. A dropped connection carries none: the
+    // browser reconnects by itself with the last event's id.
+    if (e.data !== undefined) source.close();
+  });
+})();

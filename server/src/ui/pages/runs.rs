@@ -182,8 +182,9 @@ pub async fn run(
         )
     })
     .collect::<String>();
+    let log = log_panel(&state, r).await;
     let body = format!(
-        "<h1>Run {}</h1>{}{cancel}<table><tbody>{}</tbody></table>{lineage}<h2>Attempts</h2>{}",
+        "<h1>Run {}</h1>{}{cancel}<table><tbody>{}</tbody></table>{lineage}<h2>Attempts</h2>{}{log}",
         esc(&r.run_key),
         flashes(&q),
         rows.concat(),
@@ -193,6 +194,141 @@ pub async fn run(
         )
     );
     Ok(html(&r.run_key, Section::Runs, &caller, true, &body))
+}
+
+/// Lines of a run's log the page shows at most (the rest: `belfry runs
+/// logs` or the API).
+const PAGE_LOG_LINES: i64 = 2_000;
+
+/// The run's log (issue 23): its latest progress as a bar, then its lines
+/// per attempt, a failed attempt's error after its last lines. While the
+/// run can still write lines, `ui.js` tails them live from the stream
+/// named in `data-stream`, after the cursor in `data-after`. A log that
+/// cannot be read is said so; the rest of the page stands.
+async fn log_panel(state: &ApiState, r: &belfry_api_types::Run) -> String {
+    let ledger = state.ledger();
+    let (lines, progress) = match tokio::try_join!(
+        ledger.run_logs(r.id, belfry_ledger::LogCursor::START, PAGE_LOG_LINES + 1),
+        ledger.latest_progress(r.id)
+    ) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(run = %r.id, error = %e, "run log unreadable");
+            return "<h2>Log</h2><p class=\"muted\">the log cannot be read now</p>".into();
+        }
+    };
+    let more = lines.len() > PAGE_LOG_LINES as usize;
+    let shown = &lines[..lines.len().min(PAGE_LOG_LINES as usize)];
+    let after = shown.last().map_or(
+        belfry_ledger::LogCursor::START,
+        belfry_ledger::RunLogLine::cursor,
+    );
+    let finished_long_ago = r.finished_at.is_some_and(|f| {
+        chrono::Utc::now() - f
+            > chrono::Duration::from_std(crate::api::run_logs::LATE_LINES).unwrap_or_default()
+    });
+    // Tail only what can still grow, and only from the end of what is shown.
+    let live = !more && !finished_long_ago;
+    let mut out = String::from("<h2>Log</h2>");
+    if progress.is_none() && live {
+        // A place for the first report the stream brings.
+        out.push_str(
+            "<p class=\"progress\" hidden><progress></progress> <span class=\"progress-text\"></span></p>",
+        );
+    }
+    if let Some(p) = &progress {
+        let (done, total) = (p.done.unwrap_or(0), p.total);
+        let _ = write!(
+            out,
+            "<p class=\"progress\">{}<span class=\"progress-text\">{done}{} {}</span></p>",
+            match total {
+                Some(t) if t > 0 => format!("<progress value=\"{done}\" max=\"{t}\"></progress> "),
+                _ => "<progress></progress> ".into(),
+            },
+            total.map(|t| format!(" / {t}")).unwrap_or_default(),
+            esc(&p.message)
+        );
+    }
+    let _ = write!(
+        out,
+        "<section id=\"run-log\" data-after=\"{after}\"{}>",
+        if live {
+            format!(" data-stream=\"/ui/runs/{}/logs/stream\"", r.id)
+        } else {
+            String::new()
+        }
+    );
+    if shown.is_empty() {
+        out.push_str("<p class=\"muted log-empty\">nothing logged (yet)</p>");
+    }
+    let mut attempt = None;
+    for l in shown {
+        if attempt != Some(l.attempt) {
+            if attempt.is_some() {
+                out.push_str("</pre>");
+            }
+            attempt = Some(l.attempt);
+            let _ = write!(
+                out,
+                "<h3>Attempt {0}</h3><pre class=\"log\" data-attempt=\"{0}\">",
+                l.attempt
+            );
+        }
+        out.push_str(&log_line_html(&crate::api::run_logs::log_line(l)));
+    }
+    if attempt.is_some() {
+        out.push_str("</pre>");
+    }
+    out.push_str("</section>");
+    if more {
+        let _ = write!(
+            out,
+            "<p class=\"muted\">only the first {PAGE_LOG_LINES} lines are shown: \
+             <code>belfry runs logs {}</code> prints all of them</p>",
+            r.id
+        );
+    }
+    out
+}
+
+/// One line of the log panel; `ui.js` builds the same markup for a line
+/// the stream brings.
+fn log_line_html(l: &belfry_api_types::LogLine) -> String {
+    use belfry_api_types::LogLineKind;
+    let text = match l.kind {
+        LogLineKind::Progress => format!(
+            "[{}{}] {}",
+            l.done.unwrap_or(0),
+            l.total.map(|t| format!("/{t}")).unwrap_or_default(),
+            l.message
+        ),
+        LogLineKind::Error => format!("attempt failed: {}", l.message),
+        LogLineKind::Truncated | LogLineKind::Log => l.message.clone(),
+    };
+    let fields = l
+        .fields
+        .as_ref()
+        .map(|f| format!(" {f}"))
+        .unwrap_or_default();
+    format!(
+        "<span class=\"l l-{} k-{}\">{} {:<5} {}{}</span>\n",
+        esc(&l.level),
+        kind_name(l.kind),
+        l.at.format("%H:%M:%S%.3f"),
+        esc(&l.level.to_uppercase()),
+        esc(&text),
+        esc(&fields)
+    )
+}
+
+fn kind_name(k: belfry_api_types::LogLineKind) -> &'static str {
+    use belfry_api_types::LogLineKind;
+    match k {
+        LogLineKind::Log => "log",
+        LogLineKind::Progress => "progress",
+        LogLineKind::Truncated => "truncated",
+        LogLineKind::Error => "error",
+    }
 }
 
 /// `POST /ui/runs/{id}/cancel` (form field `reason`, optional): the API's

@@ -1,0 +1,204 @@
+//! Run logs (issue 23): what writing them costs a worker, and how soon a
+//! line reaches a client following the run's log.
+//!
+//! - **Cost.** `noop` jobs through one belfry worker whose handler writes
+//!   10 log lines per run, next to the same worker and backlog with the
+//!   built-in `noop` (no lines), rounds alternated, medians. The logging
+//!   scenario's clock stops when every run succeeded *and* every line is
+//!   stored (the writer works after the outcome), so the ratio carries the
+//!   whole cost.
+//! - **Tail latency.** A handler writes a line every 20 ms carrying the
+//!   instant it was written; a client follows `/v1/runs/{id}/logs/stream`
+//!   of a real API and records when each line arrives: `ctx.log` to the
+//!   client, p50 / p99 / max.
+
+use std::time::{Duration, Instant};
+
+use belfry_testkit::TestEnv;
+use belfry_worker::{Job, JobContext, JobError, Registry};
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::sample::{median, spread};
+use crate::worker_throughput::{belfry_with, scenario, CONCURRENCY};
+
+/// Lines per run in the cost scenario.
+const LINES: u64 = 10;
+
+/// A noop that writes [`LINES`] lines (with a field) first.
+#[derive(Clone, Default)]
+struct Chatty;
+
+impl Job for Chatty {
+    const TYPE: &'static str = "chatty";
+    type Payload = serde_json::Value;
+    async fn run(&self, ctx: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        for i in 0..LINES {
+            ctx.log_with(
+                tracing::Level::INFO,
+                "step done",
+                serde_json::json!({"step": i}),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Writes `lines` lines 20 ms apart, each carrying the instant it was
+/// written (RFC 3339).
+#[derive(Clone, Default)]
+struct Ticker;
+
+impl Job for Ticker {
+    const TYPE: &'static str = "ticker";
+    type Payload = serde_json::Value;
+    async fn run(&self, ctx: JobContext, p: serde_json::Value) -> Result<(), JobError> {
+        for _ in 0..p["lines"].as_u64().unwrap_or(0) {
+            ctx.log(tracing::Level::INFO, Utc::now().to_rfc3339());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Jobs per second of `n` chatty jobs, the clock stopped once every line
+/// is stored too.
+async fn chatty(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    belfry_with(env, n, 1, CONCURRENCY, || {
+        Ok(Registry::builder().job(Chatty).build()?)
+    })
+    .await?;
+    let pool = env.ledger.pg_pool().expect("a Postgres ledger");
+    let want = i64::try_from(n)? * i64::try_from(LINES)?;
+    loop {
+        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM run_logs")
+            .fetch_one(pool)
+            .await?;
+        if stored >= want {
+            return Ok(start.elapsed());
+        }
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(600),
+            "{stored} of {want} lines stored"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `ctx.log` to a stream client, in milliseconds, for `lines` lines.
+async fn tail_latency(lines: u64) -> anyhow::Result<Vec<f64>> {
+    let env = TestEnv::new().await;
+    env.declare_default_group(&["ticker"]).await;
+    let stop = CancellationToken::new();
+    let addr = crate::ui_pages::serve_api(&env, "bench-logs", &stop).await?;
+    let mut pairs = env.process_env();
+    pairs.push(("BELFRY_INSTANCE".into(), "bench-logs-w".into()));
+    let config =
+        belfry_worker::WorkerConfig::from_settings(&belfry_runtime::Settings::from_pairs(pairs))?;
+    let worker =
+        belfry_worker::Worker::start(&config, Registry::builder().job(Ticker).build()?).await?;
+    let worker = tokio::spawn(worker.run(stop.clone()));
+    let m = env
+        .enqueue(
+            "ticker",
+            "ticker",
+            serde_json::json!({"lines": lines}),
+            Utc::now(),
+        )
+        .await;
+    let mut resp = reqwest::Client::new()
+        .get(format!(
+            "http://{addr}/v1/runs/{}/logs/stream",
+            m.message_id
+        ))
+        .send()
+        .await?;
+    let (mut buf, mut latencies) = (String::new(), Vec::new());
+    'read: while let Some(chunk) =
+        tokio::time::timeout(Duration::from_secs(60), resp.chunk()).await??
+    {
+        let arrived = Utc::now();
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(i) = buf.find("\n\n") {
+            let event: String = buf.drain(..i + 2).collect();
+            if event.contains("event: end") || event.contains("event:end") {
+                break 'read;
+            }
+            let Some(data) = event.lines().find_map(|l| l.strip_prefix("data:")) else {
+                continue;
+            };
+            let line: serde_json::Value = serde_json::from_str(data.trim())?;
+            let written: DateTime<Utc> = line["message"].as_str().unwrap_or_default().parse()?;
+            latencies.push((arrived - written).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+        }
+    }
+    stop.cancel();
+    worker.await??;
+    anyhow::ensure!(
+        latencies.len() == usize::try_from(lines)?,
+        "{} of {lines} lines arrived",
+        latencies.len()
+    );
+    env.teardown(&["default"]).await;
+    Ok(latencies)
+}
+
+/// Runs both measurements and prints a markdown table.
+pub async fn run(jobs: usize, rounds: usize, lines: u64) -> anyhow::Result<()> {
+    let (mut quiet, mut logging) = (Vec::new(), Vec::new());
+    for round in 1..=rounds.max(1) {
+        quiet.push(
+            scenario(
+                "noop",
+                serde_json::json!({}),
+                jobs,
+                0,
+                false,
+                |env| async move {
+                    belfry_with(&env, jobs, 1, CONCURRENCY, || {
+                        Ok(Registry::builder().builtins().build()?)
+                    })
+                    .await
+                },
+            )
+            .await?,
+        );
+        logging.push(
+            scenario(
+                "chatty",
+                serde_json::json!({}),
+                jobs,
+                0,
+                false,
+                |env| async move { chatty(&env, jobs).await },
+            )
+            .await?,
+        );
+        eprintln!(
+            "round {round}: no lines {:.0} jobs/s, {LINES} lines a run {:.0} jobs/s",
+            quiet[round - 1],
+            logging[round - 1]
+        );
+    }
+    let (q, l) = (median(quiet), median(logging));
+    let (p50, p99, max) = spread(tail_latency(lines).await?);
+    println!(
+        "run logs, median of {} rounds, 1 worker, concurrency {CONCURRENCY}",
+        rounds.max(1)
+    );
+    println!();
+    println!("| scenario | jobs | jobs/s | ratio |");
+    println!("| --- | ---: | ---: | --- |");
+    println!("| belfry, noop, no log lines (baseline) | {jobs} | {q:.0} | 1.00 |");
+    println!(
+        "| belfry, {LINES} log lines a run (until every line is stored) | {jobs} | {l:.0} | {:.2} × baseline ({:.0} % cost) |",
+        l / q,
+        (1.0 - l / q) * 100.0
+    );
+    println!();
+    println!(
+        "tail latency, ctx.log to a client of /v1/runs/{{id}}/logs/stream, {lines} lines: p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms"
+    );
+    Ok(())
+}
