@@ -51,6 +51,9 @@
   var source = new EventSource(section.dataset.stream + "?after=" + encodeURIComponent(section.dataset.after), { withCredentials: true });
   source.addEventListener("line", function (e) {
     var l = JSON.parse(e.data);
+    // Every line the stream delivered, even one the page's refresh drew
+    // first (the browser test reads this).
+    window.__belfry_tailed.push(l.message);
     var live = document.getElementById("run-log");
     if (!live || !after([l.attempt, l.seq], key(live.dataset.after))) return;
     var pre = live.querySelector('pre.log[data-attempt="' + l.attempt + '"]');
@@ -81,7 +84,6 @@
           (l.done || 0) + (l.total != null ? " / " + l.total : "") + " " + l.message;
       }
     }
-    window.__belfry_tailed.push(l.message);
   });
   source.addEventListener("end", function () { source.close(); });
   source.addEventListener("error", function (e) {
