@@ -76,6 +76,15 @@ try {
   // E2E_LOG_GATE before its last line (tests/tests/e2e/ui_browser.rs).
   await page.goto(`${base}/ui/runs/${process.env.E2E_LOG_RUN}`);
   await page.locator('#run-log span:text-matches("first line")').waitFor({ timeout: 30000 });
+  // The page's 5 s refresh redraws <main> but keeps the panel it tails: a
+  // mark on the heading goes, the mark on the panel stays.
+  await page.evaluate(() => {
+    document.querySelector("main h1").dataset.mark = "before the refresh";
+    document.getElementById("log-panel").dataset.mark = "kept";
+  });
+  await page.waitForFunction(() => !document.querySelector("main h1").dataset.mark, null, { timeout: 20000 });
+  assert.equal(await page.evaluate(() => document.getElementById("log-panel").dataset.mark), "kept",
+    "the page's refresh redrew the log panel it was tailing");
   writeFileSync(process.env.E2E_LOG_GATE, "open");
   // Brought by the stream to this page (not by a reload or a refresh).
   await page.waitForFunction(() => (window.__belfry_tailed || []).includes("line after the gate"),

@@ -33,6 +33,17 @@ wire_enum! {
     }
 }
 
+impl RunStatus {
+    /// True for `succeeded`, `failed`, `dead` and `cancelled`: nothing more
+    /// will happen to the run.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Succeeded | Self::Failed | Self::Dead | Self::Cancelled
+        )
+    }
+}
+
 wire_enum! {
     /// How a run came to be.
     pub enum Origin {
@@ -315,8 +326,9 @@ pub struct RunLogPage {
     /// The run's status now.
     pub status: RunStatus,
     /// True when this page is empty and the log will not grow: the run is
-    /// final and ended long enough ago for its last batch of lines to be
-    /// stored (a few seconds). A follower stops here.
+    /// final and every line its attempts sent is stored (each attempt
+    /// entry records how many it sent), or it ended 2 minutes ago (a
+    /// worker that gave lines up). A follower stops here.
     pub complete: bool,
     /// The lines after `after`, at most `limit`.
     pub lines: Vec<LogLine>,

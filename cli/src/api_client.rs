@@ -52,6 +52,16 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// True when asking again later may work: the API could not be reached
+    /// or said it cannot serve now (502, 503, 504).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            CliError::Connect { .. } => true,
+            CliError::Api { status, .. } => matches!(*status, 502..=504),
+            _ => false,
+        }
+    }
+
     /// The process exit code for this error (see [`crate::exit`]).
     pub fn exit_code(&self) -> u8 {
         match self {

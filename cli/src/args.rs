@@ -243,7 +243,8 @@ pub enum RunCommand {
         /// complete.
         #[arg(long, short)]
         follow: bool,
-        /// Start after this cursor (ATTEMPT.SEQ, as printed by --json).
+        /// Start after this line: ATTEMPT.SEQ, e.g. 2.17 (a line's `attempt`
+        /// and `seq` as --json prints them; the API's `next`).
         #[arg(long)]
         after: Option<String>,
     },

@@ -59,6 +59,10 @@ impl Output {
 /// How often `belfry runs logs --follow` asks for new lines.
 const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How long `belfry runs logs --follow` keeps asking through an API that
+/// cannot be reached (a scheduler restarting) before it gives up.
+const FOLLOW_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// `belfry runs logs`: pages of the run's log from `after`; with `follow`,
 /// asks again until the API says the log is complete. With `--json`, one
 /// JSON line per log line.
@@ -71,12 +75,33 @@ async fn run_logs(
 ) -> Result<(), CliError> {
     let path = format!("/v1/runs/{}/logs", encode(id));
     let mut attempt = None;
+    // Since when the API has not answered (following only).
+    let mut unreachable_since: Option<std::time::Instant> = None;
     loop {
         let query = RunLogQuery {
             after: after.clone(),
             limit: Some(MAX_LOG_PAGE),
         };
-        let page: RunLogPage = api.call(Method::GET, &path, Some(&query), NONE).await?;
+        let page: RunLogPage = match api.call(Method::GET, &path, Some(&query), NONE).await {
+            Ok(page) => {
+                unreachable_since = None;
+                page
+            }
+            // Following a run through a scheduler's restart: ask again from
+            // the same cursor, so no line is lost or printed twice.
+            Err(e) if follow && e.is_transient() => {
+                let since = *unreachable_since.get_or_insert_with(|| {
+                    eprintln!("belfry: {e}; asking again for up to {FOLLOW_PATIENCE:?}");
+                    std::time::Instant::now()
+                });
+                if since.elapsed() > FOLLOW_PATIENCE {
+                    return Err(e);
+                }
+                tokio::time::sleep(FOLLOW_EVERY).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         for line in &page.lines {
             if out.json {
                 println!("{}", serde_json::to_string(line).unwrap_or_default());
@@ -104,8 +129,28 @@ async fn run_logs(
 }
 
 /// One log line for a terminal: time, level, text, fields; progress as
-/// `[done/total] note`.
+/// `[done/total] note`. Control characters other than newline and tab are
+/// printed escaped, so a handler's text cannot move the cursor or retitle
+/// the terminal.
 fn log_line(l: &LogLine) -> String {
+    printable(&log_text(l))
+}
+
+/// `s` with every control character but `\n` and `\t` escaped (`\u{1b}`).
+fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// [`log_line`] before escaping.
+fn log_text(l: &LogLine) -> String {
     let at = l.at.format("%H:%M:%S%.3f");
     let text = match l.kind {
         LogLineKind::Progress => match l.total {
@@ -731,4 +776,27 @@ async fn alerts(api: &ApiClient, out: &Output, c: &AlertCommand) -> Result<(), C
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handlers_control_characters_are_printed_escaped_but_newlines_and_tabs_kept() {
+        let line: LogLine = serde_json::from_value(serde_json::json!({
+            "attempt": 1, "seq": 0, "at": "2026-12-06T03:00:00Z", "kind": "log",
+            "level": "info", "message": "a\u{1b}]0;owned\u{7}b\tc\nd",
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let printed = log_line(&line);
+        assert!(
+            !printed.contains('\u{1b}') && !printed.contains('\u{7}'),
+            "{printed:?}"
+        );
+        assert!(
+            printed.ends_with("a\\u{1b}]0;owned\\u{7}b\tc\nd"),
+            "{printed:?}"
+        );
+    }
 }

@@ -37,7 +37,12 @@ async fn dev() -> anyhow::Result<()> {
         "text or json",
     )?;
     let instance = belfry_runtime::default_instance();
-    let telemetry = belfry_runtime::init_telemetry("belfry-dev", &instance, format)?;
+    let telemetry = belfry_runtime::init_telemetry_with(
+        "belfry-dev",
+        &instance,
+        format,
+        belfry_worker::RunLogCapture::layer(),
+    )?;
     let registry = belfry_worker::Registry::builder().builtins().build()?;
     telemetry
         .flush_after(async {

@@ -71,7 +71,9 @@ pub use follow_up::{FollowUpPass, JOIN_WAIT};
 pub use overlap::OverlapRule;
 pub use rate_limit::StartRate;
 pub use run_limits::{LimitKind, RunLimits};
-pub use run_log::{BadLogCursor, LogCursor, LogKind, RunLogLine};
+pub use run_log::{
+    log_is_complete, AttemptLogExtent, BadLogCursor, LogCursor, LogKind, RunLogLine,
+};
 pub use run_partitions::{days_ahead, PartitionDrop, RunPartition, PARTITION_DAYS_AHEAD};
 pub use run_query::{RunCursor, RunFilter};
 pub use runs::{AttemptEntry, AttemptStart, NewRun, RunRecord, RUN_COLUMNS};

@@ -194,7 +194,47 @@ impl FromStr for LogCursor {
     }
 }
 
+/// What one attempt of a run has stored: see [`Ledger::run_log_extent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, sqlx::FromRow)]
+pub struct AttemptLogExtent {
+    /// The attempt.
+    pub attempt: i32,
+    /// Lines stored.
+    pub lines: i64,
+    /// The highest `seq` stored.
+    pub last_seq: i32,
+    /// Bytes of text stored (message and fields' JSON text, as the worker's
+    /// bound counts them, give or take the database's JSON spacing).
+    pub bytes: i64,
+}
+
+/// Whether the lines of every attempt in `entries` that said how many it
+/// sent (`log_lines`) are all stored, by `extent`. Attempts that did not
+/// say (ended by a crash or a hand-back, or before run logs existed) are
+/// taken as complete: nothing is waiting to be written for them.
+pub fn log_is_complete(entries: &[crate::AttemptEntry], extent: &[AttemptLogExtent]) -> bool {
+    entries.iter().all(|e| {
+        let sent = e.log_lines.unwrap_or(0);
+        sent <= 0
+            || extent
+                .iter()
+                .any(|x| x.attempt == e.attempt && x.last_seq >= sent - 1)
+    })
+}
+
 impl Ledger {
+    /// Per attempt of run `run_id`, how much of its log is stored (one
+    /// aggregate over the run's primary-key range): what a retry counts
+    /// against the run's bound, and what a reader compares with each
+    /// attempt's `log_lines` to know the log is all in.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Query`] when the database cannot be reached.
+    pub async fn run_log_extent(&self, run_id: Uuid) -> Result<Vec<AttemptLogExtent>, LedgerError> {
+        self.store.run_log_extent(run_id).await
+    }
+
     /// Stores `lines` (any runs, any attempts) in one statement per chunk;
     /// a line already stored (a batch sent again) is skipped. Returns how
     /// many were new.

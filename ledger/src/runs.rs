@@ -104,6 +104,11 @@ pub struct AttemptEntry {
     /// The error text, when the attempt failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// How many log lines the attempt sent to be stored (seq `0..n`), so a
+    /// reader knows when the attempt's log is all in (see
+    /// [`crate::run_log`]); absent for attempts written before run logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_lines: Option<i32>,
 }
 
 impl AttemptEntry {

@@ -432,6 +432,11 @@ pub(crate) trait RunLogStore {
         after: LogCursor,
         limit: i64,
     ) -> Result<Vec<RunLogLine>, LedgerError>;
+    /// [`crate::Ledger::run_log_extent`].
+    async fn run_log_extent(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Vec<crate::run_log::AttemptLogExtent>, LedgerError>;
     /// [`crate::Ledger::latest_progress`].
     async fn latest_progress(&self, run_id: Uuid) -> Result<Option<RunLogLine>, LedgerError>;
     /// [`crate::Ledger::prune_run_logs`].

@@ -29,7 +29,7 @@ pub use endpoint::{masked, url_list};
 pub use exit::exit_on_error;
 pub use setting::{SettingError, Settings};
 pub use shutdown::shutdown_token;
-pub use telemetry::{init_telemetry, LogFormat, Telemetry, TelemetryError};
+pub use telemetry::{init_telemetry, init_telemetry_with, LogFormat, Telemetry, TelemetryError};
 
 /// The default instance name: `{hostname}-{pid}`.
 ///

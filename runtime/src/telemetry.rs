@@ -141,6 +141,30 @@ pub fn init_telemetry(
     instance: &str,
     format: LogFormat,
 ) -> Result<Telemetry, TelemetryError> {
+    init_telemetry_with(
+        service,
+        instance,
+        format,
+        tracing_subscriber::layer::Identity::new(),
+    )
+}
+
+/// [`init_telemetry`] with one more layer of the process's own, next to the
+/// registry: the worker's run-log capture (`belfry_worker::RunLogCapture`)
+/// is one. The same global filter applies to it.
+///
+/// # Errors
+///
+/// As [`init_telemetry`].
+pub fn init_telemetry_with<L>(
+    service: &str,
+    instance: &str,
+    format: LogFormat,
+    layer: L,
+) -> Result<Telemetry, TelemetryError>
+where
+    L: Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
+{
     let provider = if export_configured() {
         Some(otlp_provider(service, instance)?)
     } else {
@@ -161,6 +185,7 @@ pub fn init_telemetry(
     };
     let traces = provider.as_ref().map(otel_layer);
     let _ = tracing_subscriber::registry()
+        .with(layer)
         .with(filter)
         .with(logs)
         .with(traces)

@@ -1014,6 +1014,7 @@ pub fn attempt_entry(attempt: i32, worker: &str, status: RunStatus) -> belfry_le
         finished_at: Utc::now(),
         outcome: status.as_str().into(),
         error: None,
+        log_lines: None,
     }
 }
 

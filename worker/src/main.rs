@@ -3,8 +3,8 @@
 //! types registered; see `examples/custom-worker`.
 
 use belfry_runtime::start_retry::retry_start;
-use belfry_runtime::{exit_on_error, init_telemetry, shutdown_token, Settings};
-use belfry_worker::{Registry, Worker, WorkerConfig, WorkerError};
+use belfry_runtime::{exit_on_error, init_telemetry_with, shutdown_token, Settings};
+use belfry_worker::{Registry, RunLogCapture, Worker, WorkerConfig, WorkerError};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -16,7 +16,13 @@ async fn run() -> anyhow::Result<()> {
     // First: from here on SIGTERM is a graceful stop, even during start-up.
     let cancel = shutdown_token();
     let config = WorkerConfig::from_settings(&Settings::from_env())?;
-    let telemetry = init_telemetry("belfry-worker", &config.instance, config.log_format)?;
+    // With run-log capture, for job types registered with `capture_tracing`.
+    let telemetry = init_telemetry_with(
+        "belfry-worker",
+        &config.instance,
+        config.log_format,
+        RunLogCapture::layer(),
+    )?;
     tracing::info!(
         ?config,
         exporting_traces = telemetry.exporting(),

@@ -398,6 +398,7 @@ impl Worker {
                 finished_at: started_at,
                 outcome: String::new(),
                 error: None,
+                log_lines: None,
             };
             if attempt_no > policy.max_attempts {
                 // The attempts were used up by earlier deliveries (a worker
@@ -431,6 +432,11 @@ impl Worker {
             let run_log = self
                 .run_logs
                 .attempt(id, attempt_no, self.run_log_bounds, stored_before);
+            // Declared after `span`, so dropped before it: the span's id is
+            // not reused while it is offered (see `log_capture`).
+            let _captured = registered
+                .capture_tracing
+                .map(|level| crate::log_capture::attach(&span, run_log.clone(), level));
             let ctx = JobContext {
                 run_log: run_log.clone(),
                 run_id: id,
@@ -467,6 +473,7 @@ impl Worker {
             let (outcome, error, requested_delay) = match result {
                 AttemptResult::Succeeded => {
                     entry.outcome = "succeeded".into();
+                    entry.log_lines = run_log.close();
                     tracing::info!(parent: &span, "attempt succeeded");
                     return self
                         .conclude(&delivery, id, RunStatus::Succeeded, entry)
@@ -476,6 +483,7 @@ impl Worker {
                     entry.outcome = "failed".into();
                     entry.error = Some(m.clone());
                     run_log.error(&m);
+                    entry.log_lines = run_log.close();
                     tracing::warn!(parent: &span, error = %m, "attempt failed permanently");
                     return self.conclude(&delivery, id, RunStatus::Failed, entry).await;
                 }
@@ -487,6 +495,7 @@ impl Worker {
                     entry.outcome = "invalid_payload".into();
                     entry.error = Some(reason.clone());
                     run_log.error(&reason);
+                    entry.log_lines = run_log.close();
                     tracing::error!(parent: &span, error = %reason, "dead-lettering: payload cannot be decoded");
                     return self.dead(&delivery, id, entry, &reason).await;
                 }
@@ -495,6 +504,7 @@ impl Worker {
                     // canceller's reason as the run's last error.
                     entry.outcome = "cancelled".into();
                     entry.error = Some("cancelled while running".into());
+                    entry.log_lines = run_log.close();
                     tracing::warn!(parent: &span, "attempt stopped: the run was cancelled");
                     return self
                         .conclude(&delivery, id, RunStatus::Cancelled, entry)
@@ -506,12 +516,14 @@ impl Worker {
                     // is refused if another attempt now holds it).
                     tracing::warn!(parent: &span, "attempt interrupted: its lease could not be kept; handing the run back");
                     WorkerCounters::add(&self.counters.lease_lost);
+                    run_log.close();
                     return self
                         .hand_back_after(&delivery, Some((id, attempt)), Duration::ZERO, hard_stop)
                         .await;
                 }
                 AttemptResult::Interrupted => {
                     tracing::warn!(parent: &span, "attempt interrupted by shutdown; handing the run back");
+                    run_log.close();
                     return self
                         .hand_back_after(&delivery, Some((id, attempt)), Duration::ZERO, hard_stop)
                         .await;
@@ -527,8 +539,10 @@ impl Worker {
             };
             entry.outcome = outcome.into();
             entry.error = Some(error.clone());
-            // The failure after the handler's last lines: read together.
+            // The failure after the handler's last lines: read together;
+            // then nothing more (see `run_log`'s "End").
             run_log.error(&error);
+            entry.log_lines = run_log.close();
             let Some(policy_delay) = policy.delay_after(attempt_no) else {
                 let reason =
                     format!("retries exhausted after {attempt} attempts; last error: {error}");

@@ -70,6 +70,9 @@ pub enum RegistryError {
     /// Nothing was registered.
     #[error("the registry is empty; register at least one job type")]
     Empty,
+    /// `capture_tracing` named a type not registered before it.
+    #[error("capture_tracing names job type {0:?}, which is not registered before it; call .job(..) for the type first")]
+    CaptureUnregistered(String),
 }
 
 /// A registered job type: its handler and its own retry/timeout settings.
@@ -79,6 +82,10 @@ pub struct Registered {
     pub handler: Arc<dyn Handler>,
     /// The type's overrides of the worker's defaults.
     pub options: JobOptions,
+    /// Whether `tracing` events inside the handler's span are stored in
+    /// the run's log, and at which level or more severe (see
+    /// [`crate::log_capture`]); `None`, the default, stores none.
+    pub capture_tracing: Option<tracing::Level>,
 }
 
 /// Job types and their handlers.
@@ -99,6 +106,9 @@ impl std::fmt::Debug for Registry {
 #[derive(Default)]
 pub struct RegistryBuilder {
     entries: Vec<(String, Registered)>,
+    /// Types named by `capture_tracing` before (or without) being
+    /// registered: refused by `build`.
+    unknown_captures: Vec<String>,
 }
 
 impl RegistryBuilder {
@@ -113,8 +123,28 @@ impl RegistryBuilder {
     /// ad-hoc request can override them again per run).
     pub fn job_with<J: Job>(mut self, job: J, options: JobOptions) -> Self {
         let handler: Arc<dyn Handler> = Arc::new(Typed(Arc::new(job)));
-        self.entries
-            .push((J::TYPE.to_owned(), Registered { handler, options }));
+        self.entries.push((
+            J::TYPE.to_owned(),
+            Registered {
+                handler,
+                options,
+                capture_tracing: None,
+            },
+        ));
+        self
+    }
+
+    /// Stores the `tracing` events that job type `J`'s handler emits (in
+    /// its attempt's span, at `max_level` or more severe) in each run's
+    /// log, beside its `ctx.log` lines. Off by default: a library that logs
+    /// a lot would fill the store. Needs [`crate::RunLogCapture`] in the
+    /// process's subscriber (see [`crate::log_capture`]). Register `J`
+    /// first.
+    pub fn capture_tracing<J: Job>(mut self, max_level: tracing::Level) -> Self {
+        match self.entries.iter_mut().rev().find(|(t, _)| t == J::TYPE) {
+            Some((_, registered)) => registered.capture_tracing = Some(max_level),
+            None => self.unknown_captures.push(J::TYPE.to_owned()),
+        }
         self
     }
 
@@ -129,9 +159,12 @@ impl RegistryBuilder {
     ///
     /// # Errors
     ///
-    /// [`RegistryError`] for a duplicate or invalid type name, or an empty
-    /// registry.
+    /// [`RegistryError`] for a duplicate or invalid type name, an empty
+    /// registry, or `capture_tracing` of a type not registered.
     pub fn build(self) -> Result<Registry, RegistryError> {
+        if let Some(job_type) = self.unknown_captures.into_iter().next() {
+            return Err(RegistryError::CaptureUnregistered(job_type));
+        }
         let mut handlers = BTreeMap::new();
         for (name, registered) in self.entries {
             validate_name("job type", &name)?;

@@ -16,16 +16,28 @@
 //!   stored (read once per attempt after the first), so the bound is the
 //!   run's, not each attempt's. The attempt's failure is written after the
 //!   bound (one `error` line), so a truncated log still ends with why.
+//! - **Order.** An attempt numbers its lines (`seq`) and queues each under
+//!   one lock, so the channel, and with it every batch, holds an attempt's
+//!   lines in `seq` order even when the handler logs from several tasks: a
+//!   follower that read up to seq 6 never finds a seq 5 stored after it.
+//! - **End.** The worker closes the attempt's log once the outcome is
+//!   known (after the failure line): a task the handler spawned with a
+//!   clone of its context cannot add lines after the error, its writes are
+//!   dropped and counted. The number of lines the attempt sent is recorded
+//!   in its attempt entry (`log_lines`), so a reader knows when the log is
+//!   all in ([`belfry_ledger::log_is_complete`]) instead of guessing.
 //! - **Outages.** A batch that cannot be written is kept and tried again
-//!   every [`RETRY_EVERY`]; lines arriving meanwhile queue in the channel
-//!   and, past its capacity, are dropped and counted. Logs are a
-//!   diagnostic: they never hold up an outcome.
+//!   every [`RETRY_EVERY`], at most [`GIVE_UP_AFTER`] times (then dropped
+//!   and counted: a batch the database refuses for good must not stop every
+//!   later line); lines arriving meanwhile queue in the channel and, past
+//!   its capacity, are dropped and counted. Logs are a diagnostic: they
+//!   never hold up an outcome.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use belfry_ledger::{Ledger, LogCursor, LogKind, RunLogLine};
+use belfry_ledger::{Ledger, LogKind, RunLogLine};
 use chrono::Utc;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
@@ -38,6 +50,9 @@ pub const BATCH_WAIT: Duration = Duration::from_millis(100);
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// Lines waiting for the writer at most (then dropped and counted).
 pub const CHANNEL_LINES: usize = 20_000;
+/// Tries of one batch before it is dropped (and counted): a minute of
+/// outage at [`RETRY_EVERY`].
+pub const GIVE_UP_AFTER: u32 = 60;
 
 /// How much of a run's log is kept (`BELFRY_RUN_LOG_MAX_LINES`,
 /// `BELFRY_RUN_LOG_MAX_BYTES`).
@@ -58,7 +73,7 @@ impl Default for RunLogBounds {
     }
 }
 
-enum Request {
+pub(crate) enum Request {
     Line(RunLogLine),
     Flush(oneshot::Sender<()>),
 }
@@ -92,12 +107,13 @@ impl RunLogSink {
     /// passed: the database may be down).
     pub(crate) async fn flush(&self, within: Duration) -> bool {
         let (done, stored) = oneshot::channel();
-        // A full channel: wait for room (the flush itself must not be lost).
-        let sent = tokio::time::timeout(within, self.tx.send(Request::Flush(done))).await;
-        if !matches!(sent, Ok(Ok(()))) {
-            return false;
-        }
-        matches!(tokio::time::timeout(within, stored).await, Ok(Ok(())))
+        // One deadline for both steps. A full channel: wait for room (the
+        // flush itself must not be lost), then for the writer's answer.
+        let flushed = tokio::time::timeout(within, async {
+            self.tx.send(Request::Flush(done)).await.is_ok() && stored.await.is_ok()
+        })
+        .await;
+        flushed.unwrap_or(false)
     }
 
     /// The handle for one attempt of run `run_id`; `stored_before` is what
@@ -114,19 +130,29 @@ impl RunLogSink {
                 sink: self.clone(),
                 run_id,
                 attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
-                seq: AtomicI32::new(0),
-                lines: AtomicU64::new(stored_before.0),
-                bytes: AtomicU64::new(stored_before.1),
-                truncated: AtomicBool::new(false),
+                state: Mutex::new(LineState {
+                    next_seq: 0,
+                    lines: stored_before.0,
+                    bytes: stored_before.1,
+                    truncated: false,
+                    closed: false,
+                }),
                 bounds,
             })),
         }
     }
 
-    fn send(&self, line: RunLogLine) {
-        if self.tx.try_send(Request::Line(line)).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+    /// Queues `line`; false (and counted) when the channel is full.
+    fn send(&self, line: RunLogLine) -> bool {
+        let sent = self.tx.try_send(Request::Line(line)).is_ok();
+        if !sent {
+            self.drop_lines(1);
         }
+        sent
+    }
+
+    fn drop_lines(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -142,11 +168,24 @@ struct AttemptLines {
     sink: RunLogSink,
     run_id: Uuid,
     attempt: i32,
-    seq: AtomicI32,
-    lines: AtomicU64,
-    bytes: AtomicU64,
-    truncated: AtomicBool,
+    state: Mutex<LineState>,
     bounds: RunLogBounds,
+}
+
+/// An attempt's count, under one lock: the seq a line gets and its place
+/// in the channel are decided together (see the module's "Order").
+#[derive(Debug)]
+struct LineState {
+    /// The seq of the next line queued; also how many were queued.
+    next_seq: i32,
+    /// Lines counted against the bound (the run's earlier attempts' too).
+    lines: u64,
+    /// Bytes counted against the bound.
+    bytes: u64,
+    /// The bound was reached: the marker is queued, later lines dropped.
+    truncated: bool,
+    /// The attempt's outcome is known: nothing more is queued.
+    closed: bool,
 }
 
 impl RunLog {
@@ -179,16 +218,30 @@ impl RunLog {
     /// The attempt's failure, written by the worker after the handler's
     /// lines whatever the bound.
     pub(crate) fn error(&self, text: &str) {
-        if let Some(a) = &self.inner {
-            a.send(
-                LogKind::Error,
-                tracing::Level::ERROR,
-                text,
-                None,
-                None,
-                None,
-            );
+        let Some(a) = &self.inner else { return };
+        let mut state = a.lock();
+        if state.closed {
+            return;
         }
+        a.queue(
+            &mut state,
+            LogKind::Error,
+            tracing::Level::ERROR,
+            text,
+            None,
+            None,
+            None,
+        );
+    }
+
+    /// Ends the attempt's log: later writes (from tasks the handler left
+    /// running) are dropped and counted. Returns how many lines the attempt
+    /// queued, for its attempt entry's `log_lines`.
+    pub(crate) fn close(&self) -> Option<i32> {
+        let a = self.inner.as_ref()?;
+        let mut state = a.lock();
+        state.closed = true;
+        Some(state.next_seq)
     }
 
     fn push(
@@ -201,39 +254,55 @@ impl RunLog {
         total: Option<i64>,
     ) {
         let Some(a) = &self.inner else { return };
-        if a.truncated.load(Ordering::Relaxed) {
+        let mut state = a.lock();
+        if state.closed {
+            // A task outliving its attempt: counted, never stored after the
+            // attempt's error line.
+            a.sink.drop_lines(1);
+            return;
+        }
+        if state.truncated {
             return;
         }
         let size = line_bytes(message, fields.as_ref());
-        // Counted before the check, so concurrent writers of one attempt
-        // cannot both slip under the bound.
-        let lines = a.lines.fetch_add(1, Ordering::Relaxed) + 1;
-        let bytes = a.bytes.fetch_add(size, Ordering::Relaxed) + size;
-        if lines > u64::from(a.bounds.max_lines) || bytes > a.bounds.max_bytes {
-            // Only the first writer past the bound writes the marker.
-            if !a.truncated.swap(true, Ordering::Relaxed) {
-                let text = format!(
-                    "log truncated: the run's bound of {} lines / {} bytes was reached; later lines were dropped",
-                    a.bounds.max_lines, a.bounds.max_bytes
-                );
-                a.send(
-                    LogKind::Truncated,
-                    tracing::Level::WARN,
-                    &text,
-                    None,
-                    None,
-                    None,
-                );
-            }
+        state.lines += 1;
+        state.bytes += size;
+        if state.lines > u64::from(a.bounds.max_lines) || state.bytes > a.bounds.max_bytes {
+            state.truncated = true;
+            let text = format!(
+                "log truncated: the run's bound of {} lines / {} bytes was reached; later lines were dropped",
+                a.bounds.max_lines, a.bounds.max_bytes
+            );
+            a.queue(
+                &mut state,
+                LogKind::Truncated,
+                tracing::Level::WARN,
+                &text,
+                None,
+                None,
+                None,
+            );
             return;
         }
-        a.send(kind, level, message, fields, done, total);
+        a.queue(&mut state, kind, level, message, fields, done, total);
     }
 }
 
 impl AttemptLines {
-    fn send(
+    /// The attempt's count. A writer that panicked while holding it left
+    /// nothing half-done that matters (a count), so poisoning is ignored.
+    fn lock(&self) -> std::sync::MutexGuard<'_, LineState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues one line with the next seq; called with the attempt's lock
+    /// held (`state`), so seq order is channel order. `try_send` never
+    /// waits, so the lock is held only for a push. A line the full channel
+    /// refused takes no seq (the seqs stored stay `0..log_lines`).
+    #[allow(clippy::too_many_arguments)]
+    fn queue(
         &self,
+        state: &mut LineState,
         kind: LogKind,
         level: tracing::Level,
         message: &str,
@@ -241,11 +310,10 @@ impl AttemptLines {
         done: Option<i64>,
         total: Option<i64>,
     ) {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        self.sink.send(RunLogLine {
+        let sent = self.sink.send(RunLogLine {
             run_id: self.run_id,
             attempt: self.attempt,
-            seq,
+            seq: state.next_seq,
             at: Utc::now(),
             kind,
             level: level.as_str().to_ascii_lowercase(),
@@ -254,6 +322,9 @@ impl AttemptLines {
             done,
             total,
         });
+        if sent {
+            state.next_seq += 1;
+        }
     }
 }
 
@@ -262,25 +333,19 @@ fn line_bytes(message: &str, fields: Option<&serde_json::Value>) -> u64 {
     message.len() as u64 + fields.map_or(0, |f| f.to_string().len() as u64)
 }
 
-/// What a run's earlier attempts stored: `(lines, bytes)`, counted from
-/// their lines (read once per attempt after the first; `(0, 0)` when the
-/// database cannot say, so a retry is never held up by its log).
+/// What a run's earlier attempts stored: `(lines, bytes)`, one aggregate
+/// read per attempt after the first; `(0, 0)` when the database cannot
+/// say, so a retry is never held up by its log.
 pub(crate) async fn stored_before(ledger: &Ledger, run_id: Uuid) -> (u64, u64) {
-    let mut after = LogCursor::START;
-    let (mut lines, mut bytes) = (0u64, 0u64);
-    loop {
-        let Ok(page) = ledger.run_logs(run_id, after, 1_000).await else {
-            return (lines, bytes);
-        };
-        for l in &page {
-            lines += 1;
-            bytes += line_bytes(&l.message, l.fields.as_ref());
-        }
-        match page.last() {
-            Some(last) if page.len() == 1_000 => after = last.cursor(),
-            _ => return (lines, bytes),
-        }
-    }
+    let Ok(extent) = ledger.run_log_extent(run_id).await else {
+        return (0, 0);
+    };
+    extent.iter().fold((0, 0), |(lines, bytes), a| {
+        (
+            lines + u64::try_from(a.lines).unwrap_or(0),
+            bytes + u64::try_from(a.bytes).unwrap_or(0),
+        )
+    })
 }
 
 /// The writer: batches lines into statements until every sender is gone.
@@ -304,19 +369,22 @@ async fn write_lines(ledger: Ledger, mut rx: mpsc::Receiver<Request>, dropped: A
                 _ = tokio::time::sleep_until(until) => break,
             }
         }
+        // Lines keep arriving while a batch is retried; past the channel's
+        // capacity the senders drop theirs (counted there).
+        let mut tries = 0;
         while !batch.is_empty() {
             match ledger.append_run_logs(&batch).await {
                 Ok(_) => batch.clear(),
+                Err(e) if tries + 1 >= GIVE_UP_AFTER => {
+                    tracing::error!(error = %e, lines = batch.len(), tries = tries + 1,
+                        "run log lines given up: the database did not store them");
+                    dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    batch.clear();
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, lines = batch.len(), "run log lines not stored; retrying");
+                    tries += 1;
+                    tracing::warn!(error = %e, lines = batch.len(), tries, "run log lines not stored; retrying");
                     tokio::time::sleep(RETRY_EVERY).await;
-                    // Lines keep arriving meanwhile; past the channel's
-                    // capacity the senders drop theirs (counted there).
-                    if batch.len() > CHANNEL_LINES {
-                        let extra = batch.len() - CHANNEL_LINES;
-                        batch.drain(..extra);
-                        dropped.fetch_add(extra as u64, Ordering::Relaxed);
-                    }
                 }
             }
         }
@@ -336,27 +404,105 @@ fn take(r: Request, batch: &mut Vec<RunLogLine>, waiting: &mut Vec<oneshot::Send
     }
 }
 
+/// A sink without a writer, for unit tests: what was queued is read back
+/// in channel order with [`test_lines`].
+#[cfg(test)]
+pub(crate) fn test_sink(capacity: usize) -> (RunLogSink, mpsc::Receiver<Request>) {
+    let (tx, rx) = mpsc::channel(capacity);
+    (
+        RunLogSink {
+            tx,
+            dropped: Arc::new(AtomicU64::new(0)),
+        },
+        rx,
+    )
+}
+
+/// The lines queued in a [`test_sink`], in channel order.
+#[cfg(test)]
+pub(crate) fn test_lines(rx: &mut mpsc::Receiver<Request>) -> Vec<RunLogLine> {
+    let mut out = Vec::new();
+    while let Ok(Request::Line(l)) = rx.try_recv() {
+        out.push(l);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn sink() -> (RunLogSink, mpsc::Receiver<Request>) {
-        let (tx, rx) = mpsc::channel(100);
-        (
-            RunLogSink {
-                tx,
-                dropped: Arc::new(AtomicU64::new(0)),
-            },
-            rx,
-        )
+        test_sink(100)
     }
 
     fn lines(rx: &mut mpsc::Receiver<Request>) -> Vec<RunLogLine> {
-        let mut out = Vec::new();
-        while let Ok(Request::Line(l)) = rx.try_recv() {
-            out.push(l);
+        test_lines(rx)
+    }
+
+    #[test]
+    fn lines_from_concurrent_writers_are_queued_in_seq_order() {
+        let (sink, mut rx) = test_sink(100_000);
+        let log = sink.attempt(Uuid::nil(), 1, RunLogBounds::default(), (0, 0));
+        let writers: Vec<_> = (0..4)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2_000 {
+                        log.write(
+                            tracing::Level::INFO,
+                            &format!("{t}-{i}"),
+                            serde_json::Value::Null,
+                        );
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            assert!(w.join().is_ok());
         }
-        out
+        let seqs: Vec<i32> = lines(&mut rx).iter().map(|l| l.seq).collect();
+        // 4 x 2,000 writes, bounded at 10,000 lines: all queued.
+        assert_eq!(seqs.len(), 8_000);
+        let out_of_order = seqs.windows(2).filter(|w| w[1] != w[0] + 1).count();
+        assert_eq!(
+            out_of_order, 0,
+            "a seq was queued after a higher one: a follower past the higher would miss it"
+        );
+    }
+
+    #[test]
+    fn a_closed_log_takes_no_more_lines_and_says_how_many_it_queued() {
+        let (sink, mut rx) = sink();
+        let log = sink.attempt(Uuid::nil(), 1, RunLogBounds::default(), (0, 0));
+        let spawned = log.clone();
+        log.write(tracing::Level::INFO, "a", serde_json::Value::Null);
+        log.error("boom");
+        assert_eq!(log.close(), Some(2));
+        // A task the handler left running writes after the outcome.
+        spawned.write(tracing::Level::INFO, "late", serde_json::Value::Null);
+        spawned.progress(1, None, "late");
+        log.error("again");
+        let got: Vec<String> = lines(&mut rx).into_iter().map(|l| l.message).collect();
+        assert_eq!(got, ["a", "boom"]);
+        assert_eq!(sink.dropped.load(Ordering::Relaxed), 2);
+        assert_eq!(RunLog::disabled().close(), None);
+    }
+
+    #[test]
+    fn a_line_the_full_channel_refused_takes_no_seq() {
+        let (sink, mut rx) = test_sink(1);
+        let log = sink.attempt(Uuid::nil(), 1, RunLogBounds::default(), (0, 0));
+        log.write(tracing::Level::INFO, "0", serde_json::Value::Null);
+        log.write(tracing::Level::INFO, "refused", serde_json::Value::Null);
+        assert_eq!(lines(&mut rx).len(), 1);
+        log.write(tracing::Level::INFO, "1", serde_json::Value::Null);
+        let got: Vec<(i32, String)> = lines(&mut rx)
+            .into_iter()
+            .map(|l| (l.seq, l.message))
+            .collect();
+        assert_eq!(got, [(1, "1".to_owned())]);
+        assert_eq!(log.close(), Some(2));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::PgStore;
-use crate::run_log::{LogCursor, RunLogLine, StoredLine, LINE_COLUMNS};
+use crate::run_log::{AttemptLogExtent, LogCursor, RunLogLine, StoredLine, LINE_COLUMNS};
 use crate::store::RunLogStore;
 use crate::LedgerError;
 
@@ -77,6 +77,17 @@ impl RunLogStore for PgStore {
         .fetch_all(&self.route)
         .await?;
         Ok(rows.into_iter().map(RunLogLine::from).collect())
+    }
+
+    async fn run_log_extent(&self, run_id: Uuid) -> Result<Vec<AttemptLogExtent>, LedgerError> {
+        Ok(sqlx::query_as(
+            "SELECT attempt, count(*) AS lines, max(seq) AS last_seq, \
+                    sum(octet_length(message) + coalesce(octet_length(fields), 0))::int8 AS bytes \
+             FROM run_logs WHERE run_id = $1 GROUP BY attempt ORDER BY attempt",
+        )
+        .bind(run_id)
+        .fetch_all(&self.route)
+        .await?)
     }
 
     async fn latest_progress(&self, run_id: Uuid) -> Result<Option<RunLogLine>, LedgerError> {

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{ts, SqliteLedger};
-use crate::run_log::{LogCursor, RunLogLine, StoredLine, LINE_COLUMNS};
+use crate::run_log::{AttemptLogExtent, LogCursor, RunLogLine, StoredLine, LINE_COLUMNS};
 use crate::store::RunLogStore;
 use crate::LedgerError;
 
@@ -56,6 +56,17 @@ impl RunLogStore for SqliteLedger {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(RunLogLine::from).collect())
+    }
+
+    async fn run_log_extent(&self, run_id: Uuid) -> Result<Vec<AttemptLogExtent>, LedgerError> {
+        Ok(sqlx::query_as(
+            "SELECT attempt, count(*) AS lines, max(seq) AS last_seq, \
+                    sum(length(CAST(message AS BLOB)) + coalesce(length(CAST(fields AS BLOB)), 0)) AS bytes \
+             FROM run_logs WHERE run_id = ?1 GROUP BY attempt ORDER BY attempt",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     async fn latest_progress(&self, run_id: Uuid) -> Result<Option<RunLogLine>, LedgerError> {

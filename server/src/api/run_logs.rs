@@ -9,6 +9,7 @@
 //! `Last-Event-ID` and misses nothing), and ends with an `end` event once
 //! the run is final and nothing more is stored.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -32,13 +33,15 @@ use super::ApiState;
 /// How often a stream looks for new lines.
 pub const TAIL_EVERY: Duration = Duration::from_millis(250);
 
-/// How long after a run ended its last lines may still arrive: a worker
-/// writes lines in batches (`belfry_worker::run_log`, at most 100 ms
-/// apart, retried through short outages), so the outcome can be stored
-/// before the lines that precede it.
-pub const LATE_LINES: Duration = Duration::from_secs(3);
+/// How long after a run ended its log is taken as complete even when an
+/// attempt's lines are not all stored: the worker writing them gave up
+/// (its writer drops a batch after a minute of failed tries) or died.
+/// Normally the log is complete as soon as every attempt's `log_lines`
+/// are stored (`belfry_ledger::log_is_complete`), well before this.
+pub const LOG_SETTLED_AFTER: Duration = Duration::from_secs(120);
 
-/// The API's form of a stored line.
+/// The API's form of a stored line (a function, not a `From`: neither type
+/// is this crate's).
 pub fn log_line(l: &RunLogLine) -> LogLine {
     LogLine {
         attempt: l.attempt,
@@ -67,19 +70,35 @@ fn cursor(raw: Option<&str>) -> Result<LogCursor, ApiError> {
     })
 }
 
-/// The run's status now, and whether its log can still grow (not final,
-/// or ended less than [`LATE_LINES`] ago); 404 when there is no such run.
-async fn status_of(state: &ApiState, id: Uuid) -> Result<(RunStatus, bool), ApiError> {
+/// The run's status now, and whether its log can still grow: the run is
+/// not final, or an attempt's lines are not all stored yet (by the count
+/// its attempt entry recorded) and it ended less than
+/// [`LOG_SETTLED_AFTER`] ago. 404 when there is no such run.
+///
+/// # Errors
+///
+/// [`ApiError`]: 404 for no such run, 503 when the ledger cannot be read.
+pub(crate) async fn log_status(state: &ApiState, id: Uuid) -> Result<(RunStatus, bool), ApiError> {
     let run = state
         .ledger()
         .run(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no run with id {id}")))?;
     let status = run_status(&run.status_text)?;
+    if !status.is_terminal() {
+        return Ok((status, true));
+    }
     let settled = run.finished_at.is_some_and(|f| {
-        chrono::Utc::now() - f > chrono::Duration::from_std(LATE_LINES).unwrap_or_default()
+        chrono::Utc::now() - f > chrono::Duration::from_std(LOG_SETTLED_AFTER).unwrap_or_default()
     });
-    Ok((status, !(is_final(status) && settled)))
+    if settled {
+        return Ok((status, false));
+    }
+    // An attempt log that cannot be decoded says nothing about lines: fall
+    // back to the time bound rather than fail the read.
+    let entries = run.attempt_entries().unwrap_or_default();
+    let extent = state.ledger().run_log_extent(id).await?;
+    Ok((status, !belfry_ledger::log_is_complete(&entries, &extent)))
 }
 
 /// `GET /v1/runs/{id}/logs`.
@@ -104,7 +123,7 @@ pub async fn page(
     let limit = q.number("limit", 200, 1, MAX_LOG_PAGE)?;
     // The status first: a line written after it is read below too, so a
     // final status with an empty page really is the end.
-    let (status, growing) = status_of(&state, id).await?;
+    let (status, growing) = log_status(&state, id).await?;
     let lines = state.ledger().run_logs(id, after, i64::from(limit)).await?;
     let progress = state.ledger().latest_progress(id).await?;
     let next = lines.last().map_or(after, RunLogLine::cursor);
@@ -147,13 +166,13 @@ pub async fn stream(
     let after = cursor(resumed.as_deref().or(q.text("after")))?;
     // For the stream, the most lines read from the ledger at a time.
     let read = i64::from(q.number("limit", 200, 1, MAX_LOG_PAGE)?);
-    status_of(&state, id).await?;
+    log_status(&state, id).await?;
     let tail = Tail {
         state,
         id,
         after,
         read,
-        pending: Vec::new(),
+        pending: VecDeque::new(),
         ended: false,
     };
     let events = futures::stream::unfold(tail, |mut t| async move {
@@ -169,7 +188,7 @@ struct Tail {
     id: Uuid,
     after: LogCursor,
     read: i64,
-    pending: Vec<RunLogLine>,
+    pending: VecDeque<RunLogLine>,
     ended: bool,
 }
 
@@ -180,8 +199,7 @@ impl Tail {
             if self.ended {
                 return None;
             }
-            if !self.pending.is_empty() {
-                let line = self.pending.remove(0);
+            if let Some(line) = self.pending.pop_front() {
                 self.after = line.cursor();
                 return Some(
                     Event::default()
@@ -192,7 +210,7 @@ impl Tail {
                 );
             }
             // The status before the read, as in `page`.
-            let (status, growing) = match status_of(&self.state, self.id).await {
+            let (status, growing) = match log_status(&self.state, self.id).await {
                 Ok(s) => s,
                 // Gone (pruned) or the database away: say so and stop; the
                 // client may reconnect with the last id it had.
@@ -207,7 +225,7 @@ impl Tail {
                 .run_logs(self.id, self.after, self.read)
                 .await
             {
-                Ok(lines) if !lines.is_empty() => self.pending = lines,
+                Ok(lines) if !lines.is_empty() => self.pending = lines.into(),
                 Ok(_) if !growing => {
                     self.ended = true;
                     return Some(Event::default().event("end").data(status.as_str()));
@@ -220,12 +238,4 @@ impl Tail {
             }
         }
     }
-}
-
-/// Whether a run in `status` writes no more lines.
-fn is_final(status: RunStatus) -> bool {
-    matches!(
-        status,
-        RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled
-    )
 }

@@ -466,6 +466,7 @@ belfry_testkit::both_backends! {
             finished_at: Utc::now(),
             outcome: "failed".into(),
             error: Some("boom: <b>not html</b>".into()),
+            log_lines: None,
         };
         let msg = env.ledger.run(ids[6]).await.unwrap().unwrap().to_message();
         env.ledger

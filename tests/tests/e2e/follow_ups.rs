@@ -83,6 +83,7 @@ async fn finish(env: &TestEnv, message: &JobMessage, status: RunStatus) -> uuid:
         finished_at: Utc::now(),
         outcome: status.as_str().into(),
         error: (status != RunStatus::Succeeded).then(|| "it broke".to_owned()),
+        log_lines: None,
     };
     let error = entry.error.clone();
     assert!(env

@@ -16,6 +16,7 @@ use belfry_worker::{Job, JobContext, JobError, Registry};
 use chrono::Utc;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 /// Logs `lines` lines (with fields, and progress after each), a line with
@@ -353,4 +354,166 @@ async fn the_api_pages_a_runs_log_and_streams_it_live_until_the_run_ends() {
     assert_eq!(missing.status(), 404);
     drop(api);
     running.stop_and_teardown(env).await;
+}
+
+/// Emits `tracing` events from its handler and from a task it spawns in
+/// its span, at several levels; registered with `capture_tracing` (INFO)
+/// or without it, under two type names.
+#[derive(Clone, Copy, Default)]
+struct Traced;
+
+async fn traced_run(ctx: &JobContext) {
+    ctx.log(tracing::Level::INFO, "own line");
+    tracing::info!(target: "billing", invoice = 7, "charged {}", "acme");
+    tracing::debug!(target: "billing", "below the captured level");
+    let task = tokio::spawn(
+        async { tracing::warn!(target: "billing", "from a spawned task") }
+            .instrument(ctx.span.clone()),
+    );
+    let _ = task.await;
+}
+
+impl Job for Traced {
+    const TYPE: &'static str = "traced";
+    type Payload = serde_json::Value;
+    async fn run(&self, ctx: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        traced_run(&ctx).await;
+        Ok(())
+    }
+}
+
+/// [`Traced`] under a type that did not opt in.
+#[derive(Clone, Copy, Default)]
+struct Untraced;
+
+impl Job for Untraced {
+    const TYPE: &'static str = "untraced";
+    type Payload = serde_json::Value;
+    async fn run(&self, ctx: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        traced_run(&ctx).await;
+        Ok(())
+    }
+}
+
+/// The process's subscriber with the run-log capture layer, as
+/// `belfry-worker` installs it (once per test binary; DEBUG, so the
+/// capture's own level is what keeps the DEBUG event out).
+fn install_capture() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let installed = tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::DEBUG)
+            .with(belfry_worker::RunLogCapture::layer())
+            .try_init();
+        assert!(
+            installed.is_ok(),
+            "another global subscriber was installed first"
+        );
+    });
+}
+
+belfry_testkit::both_backends! {
+    async fn tracing_events_in_a_handlers_span_are_stored_for_the_types_that_opted_in(env: TestEnv) {
+        install_capture();
+        env.declare_default_group(&["traced", "untraced"]).await;
+        let registry = Registry::builder()
+            .job(Traced)
+            .capture_tracing::<Traced>(tracing::Level::INFO)
+            .job(Untraced)
+            .build()
+            .unwrap();
+        let running = serve(&env, registry, &[]).await;
+        let traced = env.enqueue("traced-job", "traced", json!(null), t0()).await;
+        let untraced = env.enqueue("untraced-job", "untraced", json!(null), t0()).await;
+        for m in [&traced, &untraced] {
+            let run = env.wait_terminal_of(m, Duration::from_secs(20)).await;
+            assert_eq!(run.status_text, "succeeded");
+        }
+        // Stopping flushes the worker's writer: every line is stored.
+        running.stop().await;
+        let read = |id| {
+            let ledger = env.ledger.clone();
+            async move { ledger.run_logs(id, LogCursor::START, 100).await.unwrap() }
+        };
+        let lines = read(traced.message_id).await;
+        let got: Vec<(&str, &str)> = lines.iter().map(|l| (l.level.as_str(), l.message.as_str())).collect();
+        assert_eq!(
+            got,
+            [("info", "own line"), ("info", "charged acme"), ("warn", "from a spawned task")]
+        );
+        assert_eq!(lines[1].fields, Some(json!({"invoice": 7, "target": "billing"})));
+        // The worker's own events in the attempt's span are not copied in.
+        let other: Vec<String> = read(untraced.message_id).await.into_iter().map(|l| l.message).collect();
+        assert_eq!(other, ["own line"]);
+        env.teardown(&["default"]).await;
+    }
+}
+
+#[test]
+fn capture_tracing_of_a_type_not_registered_is_refused_with_the_fix() {
+    let e = Registry::builder()
+        .capture_tracing::<Traced>(tracing::Level::INFO)
+        .job(Traced)
+        .build()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("\"traced\"") && e.contains("call .job(..) for the type first"),
+        "{e}"
+    );
+}
+
+belfry_testkit::both_backends! {
+    async fn a_finished_runs_log_is_complete_when_every_line_its_attempts_sent_is_stored(env: TestEnv) {
+        env.declare_default_group(&["chatty"]).await;
+        let message = env.enqueue("counted", "chatty", json!(null), t0()).await;
+        let start = env.ledger.begin_attempt(&message, "w1", Duration::from_secs(60)).await.unwrap();
+        let belfry_ledger::AttemptStart::Started { id, attempt } = start else {
+            panic!("{start:?}");
+        };
+        // The attempt sent 3 lines; its outcome is stored before the last.
+        let entry = belfry_ledger::AttemptEntry {
+            attempt,
+            worker: "w1".into(),
+            started_at: Utc::now(),
+            finished_at: Utc::now(),
+            outcome: "succeeded".into(),
+            error: None,
+            log_lines: Some(3),
+        };
+        assert!(env
+            .ledger
+            .end_attempt(id, belfry_ledger::RunStatus::Succeeded, &entry, None, None)
+            .await
+            .unwrap());
+        let mut lines: Vec<RunLogLine> = (0..3).map(|i| line(id, i, Utc::now())).collect();
+        let last = lines.pop().unwrap();
+        env.ledger.append_run_logs(&lines).await.unwrap();
+        let (_, api) =
+            belfry_tests::TestApi::of_replica(&env, "logs-complete", belfry_server::api::Tokens::default())
+                .await;
+        let http = reqwest::Client::new();
+        let logs = api.url(&format!("/v1/runs/{id}/logs?after=1.1"));
+        let page = || async {
+            let p: belfry_api_types::RunLogPage =
+                http.get(&logs).send().await.unwrap().json().await.unwrap();
+            p
+        };
+        // Final, nothing after 1.1 yet, but line 1.2 is still on its way.
+        let p = page().await;
+        assert!(p.lines.is_empty() && p.status == belfry_api_types::RunStatus::Succeeded);
+        assert!(!p.complete, "complete while the attempt's third line is not stored");
+        env.ledger.append_run_logs(&[last]).await.unwrap();
+        let p = page().await;
+        assert_eq!(p.lines.len(), 1);
+        // Read past it: complete now, not some seconds after the run ended.
+        let after = api.url(&format!("/v1/runs/{id}/logs?after=1.2"));
+        let p: belfry_api_types::RunLogPage = http.get(&after).send().await.unwrap().json().await.unwrap();
+        assert!(p.complete, "not complete although every line the attempt sent is stored");
+        drop(api);
+        env.teardown(&["default"]).await;
+    }
 }

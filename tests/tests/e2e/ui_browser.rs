@@ -116,6 +116,7 @@ async fn the_web_view_works_in_headless_chromium() {
         finished_at: Utc::now(),
         outcome: "failed".into(),
         error: Some(error.into()),
+        log_lines: None,
     };
     assert!(env
         .ledger

@@ -449,6 +449,7 @@ belfry_testkit::both_backends! {
             finished_at: Utc::now(),
             outcome: "succeeded".into(),
             error: None,
+            log_lines: None,
         };
         assert!(!env
             .ledger

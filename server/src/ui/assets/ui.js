@@ -19,7 +19,21 @@
         var doc = new DOMParser().parseFromString(html, "text/html");
         var fresh = doc.querySelector("main");
         var main = document.querySelector("main");
-        if (fresh && main && !busy()) main.innerHTML = fresh.innerHTML;
+        if (!fresh || !main || busy()) return;
+        // A run's log panel being tailed stays as it is (its lines, its
+        // scroll): the server sends a placeholder for it while it can grow.
+        var kept = fresh.querySelector("[data-keep-log]") && document.getElementById("log-panel");
+        var scrolls = [];
+        if (kept) {
+          kept.querySelectorAll("pre").forEach(function (p) { scrolls.push(p.scrollTop); });
+          kept.remove();
+        }
+        main.innerHTML = fresh.innerHTML;
+        var slot = kept && main.querySelector("[data-keep-log]");
+        if (slot) {
+          slot.replaceWith(kept);
+          kept.querySelectorAll("pre").forEach(function (p, i) { p.scrollTop = scrolls[i] || 0; });
+        }
       })
       .catch(function () {})
       .then(next);
@@ -30,8 +44,8 @@
 // A running run's log, tailed live: the run page's <section id="run-log">
 // names its stream (server-sent events) and the cursor of its last line.
 // Each `line` event is appended once (a line at or before the section's
-// cursor is skipped, so the page's own refresh, which re-renders the
-// section from the ledger, never shows a line twice); `end` closes it.
+// cursor is skipped); the page's own refresh keeps the section while it is
+// tailed (see above); `end` closes the stream.
 (function () {
   var section = document.getElementById("run-log");
   if (!section || !section.dataset.stream || !window.EventSource) return;

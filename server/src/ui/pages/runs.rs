@@ -10,8 +10,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 
-use belfry_api_types::RunStatus;
-
 use crate::api::input::{PathParam, QueryParams};
 use crate::api::{ApiError, ApiState, Caller, Role};
 use crate::ui::html::{esc, table, url, when, Section};
@@ -69,9 +67,12 @@ pub async fn run(
     Extension(caller): Extension<Caller>,
     PathParam(id): PathParam,
     RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
 ) -> PageResult {
     let q = QueryParams::parse(query.as_deref(), &["msg", "err"]).map_err(error_page)?;
     let id = crate::api::runs::run_id(&id).map_err(error_page)?;
+    // The page's own refresh (`ui.js`) keeps a log panel it is tailing.
+    let refreshing = headers.contains_key(REFRESH_HEADER);
     let detail = run_detail(&state, id).await?;
     let r = &detail.run;
     let trace = match (&r.trace_id, state.trace_ui()) {
@@ -139,10 +140,7 @@ pub async fn run(
             )
         })
         .collect();
-    let unfinished = !matches!(
-        r.status,
-        RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled
-    );
+    let unfinished = !r.status.is_terminal();
     let cancel = match (caller.role, unfinished, r.cancel_requested_at) {
         (_, true, Some(at)) => format!(
             "<div class=\"flash\">cancel requested at {}: its worker is stopping it</div>",
@@ -182,7 +180,7 @@ pub async fn run(
         )
     })
     .collect::<String>();
-    let log = log_panel(&state, r).await;
+    let log = log_panel(&state, r, refreshing).await;
     let body = format!(
         "<h1>Run {}</h1>{}{cancel}<table><tbody>{}</tbody></table>{lineage}<h2>Attempts</h2>{}{log}",
         esc(&r.run_key),
@@ -200,12 +198,28 @@ pub async fn run(
 /// logs` or the API).
 const PAGE_LOG_LINES: i64 = 2_000;
 
+/// The header `ui.js` sends with its refresh of a page.
+const REFRESH_HEADER: &str = "x-belfry-refresh";
+
 /// The run's log (issue 23): its latest progress as a bar, then its lines
 /// per attempt, a failed attempt's error after its last lines. While the
 /// run can still write lines, `ui.js` tails them live from the stream
 /// named in `data-stream`, after the cursor in `data-after`. A log that
 /// cannot be read is said so; the rest of the page stands.
-async fn log_panel(state: &ApiState, r: &belfry_api_types::Run) -> String {
+///
+/// For the page's own refresh while the log can still grow, only a
+/// placeholder (`data-keep-log`): the browser keeps the panel it is
+/// tailing (its scroll, its lines) instead of a redraw that re-reads up to
+/// [`PAGE_LOG_LINES`] lines every few seconds.
+async fn log_panel(state: &ApiState, r: &belfry_api_types::Run, refreshing: bool) -> String {
+    // Tail only what can still grow (a run that cannot be read now is
+    // taken as growing: the stream says what it finds).
+    let growing = crate::api::run_logs::log_status(state, r.id)
+        .await
+        .map_or(true, |(_, growing)| growing);
+    if refreshing && growing {
+        return "<div id=\"log-panel\" data-keep-log></div>".into();
+    }
     let ledger = state.ledger();
     let (lines, progress) = match tokio::try_join!(
         ledger.run_logs(r.id, belfry_ledger::LogCursor::START, PAGE_LOG_LINES + 1),
@@ -214,7 +228,7 @@ async fn log_panel(state: &ApiState, r: &belfry_api_types::Run) -> String {
         Ok(found) => found,
         Err(e) => {
             tracing::warn!(run = %r.id, error = %e, "run log unreadable");
-            return "<h2>Log</h2><p class=\"muted\">the log cannot be read now</p>".into();
+            return "<div id=\"log-panel\"><h2>Log</h2><p class=\"muted\">the log cannot be read now</p></div>".into();
         }
     };
     let more = lines.len() > PAGE_LOG_LINES as usize;
@@ -223,13 +237,9 @@ async fn log_panel(state: &ApiState, r: &belfry_api_types::Run) -> String {
         belfry_ledger::LogCursor::START,
         belfry_ledger::RunLogLine::cursor,
     );
-    let finished_long_ago = r.finished_at.is_some_and(|f| {
-        chrono::Utc::now() - f
-            > chrono::Duration::from_std(crate::api::run_logs::LATE_LINES).unwrap_or_default()
-    });
-    // Tail only what can still grow, and only from the end of what is shown.
-    let live = !more && !finished_long_ago;
-    let mut out = String::from("<h2>Log</h2>");
+    // Tail only from the end of what is shown.
+    let live = !more && growing;
+    let mut out = String::from("<div id=\"log-panel\"><h2>Log</h2>");
     if progress.is_none() && live {
         // A place for the first report the stream brings.
         out.push_str(
@@ -288,6 +298,7 @@ async fn log_panel(state: &ApiState, r: &belfry_api_types::Run) -> String {
             r.id
         );
     }
+    out.push_str("</div>");
     out
 }
 
