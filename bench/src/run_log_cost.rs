@@ -3,10 +3,10 @@
 //!
 //! - **Cost.** `noop` jobs through one belfry worker whose handler writes
 //!   10 log lines per run, next to the same worker and backlog with the
-//!   built-in `noop` (no lines), rounds alternated, medians. The logging
-//!   scenario's clock stops when every run succeeded *and* every line is
-//!   stored (the writer works after the outcome), so the ratio carries the
-//!   whole cost.
+//!   built-in `noop` (no lines), rounds alternated, medians. Both clocks
+//!   are the same: from before the worker starts until every run succeeded,
+//!   the worker stopped *and* every line is stored (the writer works after
+//!   the outcome), so the ratio carries the whole cost and nothing else.
 //! - **Tail latency.** A handler writes a line every 20 ms carrying the
 //!   instant it was written; a client follows `/v1/runs/{id}/logs/stream`
 //!   of a real API and records when each line arrives: `ctx.log` to the
@@ -61,16 +61,19 @@ impl Job for Ticker {
     }
 }
 
-/// Jobs per second of `n` chatty jobs, the clock stopped once every line
-/// is stored too.
-async fn chatty(env: &TestEnv, n: usize) -> anyhow::Result<Duration> {
+/// How long `n` runs take through one worker of `registry`, from before
+/// the worker starts until it stopped and `lines` lines a run are stored:
+/// the one clock of both scenarios.
+async fn until_stored(
+    env: &TestEnv,
+    n: usize,
+    lines: u64,
+    registry: impl Fn() -> anyhow::Result<Registry>,
+) -> anyhow::Result<Duration> {
     let start = Instant::now();
-    belfry_with(env, n, 1, CONCURRENCY, || {
-        Ok(Registry::builder().job(Chatty).build()?)
-    })
-    .await?;
+    belfry_with(env, n, 1, CONCURRENCY, registry).await?;
     let pool = env.ledger.pg_pool().expect("a Postgres ledger");
-    let want = i64::try_from(n)? * i64::try_from(LINES)?;
+    let want = i64::try_from(n)? * i64::try_from(lines)?;
     loop {
         let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM run_logs")
             .fetch_one(pool)
@@ -156,7 +159,7 @@ pub async fn run(jobs: usize, rounds: usize, lines: u64) -> anyhow::Result<()> {
                 0,
                 false,
                 |env| async move {
-                    belfry_with(&env, jobs, 1, CONCURRENCY, || {
+                    until_stored(&env, jobs, 0, || {
                         Ok(Registry::builder().builtins().build()?)
                     })
                     .await
@@ -171,7 +174,12 @@ pub async fn run(jobs: usize, rounds: usize, lines: u64) -> anyhow::Result<()> {
                 jobs,
                 0,
                 false,
-                |env| async move { chatty(&env, jobs).await },
+                |env| async move {
+                    until_stored(&env, jobs, LINES, || {
+                        Ok(Registry::builder().job(Chatty).build()?)
+                    })
+                    .await
+                },
             )
             .await?,
         );

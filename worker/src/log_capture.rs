@@ -3,32 +3,36 @@
 //! so a chatty library used by one handler does not flood the store.
 //!
 //! - **How an event finds its run.** The worker runs each attempt in its
-//!   own `attempt` span. For a job type that opted in, the worker offers the
-//!   attempt's [`RunLog`] under that span's id ([`attach`]) for as long as
-//!   the attempt runs; [`RunLogCapture`], a `tracing_subscriber` layer,
-//!   walks an event's span scope and writes the event to the first span
-//!   that has a log. Events of tasks the handler spawned reach it too when
-//!   they are instrumented with `ctx.span` (the usual way to keep a trace).
+//!   own `attempt` span. For a job type that opted in, the worker stores
+//!   the attempt's [`RunLog`] in that span's extensions ([`attach`]), in
+//!   the span's own subscriber, so the log lives exactly as long as the
+//!   span and two subscribers (a test's thread-local one beside the global
+//!   one) never mix their span ids. [`RunLogCapture`], a
+//!   `tracing_subscriber` layer, walks an event's span scope and writes the
+//!   event to the first span that has a log. Events of tasks the handler
+//!   spawned reach it too when they are instrumented with `ctx.span` (the
+//!   usual way to keep a trace). Once the attempt's outcome is known its
+//!   log is closed, so an event after it is dropped (and counted).
 //! - **What is stored.** The event's level, its `message` as the line's
 //!   text and its other fields as the line's structured fields (numbers and
 //!   booleans as JSON values, everything else as text), at the job type's
 //!   level or more severe. The worker's own events (target `belfry_worker`)
 //!   are left out: the attempt's outcome is already its `error` line.
-//! - **What it costs.** Nothing while no attempt captures (one atomic
+//! - **What it costs.** Nothing while no span holds a log (one atomic
 //!   read per event). While one does, each event the process's filter lets
-//!   through walks its span scope and reads a map under a shared lock. The
-//!   lock is never held while a line is written (the [`RunLog`] is cloned
-//!   out first), so a write cannot re-enter it.
+//!   through walks its span scope and reads each span's extensions under
+//!   that span's shared lock. The lock is never held while a line is
+//!   written (the [`RunLog`] is cloned out first), so a write cannot
+//!   re-enter it.
 //! - **What it needs.** The layer installed in the process's subscriber:
 //!   `belfry-worker` does it; a worker binary of your own adds
 //!   [`RunLogCapture`] to its subscriber (or uses
 //!   `belfry_runtime::init_telemetry_with`). Only events the subscriber's
-//!   filter enables (`RUST_LOG`, default `info`) exist to be captured, and
-//!   an attempt whose span the filter disabled captures nothing.
+//!   filter enables (`RUST_LOG`, default `info`) exist to be captured; an
+//!   attempt whose span the filter disabled, or a subscriber not built on
+//!   `tracing_subscriber::Registry`, captures nothing.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{PoisonError, RwLock};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -38,14 +42,14 @@ use tracing_subscriber::Layer;
 
 use crate::run_log::RunLog;
 
-/// Attempts capturing now: the layer's fast path when none is.
+/// Spans holding a log now: the layer's fast path when none does.
 static CAPTURING: AtomicUsize = AtomicUsize::new(0);
 
-/// Span id → the attempt's log and the most verbose level it stores.
-static CAPTURES: RwLock<Option<HashMap<u64, (RunLog, Level)>>> = RwLock::new(None);
-
-/// The target prefix of the worker's own events, never captured.
-const OWN_TARGET: &str = "belfry_worker";
+/// Whether `target` is the worker's own (`belfry_worker` or a module of
+/// it; not a crate that merely starts with the name).
+fn own_target(target: &str) -> bool {
+    target == "belfry_worker" || target.starts_with("belfry_worker::")
+}
 
 /// The layer that writes captured events to their attempt's log; add it to
 /// the subscriber of a worker binary of your own (`belfry-worker` has it).
@@ -59,37 +63,38 @@ impl RunLogCapture {
     }
 }
 
-/// While alive, events inside the attempt's span go to its log; dropped
-/// when the attempt ends (before the span can be closed and its id
-/// reused: the worker holds the span for longer).
-#[derive(Debug)]
-pub(crate) struct Attached {
-    id: Option<u64>,
+/// What an `attempt` span carries in its extensions: the attempt's log and
+/// the most verbose level it stores. Counted while it exists.
+struct Captured {
+    log: RunLog,
+    max_level: Level,
 }
 
-/// Offers `log` to events inside `span` at `max_level` or more severe.
-/// A disabled span (filtered out) has no id: nothing is captured then.
-pub(crate) fn attach(span: &tracing::Span, log: RunLog, max_level: Level) -> Attached {
-    let Some(id) = span.id().map(|i| i.into_u64()) else {
-        return Attached { id: None };
-    };
-    let mut map = CAPTURES.write().unwrap_or_else(PoisonError::into_inner);
-    map.get_or_insert_with(HashMap::new)
-        .insert(id, (log, max_level));
-    // Counted under the map's lock, so the count never says "none" while
-    // an entry is in the map.
-    CAPTURING.fetch_add(1, Ordering::Release);
-    Attached { id: Some(id) }
-}
-
-impl Drop for Attached {
+impl Drop for Captured {
     fn drop(&mut self) {
-        let Some(id) = self.id else { return };
-        let mut map = CAPTURES.write().unwrap_or_else(PoisonError::into_inner);
-        if map.as_mut().and_then(|m| m.remove(&id)).is_some() {
-            CAPTURING.fetch_sub(1, Ordering::Release);
-        }
+        CAPTURING.fetch_sub(1, Ordering::Release);
     }
+}
+
+/// Stores `log` in `span`'s extensions: events inside the span at
+/// `max_level` or more severe go to it until the span closes. Returns
+/// false when nothing can be captured: the span is disabled (filtered out)
+/// or its subscriber is not built on `tracing_subscriber::Registry`.
+pub(crate) fn attach(span: &tracing::Span, log: RunLog, max_level: Level) -> bool {
+    span.with_subscriber(|(id, dispatch)| {
+        let Some(registry) = dispatch.downcast_ref::<tracing_subscriber::Registry>() else {
+            return false;
+        };
+        let Some(data) = registry.span(id) else {
+            return false;
+        };
+        // Counted before it can be dropped (a `replace` of an earlier one
+        // drops that one, which uncounts itself).
+        CAPTURING.fetch_add(1, Ordering::Release);
+        data.extensions_mut().replace(Captured { log, max_level });
+        true
+    })
+    .unwrap_or(false)
 }
 
 /// The log (and level) of the nearest capturing span around `event`.
@@ -97,12 +102,13 @@ fn capture_of<S>(event: &Event<'_>, ctx: &Context<'_, S>) -> Option<(RunLog, Lev
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    let scope = ctx.event_scope(event)?;
-    let map = CAPTURES.read().unwrap_or_else(PoisonError::into_inner);
-    let map = map.as_ref()?;
-    scope
-        .into_iter()
-        .find_map(|span| map.get(&span.id().into_u64()).cloned())
+    ctx.event_scope(event)?.find_map(|span| {
+        // Cloned out, so the span's extension lock is released before the
+        // line is written.
+        span.extensions()
+            .get::<Captured>()
+            .map(|c| (c.log.clone(), c.max_level))
+    })
 }
 
 impl<S> Layer<S> for RunLogCapture
@@ -114,7 +120,7 @@ where
             return;
         }
         let meta = event.metadata();
-        if meta.target().starts_with(OWN_TARGET) {
+        if own_target(meta.target()) {
             return;
         }
         let Some((log, max_level)) = capture_of(event, &ctx) else {
@@ -202,28 +208,32 @@ mod tests {
             let span = tracing::info_span!("attempt");
             let other = tracing::info_span!("elsewhere");
             {
-                let _attached = attach(&span, log.clone(), Level::INFO);
+                assert!(attach(&span, log.clone(), Level::INFO));
                 span.in_scope(|| {
                     tracing::info!(target: "billing", invoice = 42, paid = true, "sent {}", "it");
                     tracing::debug!(target: "billing", "too verbose for INFO");
                     let child = tracing::info_span!("child");
                     child.in_scope(|| tracing::warn!(target: "billing", "from a child span"));
                     tracing::error!(target: "belfry_worker::process", "the worker's own");
+                    tracing::info!(target: "belfry_worker_billing", "a crate named alike");
                 });
                 other.in_scope(|| tracing::info!(target: "billing", "another span"));
             }
-            // Detached: the attempt is over.
+            // The attempt is over: its log is closed.
+            assert_eq!(log.close(), Some(3));
             span.in_scope(|| tracing::info!(target: "billing", "after the attempt"));
         });
         let got = test_lines(&mut rx);
         let messages: Vec<&str> = got.iter().map(|l| l.message.as_str()).collect();
-        assert_eq!(messages, ["sent it", "from a child span"]);
+        assert_eq!(
+            messages,
+            ["sent it", "from a child span", "a crate named alike"]
+        );
         assert_eq!(got[0].level, "info");
         assert_eq!(
             got[0].fields,
             Some(serde_json::json!({"invoice": 42, "paid": true, "target": "billing"}))
         );
         assert_eq!(got[1].level, "warn");
-        assert_eq!(CAPTURING.load(Ordering::Acquire), 0);
     }
 }

@@ -425,18 +425,18 @@ impl Worker {
                 // worker's are written within a batch's wait, well inside
                 // any retry delay).
                 self.run_logs.flush(Duration::from_secs(1)).await;
-                crate::run_log::stored_before(&self.ledger, id).await
+                crate::run_log::stored_before(&self.ledger, id, Duration::from_secs(1)).await
             } else {
                 (0, 0)
             };
             let run_log = self
                 .run_logs
                 .attempt(id, attempt_no, self.run_log_bounds, stored_before);
-            // Declared after `span`, so dropped before it: the span's id is
-            // not reused while it is offered (see `log_capture`).
-            let _captured = registered
-                .capture_tracing
-                .map(|level| crate::log_capture::attach(&span, run_log.clone(), level));
+            // The span carries the log for its life; events after the
+            // outcome find it closed (see `log_capture`).
+            if let Some(level) = registered.capture_tracing {
+                crate::log_capture::attach(&span, run_log.clone(), level);
+            }
             let ctx = JobContext {
                 run_log: run_log.clone(),
                 run_id: id,

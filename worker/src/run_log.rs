@@ -335,9 +335,10 @@ fn line_bytes(message: &str, fields: Option<&serde_json::Value>) -> u64 {
 
 /// What a run's earlier attempts stored: `(lines, bytes)`, one aggregate
 /// read per attempt after the first; `(0, 0)` when the database cannot
-/// say, so a retry is never held up by its log.
-pub(crate) async fn stored_before(ledger: &Ledger, run_id: Uuid) -> (u64, u64) {
-    let Ok(extent) = ledger.run_log_extent(run_id).await else {
+/// say `within` (a stalled pool would otherwise hold the retry for its
+/// acquire timeout), so a retry is never held up by its log.
+pub(crate) async fn stored_before(ledger: &Ledger, run_id: Uuid, within: Duration) -> (u64, u64) {
+    let Ok(Ok(extent)) = tokio::time::timeout(within, ledger.run_log_extent(run_id)).await else {
         return (0, 0);
     };
     extent.iter().fold((0, 0), |(lines, bytes), a| {

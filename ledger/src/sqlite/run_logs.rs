@@ -70,7 +70,7 @@ impl RunLogStore for SqliteLedger {
     }
 
     async fn latest_progress(&self, run_id: Uuid) -> Result<Option<RunLogLine>, LedgerError> {
-        // Backwards along the primary key; a run holds at most its bound.
+        // The partial index of progress lines, newest first.
         let row: Option<StoredLine> = sqlx::query_as(&format!(
             "SELECT {LINE_COLUMNS} FROM run_logs WHERE run_id = ?1 AND kind = 'progress' \
              ORDER BY attempt DESC, seq DESC LIMIT 1"

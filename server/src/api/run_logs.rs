@@ -40,6 +40,12 @@ pub const TAIL_EVERY: Duration = Duration::from_millis(250);
 /// are stored (`belfry_ledger::log_is_complete`), well before this.
 pub const LOG_SETTLED_AFTER: Duration = Duration::from_secs(120);
 
+/// How long after a run ended the lines of an attempt that recorded no
+/// count may still arrive: one handed back by a stopping worker (then the
+/// run cancelled), or one whose worker lost its lease. Its worker writes
+/// them within a batch's wait (100 ms) or at its shutdown flush.
+pub const UNCOUNTED_LINES: Duration = Duration::from_secs(3);
+
 /// The API's form of a stored line (a function, not a `From`: neither type
 /// is this crate's).
 pub fn log_line(l: &RunLogLine) -> LogLine {
@@ -88,15 +94,23 @@ pub(crate) async fn log_status(state: &ApiState, id: Uuid) -> Result<(RunStatus,
     if !status.is_terminal() {
         return Ok((status, true));
     }
-    let settled = run.finished_at.is_some_and(|f| {
-        chrono::Utc::now() - f > chrono::Duration::from_std(LOG_SETTLED_AFTER).unwrap_or_default()
-    });
-    if settled {
+    let ended_within = |bound: Duration| {
+        run.finished_at.is_none_or(|f| {
+            chrono::Utc::now() - f <= chrono::Duration::from_std(bound).unwrap_or_default()
+        })
+    };
+    if !ended_within(LOG_SETTLED_AFTER) {
         return Ok((status, false));
     }
-    // An attempt log that cannot be decoded says nothing about lines: fall
-    // back to the time bound rather than fail the read.
-    let entries = run.attempt_entries().unwrap_or_default();
+    // An attempt log that cannot be decoded says nothing about lines: the
+    // time bound above decides.
+    let Ok(entries) = run.attempt_entries() else {
+        return Ok((status, true));
+    };
+    let uncounted = (1..=run.attempts).any(|a| entries.iter().all(|e| e.attempt != a));
+    if uncounted && ended_within(UNCOUNTED_LINES) {
+        return Ok((status, true));
+    }
     let extent = state.ledger().run_log_extent(id).await?;
     Ok((status, !belfry_ledger::log_is_complete(&entries, &extent)))
 }

@@ -354,6 +354,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_api_and_the_ledger_agree_on_which_statuses_are_terminal() {
+        for st in belfry_ledger::RunStatus::ALL {
+            let api = run_status(st.as_str()).unwrap_or_else(|e| panic!("{st}: {e:?}"));
+            assert_eq!(api.is_terminal(), st.is_terminal(), "{st}");
+        }
+    }
+
+    #[test]
     fn cursors_round_trip_and_refuse_garbage() {
         let c = RunCursor {
             scheduled_at: Utc

@@ -444,7 +444,9 @@ belfry_testkit::both_backends! {
             [("info", "own line"), ("info", "charged acme"), ("warn", "from a spawned task")]
         );
         assert_eq!(lines[1].fields, Some(json!({"invoice": 7, "target": "billing"})));
-        // The worker's own events in the attempt's span are not copied in.
+        // A type that did not opt in keeps only its ctx.log lines (the
+        // worker's own events are left out too: the unit test of
+        // log_capture checks that).
         let other: Vec<String> = read(untraced.message_id).await.into_iter().map(|l| l.message).collect();
         assert_eq!(other, ["own line"]);
         env.teardown(&["default"]).await;
@@ -466,14 +468,25 @@ fn capture_tracing_of_a_type_not_registered_is_refused_with_the_fix() {
     );
 }
 
+/// A `chatty` run `name` whose first attempt has started (no worker):
+/// its id and attempt.
+async fn started(env: &TestEnv, name: &str) -> (Uuid, i32) {
+    env.declare_default_group(&["chatty"]).await;
+    let message = env.enqueue(name, "chatty", json!(null), t0()).await;
+    let start = env
+        .ledger
+        .begin_attempt(&message, "w1", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let belfry_ledger::AttemptStart::Started { id, attempt } = start else {
+        panic!("{start:?}");
+    };
+    (id, attempt)
+}
+
 belfry_testkit::both_backends! {
     async fn a_finished_runs_log_is_complete_when_every_line_its_attempts_sent_is_stored(env: TestEnv) {
-        env.declare_default_group(&["chatty"]).await;
-        let message = env.enqueue("counted", "chatty", json!(null), t0()).await;
-        let start = env.ledger.begin_attempt(&message, "w1", Duration::from_secs(60)).await.unwrap();
-        let belfry_ledger::AttemptStart::Started { id, attempt } = start else {
-            panic!("{start:?}");
-        };
+        let (id, attempt) = started(&env, "counted").await;
         // The attempt sent 3 lines; its outcome is stored before the last.
         let entry = belfry_ledger::AttemptEntry {
             attempt,
@@ -513,6 +526,48 @@ belfry_testkit::both_backends! {
         let after = api.url(&format!("/v1/runs/{id}/logs?after=1.2"));
         let p: belfry_api_types::RunLogPage = http.get(&after).send().await.unwrap().json().await.unwrap();
         assert!(p.complete, "not complete although every line the attempt sent is stored");
+        drop(api);
+        env.teardown(&["default"]).await;
+    }
+}
+
+belfry_testkit::both_backends! {
+    async fn an_attempt_handed_back_without_a_count_keeps_the_cancelled_runs_log_open_a_moment(env: TestEnv) {
+        let (id, attempt) = started(&env, "handed-back").await;
+        // A stopping worker hands the attempt back (no entry, no count) and
+        // the run is cancelled at once; the attempt's lines are still on
+        // their way (its worker writes them at its shutdown flush).
+        assert!(env.ledger.hand_back(id, attempt, "worker stopping").await.unwrap());
+        let (_, api) =
+            belfry_tests::TestApi::of_replica(&env, "logs-handed-back", belfry_server::api::Tokens::default())
+                .await;
+        let http = reqwest::Client::new();
+        let cancelled = http
+            .post(api.url(&format!("/v1/runs/{id}/cancel")))
+            .json(&json!({"reason": "not needed"}))
+            .send()
+            .await
+            .unwrap();
+        assert!(cancelled.status().is_success(), "{}", cancelled.text().await.unwrap());
+        let logs = api.url(&format!("/v1/runs/{id}/logs"));
+        let page = || async {
+            let p: belfry_api_types::RunLogPage =
+                http.get(&logs).send().await.unwrap().json().await.unwrap();
+            p
+        };
+        let p = page().await;
+        assert_eq!(p.status, belfry_api_types::RunStatus::Cancelled);
+        assert!(!p.complete, "complete at once although attempt 1 recorded no count of its lines");
+        env.ledger.append_run_logs(&[line(id, 0, Utc::now())]).await.unwrap();
+        assert_eq!(page().await.lines.len(), 1);
+        // Read past it: complete, a few seconds after the run ended.
+        let after = api.url(&format!("/v1/runs/{id}/logs?after=1.0"));
+        eventually("a complete page", Duration::from_secs(15), || async {
+            let p: belfry_api_types::RunLogPage =
+                http.get(&after).send().await.ok()?.json().await.ok()?;
+            p.complete.then_some(())
+        })
+        .await;
         drop(api);
         env.teardown(&["default"]).await;
     }

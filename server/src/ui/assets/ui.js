@@ -12,7 +12,10 @@
   function next() { setTimeout(refresh, every); }
   function refresh() {
     if (document.hidden || busy() || !document.querySelector("main[data-refresh]")) return next();
-    fetch(location.href, { headers: { "x-belfry-refresh": "1" }, credentials: "same-origin" })
+    var headers = { "x-belfry-refresh": "1" };
+    // A log this page is tailing (its stream open) is kept as it is.
+    if (document.querySelector("#run-log[data-stream]:not([data-ended])")) headers["x-belfry-tailing"] = "1";
+    fetch(location.href, { headers: headers, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
         if (!html) return;
@@ -99,11 +102,17 @@
       }
     }
   });
-  source.addEventListener("end", function () { source.close(); });
+  // Closed: the page's refresh draws the panel again from then on.
+  function ended() {
+    source.close();
+    var live = document.getElementById("run-log");
+    if (live) live.dataset.ended = "1";
+  }
+  source.addEventListener("end", ended);
   source.addEventListener("error", function (e) {
     // An `error` event the server sent (the run is gone, the database
     // away) carries data: stop. A dropped connection carries none: the
     // browser reconnects by itself with the last event's id.
-    if (e.data !== undefined) source.close();
+    if (e.data !== undefined) ended();
   });
 })();

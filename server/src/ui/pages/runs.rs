@@ -71,8 +71,9 @@ pub async fn run(
 ) -> PageResult {
     let q = QueryParams::parse(query.as_deref(), &["msg", "err"]).map_err(error_page)?;
     let id = crate::api::runs::run_id(&id).map_err(error_page)?;
-    // The page's own refresh (`ui.js`) keeps a log panel it is tailing.
-    let refreshing = headers.contains_key(REFRESH_HEADER);
+    // The page's own refresh (`ui.js`) of a page tailing the run's log
+    // keeps the log panel it has.
+    let tailing = headers.contains_key(REFRESH_HEADER) && headers.contains_key(TAILING_HEADER);
     let detail = run_detail(&state, id).await?;
     let r = &detail.run;
     let trace = match (&r.trace_id, state.trace_ui()) {
@@ -180,7 +181,7 @@ pub async fn run(
         )
     })
     .collect::<String>();
-    let log = log_panel(&state, r, refreshing).await;
+    let log = log_panel(&state, r, tailing).await;
     let body = format!(
         "<h1>Run {}</h1>{}{cancel}<table><tbody>{}</tbody></table>{lineage}<h2>Attempts</h2>{}{log}",
         esc(&r.run_key),
@@ -201,23 +202,28 @@ const PAGE_LOG_LINES: i64 = 2_000;
 /// The header `ui.js` sends with its refresh of a page.
 const REFRESH_HEADER: &str = "x-belfry-refresh";
 
+/// The header `ui.js` adds to a refresh while it tails the page's log
+/// (its stream open, not ended).
+const TAILING_HEADER: &str = "x-belfry-tailing";
+
 /// The run's log (issue 23): its latest progress as a bar, then its lines
 /// per attempt, a failed attempt's error after its last lines. While the
 /// run can still write lines, `ui.js` tails them live from the stream
 /// named in `data-stream`, after the cursor in `data-after`. A log that
 /// cannot be read is said so; the rest of the page stands.
 ///
-/// For the page's own refresh while the log can still grow, only a
-/// placeholder (`data-keep-log`): the browser keeps the panel it is
-/// tailing (its scroll, its lines) instead of a redraw that re-reads up to
-/// [`PAGE_LOG_LINES`] lines every few seconds.
-async fn log_panel(state: &ApiState, r: &belfry_api_types::Run, refreshing: bool) -> String {
+/// For the refresh of a page that tails the log (`tailing`), while the log
+/// can still grow, only a placeholder (`data-keep-log`): the browser keeps
+/// the panel it is tailing (its scroll, its lines) instead of a redraw
+/// that re-reads up to [`PAGE_LOG_LINES`] lines every few seconds. A panel
+/// not tailed (over the page's lines, unreadable) is drawn again.
+async fn log_panel(state: &ApiState, r: &belfry_api_types::Run, tailing: bool) -> String {
     // Tail only what can still grow (a run that cannot be read now is
     // taken as growing: the stream says what it finds).
     let growing = crate::api::run_logs::log_status(state, r.id)
         .await
         .map_or(true, |(_, growing)| growing);
-    if refreshing && growing {
+    if tailing && growing {
         return "<div id=\"log-panel\" data-keep-log></div>".into();
     }
     let ledger = state.ledger();
