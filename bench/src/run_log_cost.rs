@@ -7,6 +7,10 @@
 //!   are the same: from before the worker starts until every run succeeded,
 //!   the worker stopped *and* every line is stored (the writer works after
 //!   the outcome), so the ratio carries the whole cost and nothing else.
+//!   A third scenario writes the same 10 lines as `tracing` events that
+//!   the job type captures (`capture_tracing`), through the same
+//!   subscriber the three scenarios share (the registry and the capture
+//!   layer, INFO, no output).
 //! - **Tail latency.** A handler writes a line every 20 ms carrying the
 //!   instant it was written; a client follows `/v1/runs/{id}/logs/stream`
 //!   of a real API and records when each line arrives: `ctx.log` to the
@@ -39,6 +43,22 @@ impl Job for Chatty {
                 "step done",
                 serde_json::json!({"step": i}),
             );
+        }
+        Ok(())
+    }
+}
+
+/// A noop that emits [`LINES`] `tracing` events (with a field) first; its
+/// type captures them into the run's log.
+#[derive(Clone, Default)]
+struct Traced;
+
+impl Job for Traced {
+    const TYPE: &'static str = "traced";
+    type Payload = serde_json::Value;
+    async fn run(&self, _: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        for i in 0..LINES {
+            tracing::info!(step = i, "step done");
         }
         Ok(())
     }
@@ -149,7 +169,17 @@ async fn tail_latency(lines: u64) -> anyhow::Result<Vec<f64>> {
 
 /// Runs both measurements and prints a markdown table.
 pub async fn run(jobs: usize, rounds: usize, lines: u64) -> anyhow::Result<()> {
-    let (mut quiet, mut logging) = (Vec::new(), Vec::new());
+    {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        // What a worker process has (its log output left out): the
+        // registry, INFO, the capture layer; for every scenario alike.
+        tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::INFO)
+            .with(belfry_worker::RunLogCapture::layer())
+            .try_init()?;
+    }
+    let (mut quiet, mut logging, mut traced) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds.max(1) {
         quiet.push(
             scenario(
@@ -183,13 +213,33 @@ pub async fn run(jobs: usize, rounds: usize, lines: u64) -> anyhow::Result<()> {
             )
             .await?,
         );
+        traced.push(
+            scenario(
+                "traced",
+                serde_json::json!({}),
+                jobs,
+                0,
+                false,
+                |env| async move {
+                    until_stored(&env, jobs, LINES, || {
+                        Ok(Registry::builder()
+                            .job(Traced)
+                            .capture_tracing::<Traced>(tracing::Level::INFO)
+                            .build()?)
+                    })
+                    .await
+                },
+            )
+            .await?,
+        );
         eprintln!(
-            "round {round}: no lines {:.0} jobs/s, {LINES} lines a run {:.0} jobs/s",
+            "round {round}: no lines {:.0} jobs/s, {LINES} lines a run {:.0} jobs/s, {LINES} captured events a run {:.0} jobs/s",
             quiet[round - 1],
-            logging[round - 1]
+            logging[round - 1],
+            traced[round - 1]
         );
     }
-    let (q, l) = (median(quiet), median(logging));
+    let (q, l, t) = (median(quiet), median(logging), median(traced));
     let (p50, p99, max) = spread(tail_latency(lines).await?);
     println!(
         "run logs, median of {} rounds, 1 worker, concurrency {CONCURRENCY}",
@@ -203,6 +253,11 @@ pub async fn run(jobs: usize, rounds: usize, lines: u64) -> anyhow::Result<()> {
         "| belfry, {LINES} log lines a run (until every line is stored) | {jobs} | {l:.0} | {:.2} × baseline ({:.0} % cost) |",
         l / q,
         (1.0 - l / q) * 100.0
+    );
+    println!(
+        "| belfry, {LINES} tracing events a run, captured (until every line is stored) | {jobs} | {t:.0} | {:.2} × baseline ({:.0} % cost) |",
+        t / q,
+        (1.0 - t / q) * 100.0
     );
     println!();
     println!(
