@@ -107,13 +107,14 @@ impl RunLogStore for PgStore {
         older_than: DateTime<Utc>,
         limit: i64,
     ) -> Result<u64, LedgerError> {
-        // Oldest first through `run_logs_at_idx`; a line whose run still
-        // exists (kept by the runs' retention) stays.
+        // Lines before the horizon through the BRIN index on `at`, in no
+        // particular order (a batch is any `limit` of them); a line whose
+        // run still exists (kept by the runs' retention) stays.
         let deleted = sqlx::query(
             "DELETE FROM run_logs WHERE ctid = ANY(ARRAY( \
                  SELECT l.ctid FROM run_logs l \
                  WHERE l.at < $1 AND NOT EXISTS (SELECT 1 FROM job_runs r WHERE r.id = l.run_id) \
-                 ORDER BY l.at LIMIT $2))",
+                 LIMIT $2))",
         )
         .bind(older_than)
         .bind(limit)
