@@ -46,6 +46,9 @@ struct Inner {
     tokens: Tokens,
     trace_ui: Option<String>,
     alerts: Option<Arc<belfry_alert::AlertDeliverer>>,
+    /// Open log streams (`/v1/runs/{id}/logs/stream`, and the web view's):
+    /// each reads the ledger every 250 ms, so their number is bounded.
+    log_streams: Arc<tokio::sync::Semaphore>,
 }
 
 impl ApiState {
@@ -63,6 +66,7 @@ impl ApiState {
                 tokens,
                 trace_ui: None,
                 alerts: None,
+                log_streams: Arc::new(tokio::sync::Semaphore::new(run_logs::MAX_LOG_STREAMS)),
             }),
         }
     }
@@ -99,6 +103,20 @@ impl ApiState {
             inner.alerts = Some(deliverer);
         }
         self
+    }
+
+    /// Bounds the log streams open at once to `max` (default
+    /// [`run_logs::MAX_LOG_STREAMS`]); a stream past it is refused with 503.
+    pub fn with_max_log_streams(mut self, max: usize) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.log_streams = Arc::new(tokio::sync::Semaphore::new(max));
+        }
+        self
+    }
+
+    /// The bound of open log streams.
+    pub(crate) fn log_streams(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.inner.log_streams
     }
 
     pub(crate) fn alerts(&self) -> Option<&belfry_alert::AlertDeliverer> {

@@ -33,6 +33,12 @@ use super::ApiState;
 /// How often a stream looks for new lines.
 pub const TAIL_EVERY: Duration = Duration::from_millis(250);
 
+/// Log streams one API process serves at once (each reads the ledger
+/// every [`TAIL_EVERY`]: 256 streams are about 1,000 small reads a
+/// second); a stream past it is refused with 503, and the page form
+/// (`GET /v1/runs/{id}/logs`) still answers.
+pub const MAX_LOG_STREAMS: usize = 256;
+
 /// How long after a run ended its log is taken as complete even when an
 /// attempt's lines are not all stored: the worker writing them gave up
 /// (its writer drops a batch after a minute of failed tries) or died.
@@ -162,6 +168,7 @@ pub async fn page(
         (status = 200, description = "`text/event-stream`: `line` events (a LogLine as JSON, id = its cursor), then `end`", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad cursor", body = ErrorBody),
         (status = 404, description = "No such run", body = ErrorBody),
+        (status = 503, description = "Too many log streams open on this API process, or the ledger cannot be read", body = ErrorBody),
     ),
 )]
 pub async fn stream(
@@ -181,7 +188,19 @@ pub async fn stream(
     // For the stream, the most lines read from the ledger at a time.
     let read = i64::from(q.number("limit", 200, 1, MAX_LOG_PAGE)?);
     log_status(&state, id).await?;
+    // Held by the stream until its client goes (the body is dropped).
+    let permit = state
+        .log_streams()
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| {
+            ApiError::unavailable(format!(
+                "too many log streams are open on this API process; \
+             try again later, or read pages of GET /v1/runs/{id}/logs"
+            ))
+        })?;
     let tail = Tail {
+        _permit: permit,
         state,
         id,
         after,
@@ -196,8 +215,10 @@ pub async fn stream(
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 
-/// A stream's state: where it is, lines read but not sent yet.
+/// A stream's state: where it is, lines read but not sent yet, and its
+/// place among the open streams.
 struct Tail {
+    _permit: tokio::sync::OwnedSemaphorePermit,
     state: ApiState,
     id: Uuid,
     after: LogCursor,

@@ -572,3 +572,48 @@ belfry_testkit::both_backends! {
         env.teardown(&["default"]).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_streams_past_the_bound_are_refused_and_a_closed_one_frees_its_place() {
+    let env = belfry_testkit::service_env!("bounded-streams");
+    // A running run (its attempt started, no worker): a stream of it stays
+    // open.
+    let (id, _) = started(&env, "streamed").await;
+    let replica = std::sync::Arc::new(
+        belfry_tests::replica(&env, "logs-bounded", Some(&belfry_testkit::redis_url())).await,
+    );
+    let state = belfry_server::api::ApiState::new(replica, belfry_server::api::Tokens::default())
+        .with_max_log_streams(1);
+    let api = belfry_tests::TestApi::serve_state(state).await;
+    let http = reqwest::Client::new();
+    let url = api.url(&format!("/v1/runs/{id}/logs/stream"));
+    let first = http.get(&url).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let refused = http.get(&url).send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused
+        .text()
+        .await
+        .unwrap()
+        .contains("too many log streams"));
+    // The page form still answers.
+    let page = http
+        .get(api.url(&format!("/v1/runs/{id}/logs")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    // The first client goes: its place is free again.
+    drop(first);
+    eventually(
+        "a stream once the first closed",
+        Duration::from_secs(15),
+        || async {
+            let r = http.get(&url).send().await.ok()?;
+            (r.status() == 200).then_some(())
+        },
+    )
+    .await;
+    drop(api);
+    env.teardown(&["default"]).await;
+}
