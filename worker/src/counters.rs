@@ -66,6 +66,9 @@ pub struct WorkerCounters {
     /// Run log lines given up (the writer's queue was full, or a batch
     /// waited through a long outage): see `crate::run_log`.
     pub run_log_dropped: Arc<AtomicU64>,
+    /// Run log lines written after their attempt's outcome (by a task the
+    /// handler left running), not stored: see `crate::run_log`.
+    pub run_log_late: Arc<AtomicU64>,
     /// Runs finished here, by job type and outcome (`succeeded`,
     /// `failed`, `dead`, `cancelled`, `deferred`, `handed_back`,
     /// `duplicate`, `superseded`, `waiting`).
@@ -96,6 +99,7 @@ impl Default for WorkerCounters {
             superseded: AtomicU64::default(),
             lease_lost: AtomicU64::default(),
             run_log_dropped: Arc::default(),
+            run_log_late: Arc::default(),
             jobs: Family::default(),
             attempts_by_type: Family::default(),
             durations: Family::new_with_constructor(duration_histogram),
@@ -155,6 +159,12 @@ impl Collector for WorkerCounters {
             "belfry_run_log_lines_dropped",
             "Run log lines not stored: the writer's queue was full or a batch waited through a long outage",
             get(&self.run_log_dropped),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_run_log_lines_late",
+            "Run log lines written after their attempt's outcome (by a task the handler left running): not stored",
+            get(&self.run_log_late),
         )?;
         encode_metric(
             &mut e,

@@ -12,7 +12,7 @@
 //!   event to the first span that has a log. Events of tasks the handler
 //!   spawned reach it too when they are instrumented with `ctx.span` (the
 //!   usual way to keep a trace). Once the attempt's outcome is known its
-//!   log is closed, so an event after it is dropped (and counted).
+//!   log is closed, so an event after it is dropped (and counted as late).
 //! - **What is stored.** The event's level, its `message` as the line's
 //!   text and its other fields as the line's structured fields (numbers and
 //!   booleans as JSON values, everything else as text), at the job type's

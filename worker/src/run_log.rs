@@ -23,7 +23,8 @@
 //! - **End.** The worker closes the attempt's log once the outcome is
 //!   known (after the failure line): a task the handler spawned with a
 //!   clone of its context cannot add lines after the error, its writes are
-//!   dropped and counted. The number of lines the attempt sent is recorded
+//!   dropped and counted (`belfry_run_log_lines_late_total`). The number
+//!   of lines the attempt sent is recorded
 //!   in its attempt entry (`log_lines`), so a reader knows when the log is
 //!   all in ([`belfry_ledger::log_is_complete`]) instead of guessing.
 //! - **Outages.** A batch that cannot be written is kept and tried again
@@ -83,6 +84,7 @@ pub(crate) enum Request {
 pub(crate) struct RunLogSink {
     tx: mpsc::Sender<Request>,
     dropped: Arc<AtomicU64>,
+    late: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Request {
@@ -96,11 +98,13 @@ impl std::fmt::Debug for Request {
 
 impl RunLogSink {
     /// Starts the writer on `ledger`; it ends when every sender is gone,
-    /// after writing what it holds. `dropped` counts lines given up.
-    pub(crate) fn start(ledger: Ledger, dropped: Arc<AtomicU64>) -> Self {
+    /// after writing what it holds. `dropped` counts lines given up (a
+    /// full queue, a batch given up), `late` lines written after their
+    /// attempt's outcome.
+    pub(crate) fn start(ledger: Ledger, dropped: Arc<AtomicU64>, late: Arc<AtomicU64>) -> Self {
         let (tx, rx) = mpsc::channel(CHANNEL_LINES);
         tokio::spawn(write_lines(ledger, rx, dropped.clone()));
-        Self { tx, dropped }
+        Self { tx, dropped, late }
     }
 
     /// Waits until every line sent before this call is stored (or `within`
@@ -258,7 +262,7 @@ impl RunLog {
         if state.closed {
             // A task outliving its attempt: counted, never stored after the
             // attempt's error line.
-            a.sink.drop_lines(1);
+            a.sink.late.fetch_add(1, Ordering::Relaxed);
             return;
         }
         if state.truncated {
@@ -414,6 +418,7 @@ pub(crate) fn test_sink(capacity: usize) -> (RunLogSink, mpsc::Receiver<Request>
         RunLogSink {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
+            late: Arc::new(AtomicU64::new(0)),
         },
         rx,
     )
@@ -486,7 +491,8 @@ mod tests {
         log.error("again");
         let got: Vec<String> = lines(&mut rx).into_iter().map(|l| l.message).collect();
         assert_eq!(got, ["a", "boom"]);
-        assert_eq!(sink.dropped.load(Ordering::Relaxed), 2);
+        assert_eq!(sink.late.load(Ordering::Relaxed), 2);
+        assert_eq!(sink.dropped.load(Ordering::Relaxed), 0);
         assert_eq!(RunLog::disabled().close(), None);
     }
 
@@ -558,11 +564,7 @@ mod tests {
 
     #[test]
     fn a_full_channel_drops_and_counts_instead_of_waiting() {
-        let (tx, mut rx) = mpsc::channel(2);
-        let sink = RunLogSink {
-            tx,
-            dropped: Arc::new(AtomicU64::new(0)),
-        };
+        let (sink, mut rx) = test_sink(2);
         let log = sink.attempt(Uuid::nil(), 1, RunLogBounds::default(), (0, 0));
         for _ in 0..5 {
             log.progress(1, None, "x");

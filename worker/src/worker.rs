@@ -174,6 +174,7 @@ impl Worker {
             run_logs: crate::run_log::RunLogSink::start(
                 ledger.clone(),
                 counters.run_log_dropped.clone(),
+                counters.run_log_late.clone(),
             ),
             run_log_bounds: config.run_log,
             instance: config.instance.clone(),
