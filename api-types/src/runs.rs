@@ -123,7 +123,7 @@ pub struct Run {
 }
 
 /// A finished attempt of a run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Attempt {
     /// 1-based attempt number.
     pub attempt: i32,
@@ -139,6 +139,11 @@ pub struct Attempt {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub error: Option<String>,
+    /// The run's result, when this (succeeded) attempt's handler set one
+    /// (any JSON value; handed to the run's follow-ups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub result: Option<serde_json::Value>,
 }
 
 /// `GET /v1/runs/{id}`: a run with its payload, options and attempts.

@@ -75,10 +75,14 @@ pub(crate) struct RelatedRun {
     pub(crate) run_key: String,
     pub(crate) status: String,
     pub(crate) last_error: Option<String>,
+    /// Its last attempt entry's `result`, as JSON text (each backend's
+    /// [`RESULT_COLUMN_PG`]).
+    pub(crate) result: Option<String>,
 }
 
 impl RelatedRun {
-    /// The run as a child carries it in its options.
+    /// The run as a child carries it in its options. A result that does
+    /// not parse (a hand-edited row) is passed on as its text.
     fn as_parent(&self) -> ParentRun {
         ParentRun {
             id: self.id,
@@ -86,9 +90,18 @@ impl RelatedRun {
             run_key: self.run_key.clone(),
             status: self.status.clone(),
             error: self.last_error.clone(),
+            result: self.result.as_ref().map(|t| {
+                serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.clone()))
+            }),
         }
     }
 }
+
+/// Each backend's expression of a run's result (its last attempt entry's
+/// `result`, as JSON text, `NULL` when it has none), named `result`.
+pub(crate) const RESULT_COLUMN_PG: &str = "(attempt_log -> -1 -> 'result')::text AS result";
+/// SQLite's form of [`RESULT_COLUMN_PG`] (`->` always yields JSON text).
+pub(crate) const RESULT_COLUMN_SQLITE: &str = "attempt_log -> '$[#-1].result' AS result";
 
 /// What a page's pass writes, in one transaction.
 #[derive(Debug, Default)]
@@ -346,6 +359,7 @@ mod tests {
                 run_key: format!("{name}@2026-07-26T02:00:00Z"),
                 status: status.into(),
                 last_error: None,
+                result: None,
             },
             options: serde_json::to_value(options).unwrap(),
             trace_id: Some("t".into()),
@@ -381,6 +395,7 @@ mod tests {
                 run_key: key,
                 status: status.into(),
                 last_error: None,
+                result: None,
             },
         )])
     }

@@ -109,6 +109,11 @@ pub struct AttemptEntry {
     /// [`crate::run_log`]); absent for attempts written before run logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_lines: Option<i32>,
+    /// The run's result, set by a succeeded attempt's handler
+    /// (`JobContext::set_result`: small JSON, no NUL); handed to the
+    /// run's follow-ups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 impl AttemptEntry {

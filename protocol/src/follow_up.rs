@@ -81,6 +81,10 @@ pub struct ParentRun {
     /// Its last error, if it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Its result, if its handler set one (`JobContext::set_result` in the
+    /// worker; only a succeeded run has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 /// Which end a follow-up list is for.

@@ -178,6 +178,7 @@ mod tests {
                     run_key: "extract@2026-07-26T03:00:00Z".into(),
                     status: "succeeded".into(),
                     error: None,
+                    result: Some(serde_json::json!({"rows": 42})),
                 }],
             },
         }

@@ -1015,6 +1015,7 @@ pub fn attempt_entry(attempt: i32, worker: &str, status: RunStatus) -> belfry_le
         outcome: status.as_str().into(),
         error: None,
         log_lines: None,
+        result: None,
     }
 }
 

@@ -173,6 +173,7 @@ mod tests {
             span: tracing::Span::none(),
             parents: Vec::new(),
             run_log: crate::run_log::RunLog::disabled(),
+            result: crate::RunResult::default(),
         }
     }
 

@@ -41,6 +41,9 @@ pub struct JobContext {
     /// This attempt's stored log (see [`JobContext::log`]);
     /// [`RunLog::disabled`] outside a worker.
     pub run_log: RunLog,
+    /// This attempt's result (see [`JobContext::set_result`]);
+    /// `RunResult::default()` outside a worker.
+    pub result: crate::RunResult,
 }
 
 impl JobContext {
@@ -67,6 +70,22 @@ impl JobContext {
     /// note; the web view shows the latest as a progress bar.
     pub fn progress(&self, done: u64, total: Option<u64>, note: impl AsRef<str>) {
         self.run_log.progress(done, total, note.as_ref());
+    }
+
+    /// Sets the run's result: a small JSON value kept with the successful
+    /// attempt (`GET /v1/runs/{id}`) and handed to the run's follow-ups
+    /// (`ctx.parents[i].result`). See [`crate::run_result`].
+    ///
+    /// # Errors
+    ///
+    /// [`crate::ResultError`] when the value is over
+    /// [`crate::MAX_RESULT_BYTES`] of JSON, holds a NUL or cannot be
+    /// encoded; `?` in a handler turns it into a permanent failure.
+    pub fn set_result<T: serde::Serialize + ?Sized>(
+        &self,
+        value: &T,
+    ) -> Result<(), crate::ResultError> {
+        self.result.set(value)
     }
 }
 

@@ -49,6 +49,7 @@ pub mod registry;
 pub mod retry_policy;
 pub mod run_limits;
 pub mod run_log;
+pub mod run_result;
 mod settle;
 pub mod worker;
 
@@ -61,4 +62,5 @@ pub use process::ProcessOutcome;
 pub use registry::{Registry, RegistryBuilder, RegistryError};
 pub use retry_policy::RetryPolicy;
 pub use run_log::{RunLog, RunLogBounds};
+pub use run_result::{ResultError, RunResult, MAX_RESULT_BYTES};
 pub use worker::{Worker, HEARTBEAT_POOL};

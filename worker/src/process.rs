@@ -399,6 +399,7 @@ impl Worker {
                 outcome: String::new(),
                 error: None,
                 log_lines: None,
+                result: None,
             };
             if attempt_no > policy.max_attempts {
                 // The attempts were used up by earlier deliveries (a worker
@@ -437,7 +438,9 @@ impl Worker {
             if let Some(level) = registered.capture_tracing {
                 crate::log_capture::attach(&span, run_log.clone(), level);
             }
+            let run_result = crate::RunResult::default();
             let ctx = JobContext {
+                result: run_result.clone(),
                 run_log: run_log.clone(),
                 run_id: id,
                 job_name: message.job_name.clone(),
@@ -474,6 +477,7 @@ impl Worker {
                 AttemptResult::Succeeded => {
                     entry.outcome = "succeeded".into();
                     entry.log_lines = run_log.close();
+                    entry.result = run_result.take();
                     tracing::info!(parent: &span, "attempt succeeded");
                     return self
                         .conclude(&delivery, id, RunStatus::Succeeded, entry)

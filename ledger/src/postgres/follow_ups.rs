@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::runs::claim_rows;
 use super::PgStore;
 use crate::follow_up::{
-    other_keys, plan, EndedParent, FollowUpPass, RelatedRun, ENDED_PARENT_COLUMNS,
+    other_keys, plan, EndedParent, FollowUpPass, RelatedRun, ENDED_PARENT_COLUMNS, RESULT_COLUMN_PG,
 };
 use crate::store::FollowUpStore;
 use crate::LedgerError;
@@ -24,7 +24,7 @@ impl FollowUpStore for PgStore {
         // undecided follow-ups are read. A parent another replica holds is
         // skipped, not waited for: that replica decides it.
         let parents: Vec<EndedParent> = sqlx::query_as(&format!(
-            "SELECT {ENDED_PARENT_COLUMNS} FROM job_runs \
+            "SELECT {ENDED_PARENT_COLUMNS}, {RESULT_COLUMN_PG} FROM job_runs \
              WHERE follow_ups_done_at IS NULL AND options ? 'follow_ups' \
                AND status IN ('succeeded', 'failed', 'dead', 'cancelled') \
                AND (follow_ups_next_at IS NULL OR follow_ups_next_at <= now()) \
@@ -39,11 +39,11 @@ impl FollowUpStore for PgStore {
         }
         let keys = other_keys(&parents);
         let (names, run_keys): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
-        let others: Vec<RelatedRun> = sqlx::query_as(
-            "SELECT j.id, j.job_name, j.run_key, j.status, j.last_error \
+        let others: Vec<RelatedRun> = sqlx::query_as(&format!(
+            "SELECT j.id, j.job_name, j.run_key, j.status, j.last_error, {RESULT_COLUMN_PG} \
              FROM job_runs j JOIN unnest($1::text[], $2::text[]) AS k(n, r) \
-               ON j.job_name = k.n AND j.run_key = k.r AND j.key_instant = belfry_key_instant(k.n, k.r)",
-        )
+               ON j.job_name = k.n AND j.run_key = k.r AND j.key_instant = belfry_key_instant(k.n, k.r)"
+        ))
         .bind(&names)
         .bind(&run_keys)
         .fetch_all(self.route.on(&mut tx))

@@ -11,6 +11,7 @@ use super::runs::{claim_in, CLAIM_CHUNK};
 use super::{ts, SqliteLedger};
 use crate::follow_up::{
     other_keys, plan, EndedParent, FollowUpPass, RelatedRun, ENDED_PARENT_COLUMNS,
+    RESULT_COLUMN_SQLITE,
 };
 use crate::store::FollowUpStore;
 use crate::LedgerError;
@@ -23,7 +24,7 @@ impl FollowUpStore for SqliteLedger {
         let mut tx = self.write_tx().await?;
         // The predicate is the partial index's.
         let parents: Vec<EndedParent> = sqlx::query_as(&format!(
-            "SELECT {ENDED_PARENT_COLUMNS} FROM job_runs \
+            "SELECT {ENDED_PARENT_COLUMNS}, {RESULT_COLUMN_SQLITE} FROM job_runs \
              WHERE follow_ups_done_at IS NULL AND json_extract(options, '$.follow_ups') IS NOT NULL \
                AND status IN ('succeeded', 'failed', 'dead', 'cancelled') \
                AND (follow_ups_next_at IS NULL OR follow_ups_next_at <= ?1) \
@@ -39,10 +40,10 @@ impl FollowUpStore for SqliteLedger {
         }
         let mut others = HashMap::new();
         for (name, key) in other_keys(&parents) {
-            let found: Option<RelatedRun> = sqlx::query_as(
-                "SELECT id, job_name, run_key, status, last_error FROM job_runs \
-                 WHERE job_name = ?1 AND run_key = ?2",
-            )
+            let found: Option<RelatedRun> = sqlx::query_as(&format!(
+                "SELECT id, job_name, run_key, status, last_error, {RESULT_COLUMN_SQLITE} \
+                 FROM job_runs WHERE job_name = ?1 AND run_key = ?2"
+            ))
             .bind(&name)
             .bind(&key)
             .fetch_optional(&mut *tx)

@@ -90,6 +90,7 @@ pub fn detail(run: &RunRecord) -> Result<RunDetail, ApiError> {
                 finished_at: a.finished_at,
                 outcome: a.outcome,
                 error: a.error,
+                result: a.result,
             })
             .collect(),
         parents: Vec::new(),

@@ -467,6 +467,7 @@ belfry_testkit::both_backends! {
             outcome: "failed".into(),
             error: Some("boom: <b>not html</b>".into()),
             log_lines: None,
+            result: None,
         };
         let msg = env.ledger.run(ids[6]).await.unwrap().unwrap().to_message();
         env.ledger

@@ -14,14 +14,18 @@ use belfry_worker::{Job, JobContext, JobError, Registry};
 use chrono::Utc;
 use serde_json::json;
 
-/// Succeeds, or fails for good when its payload says `"fail"`.
+/// Succeeds (with its payload's `result` as the run's result, if any), or
+/// fails for good when its payload says `"fail"`.
 #[derive(Clone, Default)]
 struct Step;
 
 impl Job for Step {
     const TYPE: &'static str = "step";
     type Payload = serde_json::Value;
-    async fn run(&self, _: JobContext, payload: serde_json::Value) -> Result<(), JobError> {
+    async fn run(&self, ctx: JobContext, payload: serde_json::Value) -> Result<(), JobError> {
+        if let Some(result) = payload.get("result") {
+            ctx.set_result(result)?;
+        }
         if payload == json!("fail") {
             return Err(JobError::permanent("told to fail"));
         }
@@ -84,6 +88,8 @@ async fn finish(env: &TestEnv, message: &JobMessage, status: RunStatus) -> uuid:
         outcome: status.as_str().into(),
         error: (status != RunStatus::Succeeded).then(|| "it broke".to_owned()),
         log_lines: None,
+        // A succeeded run's result names it (the join test reads them).
+        result: (status == RunStatus::Succeeded).then(|| json!({"job": message.job_name})),
     };
     let error = entry.error.clone();
     assert!(env
@@ -111,7 +117,7 @@ belfry_testkit::both_backends! {
             ..FollowUps::default()
         };
         let ok = env
-            .enqueue_with("extract-ok", "step", json!(null), t0(), with_follow_ups(lists.clone()))
+            .enqueue_with("extract-ok", "step", json!({"result": {"rows": 42}}), t0(), with_follow_ups(lists.clone()))
             .await;
         let bad = env
             .enqueue_with("extract-bad", "step", json!("fail"), t0(), with_follow_ups(lists))
@@ -132,9 +138,14 @@ belfry_testkit::both_backends! {
         let of = |key: &str| seen.iter().find(|(k, _)| k == key).map(|(_, p)| p.clone()).unwrap();
         let parents = of("load@2026-07-26T03:00:00Z");
         assert_eq!((parents.len(), parents[0].id, parents[0].status.as_str()), (1, ok_run.id, "succeeded"));
+        // And the result its parent's handler set, kept with its attempt.
+        assert_eq!(parents[0].result, Some(json!({"rows": 42})));
+        let entries = ok_run.attempt_entries().unwrap();
+        assert_eq!(entries[0].result, Some(json!({"rows": 42})));
         let parents = of("page-oncall@2026-07-26T03:00:00Z");
         assert_eq!((parents[0].id, parents[0].status.as_str()), (bad_run.id, "failed"));
         assert_eq!(parents[0].error.as_deref(), Some("told to fail"));
+        assert_eq!(parents[0].result, None);
         // Each end enqueued its own list only, once.
         assert_eq!(seen.len(), 2, "{seen:?}");
         for (name, key) in [("page-oncall", "page-oncall@2026-07-26T03:00:00Z"), ("load", "load@2026-07-26T03:00:00Z")] {
@@ -227,6 +238,11 @@ belfry_testkit::both_backends! {
         let mut expected = vec![a1_id, b1_id];
         expected.sort();
         assert_eq!(parents, expected);
+        // Both parents' results: the pass's own parent (B) and the other
+        // one it looked up (A).
+        for p in &options.parents {
+            assert_eq!(p.result, Some(json!({"job": p.job_name})), "{p:?}");
+        }
         // A's join, looked at again (a second later), finds the child
         // there: A is decided with nothing more enqueued.
         let again = eventually("A's join looked at again", Duration::from_secs(10), || async {

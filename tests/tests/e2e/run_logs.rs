@@ -496,6 +496,7 @@ belfry_testkit::both_backends! {
             outcome: "succeeded".into(),
             error: None,
             log_lines: Some(3),
+            result: None,
         };
         assert!(env
             .ledger

@@ -117,6 +117,7 @@ async fn the_web_view_works_in_headless_chromium() {
         outcome: "failed".into(),
         error: Some(error.into()),
         log_lines: None,
+        result: None,
     };
     assert!(env
         .ledger

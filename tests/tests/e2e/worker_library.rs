@@ -450,6 +450,7 @@ belfry_testkit::both_backends! {
             outcome: "succeeded".into(),
             error: None,
             log_lines: None,
+            result: None,
         };
         assert!(!env
             .ledger
