@@ -123,7 +123,7 @@ pub struct Run {
 }
 
 /// A finished attempt of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Attempt {
     /// 1-based attempt number.
     pub attempt: i32,

@@ -58,7 +58,8 @@ pub(crate) struct EndedParent {
     pub(crate) looked: bool,
 }
 
-/// The columns of [`EndedParent`], in its order.
+/// The columns of [`EndedParent`] but its run's `result`, which each
+/// backend adds in its own SQL ([`RESULT_COLUMN_PG`]).
 /// (`finished_at` falls back on `updated_at`, so a join's wait always
 /// ends.)
 pub(crate) const ENDED_PARENT_COLUMNS: &str =

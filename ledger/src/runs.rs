@@ -111,7 +111,9 @@ pub struct AttemptEntry {
     pub log_lines: Option<i32>,
     /// The run's result, set by a succeeded attempt's handler
     /// (`JobContext::set_result`: small JSON, no NUL); handed to the
-    /// run's follow-ups.
+    /// run's follow-ups. The worker checks it; a caller writing entries
+    /// itself must too (`belfry_protocol::check_storable_json`): Postgres
+    /// refuses a NUL in it, and with it the whole write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
 }

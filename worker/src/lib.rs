@@ -62,5 +62,5 @@ pub use process::ProcessOutcome;
 pub use registry::{Registry, RegistryBuilder, RegistryError};
 pub use retry_policy::RetryPolicy;
 pub use run_log::{RunLog, RunLogBounds};
-pub use run_result::{ResultError, RunResult, MAX_RESULT_BYTES};
+pub use run_result::{ResultError, RunResult, MAX_RESULT_BYTES, MAX_RESULT_DEPTH};
 pub use worker::{Worker, HEARTBEAT_POOL};

@@ -7,9 +7,12 @@
 //! - **Small by design**: at most [`MAX_RESULT_BYTES`] of JSON; it travels
 //!   in every follow-up's message. Bulk data belongs in your own store,
 //!   with its key as the result.
-//! - **Refused, not mangled**: a value over the bound or holding a NUL
-//!   character (which Postgres' `jsonb` cannot store) is refused when set,
-//!   with the reason, so the outcome's write never fails on it.
+//! - **Refused, not mangled**: a value over the bound, nested deeper than
+//!   [`MAX_RESULT_DEPTH`] (every reader of a row or a message refuses JSON
+//!   past 128 levels, and the result sits a few levels down in each) or
+//!   holding a NUL character (which Postgres' `jsonb` cannot store) is
+//!   refused when set, with the reason, so the outcome's write and every
+//!   later read of the run and its follow-ups never fail on it.
 //! - Only a succeeded attempt's result is kept; a later `set_result` in
 //!   the same attempt replaces an earlier one.
 
@@ -17,6 +20,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// The most bytes of JSON a result may take.
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// The deepest a result may nest (arrays and objects).
+pub const MAX_RESULT_DEPTH: usize = 32;
 
 /// Where an attempt's result waits for its outcome. Cheap to clone (the
 /// clones share it).
@@ -37,9 +43,15 @@ pub enum ResultError {
         /// Its size.
         bytes: usize,
     },
-    /// A string (or key) holds a NUL character.
-    #[error("the run's result holds a NUL character, which the ledger cannot store; remove it or encode the value (e.g. base64)")]
-    Nul,
+    /// Nested deeper than [`MAX_RESULT_DEPTH`].
+    #[error("the run's result nests {depth} levels deep, more than the {MAX_RESULT_DEPTH} allowed; flatten it")]
+    TooDeep {
+        /// How deep it nests.
+        depth: usize,
+    },
+    /// A string (or key) holds a NUL character; says where.
+    #[error("{0}; remove it or encode the value (e.g. base64)")]
+    Nul(String),
 }
 
 impl From<ResultError> for crate::JobError {
@@ -54,19 +66,30 @@ impl RunResult {
     ///
     /// # Errors
     ///
-    /// [`ResultError`] when it cannot be encoded, is over the bound or
+    /// [`ResultError`] when it cannot be encoded, is over a bound or
     /// holds a NUL; the result kept before (if any) stays.
     pub fn set<T: serde::Serialize + ?Sized>(&self, value: &T) -> Result<(), ResultError> {
         let value = serde_json::to_value(value).map_err(|e| ResultError::Encode(e.to_string()))?;
-        if has_nul(&value) {
-            return Err(ResultError::Nul);
+        let depth = depth(&value);
+        if depth > MAX_RESULT_DEPTH {
+            return Err(ResultError::TooDeep { depth });
         }
+        belfry_protocol::check_storable_json("result", &value)
+            .map_err(|e| ResultError::Nul(e.to_string()))?;
         let bytes = value.to_string().len();
         if bytes > MAX_RESULT_BYTES {
             return Err(ResultError::TooLarge { bytes });
         }
         *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(value);
         Ok(())
+    }
+
+    /// The result set so far (a handler's unit test reads it back).
+    pub fn get(&self) -> Option<serde_json::Value> {
+        self.slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The result set, taken (the worker's, at a successful outcome).
@@ -78,14 +101,20 @@ impl RunResult {
     }
 }
 
-/// Whether any string or key in `v` holds a NUL.
-fn has_nul(v: &serde_json::Value) -> bool {
-    match v {
-        serde_json::Value::String(s) => s.contains('\0'),
-        serde_json::Value::Array(a) => a.iter().any(has_nul),
-        serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-        _ => false,
+/// How deep `v` nests (a scalar is 0, `[1]` is 1), counted without
+/// recursion.
+fn depth(v: &serde_json::Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        match v {
+            serde_json::Value::Array(a) => stack.extend(a.iter().map(|x| (x, d + 1))),
+            serde_json::Value::Object(o) => stack.extend(o.values().map(|x| (x, d + 1))),
+            _ => {}
+        }
     }
+    deepest
 }
 
 #[cfg(test)]
@@ -99,15 +128,36 @@ mod tests {
         assert_eq!(r.set(&serde_json::json!({"rows": 2})), Ok(()));
         let big = "x".repeat(MAX_RESULT_BYTES);
         assert!(matches!(r.set(&big), Err(ResultError::TooLarge { .. })));
-        assert_eq!(
-            r.set(&serde_json::json!({"k": ["a\0b"]})),
-            Err(ResultError::Nul)
+        let nul = r.set(&serde_json::json!({"k": ["a\0b"]}));
+        assert!(
+            matches!(&nul, Err(ResultError::Nul(m)) if m.contains("result.k[0]")),
+            "{nul:?}"
         );
-        assert_eq!(r.set(&serde_json::json!({"a\0": 1})), Err(ResultError::Nul));
+        assert!(matches!(
+            r.set(&serde_json::json!({"a\0": 1})),
+            Err(ResultError::Nul(_))
+        ));
+        let mut deep = serde_json::json!(1);
+        for _ in 0..MAX_RESULT_DEPTH {
+            deep = serde_json::json!([deep]);
+        }
+        assert_eq!(depth(&deep), MAX_RESULT_DEPTH);
+        let deeper = serde_json::json!({ "k": deep.clone() });
+        assert_eq!(
+            r.set(&deeper),
+            Err(ResultError::TooDeep {
+                depth: MAX_RESULT_DEPTH + 1
+            })
+        );
         // Refused values leave the last good one.
+        assert_eq!(r.get(), Some(serde_json::json!({"rows": 2})));
         assert_eq!(r.take(), Some(serde_json::json!({"rows": 2})));
         assert_eq!(r.take(), None);
-        let e: crate::JobError = ResultError::Nul.into();
+        assert_eq!(r.set(&deep), Ok(()));
+        let e: crate::JobError = nul
+            .err()
+            .map(Into::into)
+            .unwrap_or(crate::JobError::permanent(""));
         assert!(matches!(e, crate::JobError::Permanent(m) if m.contains("NUL")));
     }
 }

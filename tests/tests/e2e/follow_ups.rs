@@ -26,7 +26,7 @@ impl Job for Step {
         if let Some(result) = payload.get("result") {
             ctx.set_result(result)?;
         }
-        if payload == json!("fail") {
+        if payload == json!("fail") || payload["fail"] == json!(true) {
             return Err(JobError::permanent("told to fail"));
         }
         Ok(())
@@ -119,8 +119,9 @@ belfry_testkit::both_backends! {
         let ok = env
             .enqueue_with("extract-ok", "step", json!({"result": {"rows": 42}}), t0(), with_follow_ups(lists.clone()))
             .await;
+        // Sets a result, then fails: a failed run passes no result on.
         let bad = env
-            .enqueue_with("extract-bad", "step", json!("fail"), t0(), with_follow_ups(lists))
+            .enqueue_with("extract-bad", "step", json!({"result": {"rows": 1}, "fail": true}), t0(), with_follow_ups(lists))
             .await;
         let ok_run = env.wait_terminal_of(&ok, Duration::from_secs(30)).await;
         let bad_run = env.wait_terminal_of(&bad, Duration::from_secs(30)).await;
