@@ -323,6 +323,36 @@ pub struct LogLine {
     pub total: Option<i64>,
 }
 
+impl LogLine {
+    /// The line as one line of text, as the CLI prints it and the web view
+    /// shows it: `HH:MM:SS.mmm LEVEL text {fields}`, progress as
+    /// `[done/total] note`, a failure as `attempt failed: …`, the
+    /// truncation marker as `… note`. Not escaped for any medium.
+    pub fn text(&self) -> String {
+        let body = match self.kind {
+            LogLineKind::Progress => format!(
+                "[{}{}] {}",
+                self.done.unwrap_or(0),
+                self.total.map(|t| format!("/{t}")).unwrap_or_default(),
+                self.message
+            ),
+            LogLineKind::Truncated => format!("… {}", self.message),
+            LogLineKind::Error => format!("attempt failed: {}", self.message),
+            LogLineKind::Log => self.message.clone(),
+        };
+        let fields = self
+            .fields
+            .as_ref()
+            .map(|f| format!(" {f}"))
+            .unwrap_or_default();
+        format!(
+            "{} {:<5} {body}{fields}",
+            self.at.format("%H:%M:%S%.3f"),
+            self.level.to_uppercase()
+        )
+    }
+}
+
 /// `GET /v1/runs/{id}/logs`: a page of a run's log, oldest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunLogPage {

@@ -167,6 +167,44 @@ async fn tail_latency(lines: u64) -> anyhow::Result<Vec<f64>> {
     Ok(latencies)
 }
 
+/// One round of one scenario: `jobs` runs of `job_type` on a fresh
+/// database through one worker of `registry`, `lines` lines a run (jobs/s,
+/// by [`until_stored`]'s clock).
+async fn round_of(
+    job_type: &str,
+    jobs: usize,
+    lines: u64,
+    registry: fn() -> anyhow::Result<Registry>,
+) -> anyhow::Result<f64> {
+    scenario(
+        job_type,
+        serde_json::json!({}),
+        jobs,
+        0,
+        false,
+        |env| async move { until_stored(&env, jobs, lines, registry).await },
+    )
+    .await
+}
+
+/// The baseline: the built-in `noop`, no lines.
+fn quiet_registry() -> anyhow::Result<Registry> {
+    Ok(Registry::builder().builtins().build()?)
+}
+
+/// [`Chatty`]: 10 `ctx.log_with` lines a run.
+fn chatty_registry() -> anyhow::Result<Registry> {
+    Ok(Registry::builder().job(Chatty).build()?)
+}
+
+/// [`Traced`]: 10 captured `tracing` events a run.
+fn traced_registry() -> anyhow::Result<Registry> {
+    Ok(Registry::builder()
+        .job(Traced)
+        .capture_tracing::<Traced>(tracing::Level::INFO)
+        .build()?)
+}
+
 /// Runs both measurements and prints a markdown table.
 pub async fn run(jobs: usize, rounds: usize, lines: u64) -> anyhow::Result<()> {
     {
@@ -181,57 +219,9 @@ pub async fn run(jobs: usize, rounds: usize, lines: u64) -> anyhow::Result<()> {
     }
     let (mut quiet, mut logging, mut traced) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds.max(1) {
-        quiet.push(
-            scenario(
-                "noop",
-                serde_json::json!({}),
-                jobs,
-                0,
-                false,
-                |env| async move {
-                    until_stored(&env, jobs, 0, || {
-                        Ok(Registry::builder().builtins().build()?)
-                    })
-                    .await
-                },
-            )
-            .await?,
-        );
-        logging.push(
-            scenario(
-                "chatty",
-                serde_json::json!({}),
-                jobs,
-                0,
-                false,
-                |env| async move {
-                    until_stored(&env, jobs, LINES, || {
-                        Ok(Registry::builder().job(Chatty).build()?)
-                    })
-                    .await
-                },
-            )
-            .await?,
-        );
-        traced.push(
-            scenario(
-                "traced",
-                serde_json::json!({}),
-                jobs,
-                0,
-                false,
-                |env| async move {
-                    until_stored(&env, jobs, LINES, || {
-                        Ok(Registry::builder()
-                            .job(Traced)
-                            .capture_tracing::<Traced>(tracing::Level::INFO)
-                            .build()?)
-                    })
-                    .await
-                },
-            )
-            .await?,
-        );
+        quiet.push(round_of("noop", jobs, 0, quiet_registry).await?);
+        logging.push(round_of("chatty", jobs, LINES, chatty_registry).await?);
+        traced.push(round_of("traced", jobs, LINES, traced_registry).await?);
         eprintln!(
             "round {round}: no lines {:.0} jobs/s, {LINES} lines a run {:.0} jobs/s, {LINES} captured events a run {:.0} jobs/s",
             quiet[round - 1],

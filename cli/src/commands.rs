@@ -10,9 +10,9 @@ use serde_json::Value;
 use belfry_api_types::{AlertList, AlertQuery, TestAlert, TestAlertQueued};
 use belfry_api_types::{
     Backfill, BackfillOutcome, BackfillRequest, CancelAnswer, CancelResult, CancelRun, Enqueued,
-    JobRequest, LogLine, LogLineKind, Page, PauseRequest, Preview, Run, RunDetail, RunList,
-    RunLogPage, RunLogQuery, RunQuery, Schedule, ScheduleInput, ScheduleList, ScheduleQuery,
-    TriggerRequest, Triggered, MAX_LOG_PAGE,
+    JobRequest, LogLine, Page, PauseRequest, Preview, Run, RunDetail, RunList, RunLogPage,
+    RunLogQuery, RunQuery, Schedule, ScheduleInput, ScheduleList, ScheduleQuery, TriggerRequest,
+    Triggered, MAX_LOG_PAGE,
 };
 
 use crate::api_client::{ApiClient, CliError, NONE};
@@ -133,7 +133,7 @@ async fn run_logs(
 /// printed escaped, so a handler's text cannot move the cursor or retitle
 /// the terminal.
 fn log_line(l: &LogLine) -> String {
-    printable(&log_text(l))
+    printable(&l.text())
 }
 
 /// `s` with every control character but `\n` and `\t` escaped (`\u{1b}`).
@@ -147,26 +147,6 @@ fn printable(s: &str) -> String {
         }
     }
     out
-}
-
-/// [`log_line`] before escaping.
-fn log_text(l: &LogLine) -> String {
-    let at = l.at.format("%H:%M:%S%.3f");
-    let text = match l.kind {
-        LogLineKind::Progress => match l.total {
-            Some(t) => format!("[{}/{t}] {}", l.done.unwrap_or(0), l.message),
-            None => format!("[{}] {}", l.done.unwrap_or(0), l.message),
-        },
-        LogLineKind::Truncated => format!("… {}", l.message),
-        LogLineKind::Error => format!("attempt failed: {}", l.message),
-        LogLineKind::Log => l.message.clone(),
-    };
-    let fields = l
-        .fields
-        .as_ref()
-        .map(|f| format!(" {f}"))
-        .unwrap_or_default();
-    format!("{at} {:<5} {text}{fields}", l.level.to_uppercase())
 }
 
 /// Lists `path` with the query `query(cursor)` from `cursor`, following

@@ -60,6 +60,7 @@
     var t = l.message;
     if (l.kind === "progress") t = "[" + (l.done || 0) + (l.total != null ? "/" + l.total : "") + "] " + t;
     if (l.kind === "error") t = "attempt failed: " + t;
+    if (l.kind === "truncated") t = "… " + t;
     var d = new Date(l.at);
     var at = pad(d.getUTCHours(), 2) + ":" + pad(d.getUTCMinutes(), 2) + ":" + pad(d.getUTCSeconds(), 2) + "." + pad(d.getUTCMilliseconds(), 3);
     var level = (l.level.toUpperCase() + "     ").slice(0, Math.max(5, l.level.length));

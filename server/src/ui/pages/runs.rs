@@ -311,30 +311,11 @@ async fn log_panel(state: &ApiState, r: &belfry_api_types::Run, tailing: bool) -
 /// One line of the log panel; `ui.js` builds the same markup for a line
 /// the stream brings.
 fn log_line_html(l: &belfry_api_types::LogLine) -> String {
-    use belfry_api_types::LogLineKind;
-    let text = match l.kind {
-        LogLineKind::Progress => format!(
-            "[{}{}] {}",
-            l.done.unwrap_or(0),
-            l.total.map(|t| format!("/{t}")).unwrap_or_default(),
-            l.message
-        ),
-        LogLineKind::Error => format!("attempt failed: {}", l.message),
-        LogLineKind::Truncated | LogLineKind::Log => l.message.clone(),
-    };
-    let fields = l
-        .fields
-        .as_ref()
-        .map(|f| format!(" {f}"))
-        .unwrap_or_default();
     format!(
-        "<span class=\"l l-{} k-{}\">{} {:<5} {}{}</span>\n",
+        "<span class=\"l l-{} k-{}\">{}</span>\n",
         esc(&l.level),
         kind_name(l.kind),
-        l.at.format("%H:%M:%S%.3f"),
-        esc(&l.level.to_uppercase()),
-        esc(&text),
-        esc(&fields)
+        esc(&l.text())
     )
 }
 
