@@ -35,6 +35,7 @@ use crate::change_listener::ChangeListener;
 use crate::dashboard::{MinuteCount, Overview, RecentFire};
 use crate::fire_history::{ExclusiveClaim, LateClaim};
 use crate::follow_up::FollowUpPass;
+use crate::missed_fire::MissedFire;
 use crate::postgres::PgStore;
 use crate::retention::PruneBatch;
 use crate::run_limits::RunLimits;
@@ -204,6 +205,19 @@ pub(crate) trait FireHistoryStore {
         by: &str,
         grace: Duration,
     ) -> Result<u64, LedgerError>;
+
+    /// [`crate::Ledger::record_missed_fires`].
+    async fn record_missed_fires(&self, fires: &[MissedFire], by: &str) -> Result<(), LedgerError>;
+
+    /// [`crate::Ledger::missed_fires_of`].
+    async fn missed_fires_of(
+        &self,
+        job_names: &[String],
+        limit: i64,
+    ) -> Result<Vec<MissedFire>, LedgerError>;
+
+    /// [`crate::Ledger::forget_missed_fires`].
+    async fn forget_missed_fires(&self, fires: &[MissedFire]) -> Result<u64, LedgerError>;
 
     /// [`crate::Ledger::recorded_keys`].
     async fn recorded_keys(

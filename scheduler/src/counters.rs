@@ -40,6 +40,11 @@ pub struct FireCounters {
     pub misfires_skipped: AtomicU64,
     /// Missed fires fired late by misfire policies (recovery).
     pub misfires_recovered: AtomicU64,
+    /// Misfire recoveries finished (at start, of taken shards, of a
+    /// resumed schedule).
+    pub recoveries: AtomicU64,
+    /// Timer fires that waited for their schedule's misfire recovery.
+    pub waited_for_recovery: AtomicU64,
     /// Fires skipped because the previous run was unfinished (overlap =
     /// skip, or buffer_one with a fire already buffered).
     pub skipped_overlap: AtomicU64,
@@ -79,6 +84,8 @@ impl Default for FireCounters {
             publish_errors: AtomicU64::default(),
             misfires_skipped: AtomicU64::default(),
             misfires_recovered: AtomicU64::default(),
+            recoveries: AtomicU64::default(),
+            waited_for_recovery: AtomicU64::default(),
             skipped_overlap: AtomicU64::default(),
             skipped_ran_out: AtomicU64::default(),
             buffered: AtomicU64::default(),
@@ -167,6 +174,18 @@ impl Collector for FireCounters {
             "belfry_misfires_recovered",
             "Missed fires made late by a misfire policy",
             get(&self.misfires_recovered),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_misfire_recoveries",
+            "Misfire recoveries finished (at start, of taken shards, of a resumed schedule)",
+            get(&self.recoveries),
+        )?;
+        encode_counter(
+            &mut e,
+            "belfry_fires_waited_for_recovery",
+            "Timer fires that waited for their schedule's misfire recovery, then were decided with it",
+            get(&self.waited_for_recovery),
         )?;
         encode_counter(
             &mut e,

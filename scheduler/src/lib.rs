@@ -49,7 +49,7 @@ pub use error::SchedulerError;
 pub use lock::ClaimLock;
 pub use misfire::MisfirePolicy;
 pub use ops::{Ops, OpsError};
-pub use replica::{FireOutcome, Replica, ReplicaTiming, SkipReason};
+pub use replica::{FireOutcome, RecoveryWait, Replica, ReplicaTiming, SkipReason};
 pub use schedule::{OverlapPolicy, Schedule, ScheduleError};
 pub use schedule_sync::{ScheduleChange, ScheduleSync};
 pub use shard_lease::{OwnedShards, PassOutcome, ShardKeeper, ShardSettings};

@@ -12,6 +12,7 @@ use sqlx::Row;
 use super::PgStore;
 use crate::cancel::CancelRequest;
 use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
+use crate::missed_fire::MissedFire;
 use crate::overlap::{decide, inserted, skipped, Earlier, EarlierRow, Plan, RAN_OUT_NOTE};
 use crate::runs::{run_columns_of, NewRun, RunRecord};
 use crate::store::FireHistoryStore;
@@ -280,6 +281,62 @@ impl FireHistoryStore for PgStore {
         .fetch_all(pool)
         .await?;
         Ok(found.into_iter().collect())
+    }
+
+    async fn record_missed_fires(&self, fires: &[MissedFire], by: &str) -> Result<(), LedgerError> {
+        let names: Vec<&str> = fires.iter().map(|f| f.job_name.as_str()).collect();
+        let at: Vec<DateTime<Utc>> = fires.iter().map(|f| f.scheduled_at).collect();
+        // In key order: two replicas recording the same fires (a shard
+        // held by both during a steal) wait on each other's keys in one
+        // order, never in a cycle.
+        sqlx::query(
+            "INSERT INTO missed_fires (job_name, scheduled_at, recorded_by) \
+             SELECT n, a, $3 FROM unnest($1::text[], $2::timestamptz[]) AS f(n, a) \
+             ORDER BY n, a \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&names)
+        .bind(&at)
+        .bind(by)
+        .execute(&self.route)
+        .await?;
+        Ok(())
+    }
+
+    async fn missed_fires_of(
+        &self,
+        job_names: &[String],
+        limit: i64,
+    ) -> Result<Vec<MissedFire>, LedgerError> {
+        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT job_name, scheduled_at FROM missed_fires WHERE job_name = ANY($1) \
+             ORDER BY scheduled_at, job_name LIMIT $2",
+        )
+        .bind(job_names)
+        .bind(limit)
+        .fetch_all(&self.route)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(job_name, scheduled_at)| MissedFire {
+                job_name,
+                scheduled_at,
+            })
+            .collect())
+    }
+
+    async fn forget_missed_fires(&self, fires: &[MissedFire]) -> Result<u64, LedgerError> {
+        let names: Vec<&str> = fires.iter().map(|f| f.job_name.as_str()).collect();
+        let at: Vec<DateTime<Utc>> = fires.iter().map(|f| f.scheduled_at).collect();
+        let done = sqlx::query(
+            "DELETE FROM missed_fires m USING unnest($1::text[], $2::timestamptz[]) AS f(n, a) \
+             WHERE m.job_name = f.n AND m.scheduled_at = f.a",
+        )
+        .bind(&names)
+        .bind(&at)
+        .execute(&self.route)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn mark_stuck(

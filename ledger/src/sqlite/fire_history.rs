@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use super::{now, now_minus, ts, SqliteLedger};
 use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
+use crate::missed_fire::MissedFire;
 use crate::overlap::{decide, inserted, skipped, Earlier, EarlierRow, Plan, RAN_OUT_NOTE};
 use crate::runs::{NewRun, RunRecord, RUN_COLUMNS};
 use crate::store::FireHistoryStore;
@@ -297,6 +298,66 @@ impl FireHistoryStore for SqliteLedger {
             }
         }
         Ok(found)
+    }
+
+    async fn record_missed_fires(&self, fires: &[MissedFire], by: &str) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let at = now();
+        for f in fires {
+            sqlx::query(
+                "INSERT INTO missed_fires (job_name, scheduled_at, recorded_by, recorded_at) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+            )
+            .bind(&f.job_name)
+            .bind(ts(f.scheduled_at))
+            .bind(by)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn missed_fires_of(
+        &self,
+        job_names: &[String],
+        limit: i64,
+    ) -> Result<Vec<MissedFire>, LedgerError> {
+        let mut out = Vec::new();
+        // One index probe per name, as `last_fires`.
+        for name in job_names {
+            let rows: Vec<DateTime<Utc>> = sqlx::query_scalar(
+                "SELECT scheduled_at FROM missed_fires WHERE job_name = ?1 ORDER BY scheduled_at LIMIT ?2",
+            )
+            .bind(name)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+            out.extend(rows.into_iter().map(|scheduled_at| MissedFire {
+                job_name: name.clone(),
+                scheduled_at,
+            }));
+        }
+        out.sort_by(|a, b| (a.scheduled_at, &a.job_name).cmp(&(b.scheduled_at, &b.job_name)));
+        out.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        Ok(out)
+    }
+
+    async fn forget_missed_fires(&self, fires: &[MissedFire]) -> Result<u64, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let mut forgotten = 0;
+        for f in fires {
+            forgotten +=
+                sqlx::query("DELETE FROM missed_fires WHERE job_name = ?1 AND scheduled_at = ?2")
+                    .bind(&f.job_name)
+                    .bind(ts(f.scheduled_at))
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(forgotten)
     }
 
     async fn mark_stuck(

@@ -80,11 +80,59 @@ impl Replica {
                     trace_id = tracing::field::Empty, belfry.outcome = tracing::field::Empty)
             })
             .collect();
-        let outcomes = self.claim_and_dispatch(fires, source, &fire_spans).await;
+        let waits = if source == FireSource::Timer {
+            self.recovering.waiting(fires)
+        } else {
+            None
+        };
+        let outcomes = match waits {
+            None => self.claim_and_dispatch(fires, source, &fire_spans).await,
+            Some(waits) => {
+                self.claim_unless_recovering(fires, source, &fire_spans, &waits)
+                    .await
+            }
+        };
         for (span, outcome) in fire_spans.iter().zip(&outcomes) {
             span.record("belfry.outcome", outcome.label());
         }
         outcomes
+    }
+
+    /// Claims the fires of `fires` that do not wait for their schedule's
+    /// recovery (`waits`), and remembers the others as missed, so they are
+    /// decided with the instants the recovery makes (see
+    /// [`super::recovering`]).
+    async fn claim_unless_recovering(
+        &self,
+        fires: &[(Arc<Schedule>, DateTime<Utc>)],
+        source: FireSource,
+        fire_spans: &[tracing::Span],
+        waits: &[bool],
+    ) -> Vec<FireOutcome> {
+        let mut outcomes: Vec<Option<FireOutcome>> = vec![None; fires.len()];
+        let mut rest = Vec::new();
+        let mut rest_spans = Vec::new();
+        let mut rest_at = Vec::new();
+        for (i, ((fire, span), wait)) in fires.iter().zip(fire_spans).zip(waits).enumerate() {
+            if *wait {
+                FireCounters::add(&self.counters.waited_for_recovery, 1);
+                self.remember_missed(&fire.0, fire.1);
+                outcomes[i] = Some(FireOutcome::Skipped {
+                    reason: SkipReason::Recovering,
+                });
+            } else {
+                rest.push(fire.clone());
+                rest_spans.push(span.clone());
+                rest_at.push(i);
+            }
+        }
+        if !rest.is_empty() {
+            let claimed = self.claim_and_dispatch(&rest, source, &rest_spans).await;
+            for (i, outcome) in rest_at.into_iter().zip(claimed) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        settled(outcomes)
     }
 
     async fn claim_and_dispatch(
@@ -105,6 +153,30 @@ impl Replica {
                     FireOutcome::Skipped { reason }
                 })
                 .collect();
+        }
+        // Fires this replica could not claim before, and spans a policy
+        // skipped, are in the ledger before anything newer is: a newer run
+        // of their schedule would otherwise hide them from the next
+        // recovery if this replica died before storing them. Not stored,
+        // nothing is claimed (the ledger is most likely down, and the
+        // claims would fail too).
+        if matches!(source, FireSource::Timer | FireSource::Recovery) {
+            if let Err(e) = self.record_undecided_once().await {
+                let reason =
+                    format!("older missed or skipped fires could not be stored first: {e}");
+                tracing::error!(fires = fires.len(), error = %e,
+                    "fires not claimed: older missed or skipped fires could not be stored first; the misfire policy decides once the ledger is back");
+                return fires
+                    .iter()
+                    .map(|(schedule, at)| {
+                        FireCounters::add(&self.counters.claim_errors, 1);
+                        self.remember_missed(schedule, *at);
+                        FireOutcome::ClaimFailed {
+                            reason: reason.clone(),
+                        }
+                    })
+                    .collect();
+            }
         }
         let claim_spans: Vec<tracing::Span> = fire_spans
             .iter()

@@ -3,10 +3,20 @@
 //! it lost at the lock (to check the winner recorded them), and spans of
 //! fires a policy skipped (to record them once the ledger answers). Each
 //! memory is bounded; the oldest entries go first.
+//!
+//! Fires it could not claim are also recorded in the ledger
+//! (`missed_fires`, see [`belfry_ledger::MissedFire`]) before this replica
+//! claims anything newer ([`Replica::record_missed_once`] on the claim
+//! path), and forgotten there once decided. Memory alone was not enough: a
+//! replica that claimed a newer fire of the schedule and then died took
+//! the older ones with it, since recovery starts from a schedule's latest
+//! run. Whoever recovers the schedule next finds the record.
 
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+
+use belfry_ledger::MissedFire;
 
 use super::Replica;
 use crate::claim::FireSource;
@@ -17,6 +27,15 @@ use crate::SchedulerError;
 
 /// Most missed fires remembered for recovery.
 pub(super) const MAX_REMEMBERED_MISSES: usize = 100_000;
+
+/// Keeps the newest [`MAX_REMEMBERED_MISSES`] fires still to be recorded,
+/// as the memory they are part of does.
+fn bound_unrecorded(unrecorded: &mut Vec<MissedFire>) {
+    if unrecorded.len() > MAX_REMEMBERED_MISSES {
+        let over = unrecorded.len() - MAX_REMEMBERED_MISSES;
+        unrecorded.drain(..over);
+    }
+}
 
 impl Replica {
     /// Counts fires skipped by misfire policies and queues their spans for
@@ -90,7 +109,23 @@ impl Replica {
         }
     }
 
+    /// Remembers a fire that could not be claimed, and queues it to be
+    /// recorded in the ledger.
     pub(super) fn remember_missed(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {
+        {
+            let mut unrecorded = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
+            unrecorded.push(MissedFire {
+                job_name: schedule.name.clone(),
+                scheduled_at: at,
+            });
+            bound_unrecorded(&mut unrecorded);
+        }
+        self.remember_recorded(schedule, at);
+    }
+
+    /// Remembers a missed fire already recorded in the ledger (by this
+    /// replica or one that died), for its misfire policy.
+    pub(super) fn remember_recorded(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {
         let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
         // Bounded: a very long outage keeps the latest instants (the
         // policies only ever need those) and counts the rest as skipped.
@@ -99,6 +134,55 @@ impl Replica {
             FireCounters::add(&self.counters.misfires_skipped, 1);
         }
         missed.push_back((schedule.clone(), at));
+    }
+
+    /// Records the missed fires not yet in the ledger; nothing to do (one
+    /// uncontended lock) when there are none, the usual case. On the claim
+    /// path before every claim: a newer run of a schedule must never be
+    /// stored while an older missed fire of it is known to this replica
+    /// only.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached (they
+    /// stay queued, in order).
+    pub(super) async fn record_missed_once(&self) -> Result<(), SchedulerError> {
+        let taken: Vec<MissedFire> = {
+            let mut unrecorded = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
+            if unrecorded.is_empty() {
+                return Ok(());
+            }
+            std::mem::take(&mut *unrecorded)
+        };
+        if let Err(e) = self
+            .ledger
+            .record_missed_fires(&taken, &self.instance)
+            .await
+        {
+            // Back in front of what was queued meanwhile, in order.
+            let mut unrecorded = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
+            let later = std::mem::replace(&mut *unrecorded, taken);
+            unrecorded.extend(later);
+            bound_unrecorded(&mut unrecorded);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Stores what this replica knows of older fires and the ledger does
+    /// not hold yet: missed fires ([`Replica::record_missed_once`]) and
+    /// spans a policy skipped ([`Replica::record_skipped_once`]). On the
+    /// claim path before every claim, so a newer run is never stored ahead
+    /// of them; nothing to do (two uncontended locks) in the usual case.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be reached (what
+    /// was not stored stays queued).
+    pub(super) async fn record_undecided_once(&self) -> Result<(), SchedulerError> {
+        self.record_missed_once().await?;
+        self.record_skipped_once().await?;
+        Ok(())
     }
 
     pub(super) fn remember_lock_loss(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {

@@ -11,7 +11,10 @@
 //! - [`fire_path`]: a fire (or a batch of them) from claim to dispatch, and
 //!   the operator's manual trigger and backfill, which go the same way;
 //! - [`missed_fires`]: what this replica remembers about fires it could not
-//!   make (missed, lost at the lock, skipped by a policy) until it can act;
+//!   make (missed, lost at the lock, skipped by a policy) until it can act,
+//!   and the record of missed fires it keeps in the ledger meanwhile;
+//! - [`recovering`]: the schedules whose misfire recovery is under way,
+//!   whose timer fires wait for it;
 //! - [`recovery`]: the misfire policies applied to missed fires, fires lost
 //!   at the lock and runs that stopped moving;
 //! - [`late_claims`]: the pass over fires claimed on time but never
@@ -23,10 +26,12 @@ mod fire_path;
 mod follow_ups;
 mod late_claims;
 mod missed_fires;
+mod recovering;
 mod recovery;
 mod run_loop;
 
 pub use late_claims::{LateClaimPass, DEFAULT_LATE_CLAIM_PAGE};
+pub use recovering::RecoveryWait;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,7 +88,8 @@ pub enum FireOutcome {
         /// The run's id.
         id: Uuid,
     },
-    /// The fire was not claimed here on purpose (overlap, clock skew).
+    /// The fire was not claimed here on purpose (overlap, clock skew, its
+    /// schedule's recovery under way).
     Skipped {
         /// Why.
         reason: SkipReason,
@@ -109,6 +115,10 @@ pub enum SkipReason {
         /// The last measured difference.
         skew_ms: i64,
     },
+    /// The schedule's misfire recovery is under way: the fire is decided
+    /// with the instants it recovers, as soon as it ends (see
+    /// `replica::recovering`).
+    Recovering,
 }
 
 impl std::fmt::Display for SkipReason {
@@ -119,6 +129,9 @@ impl std::fmt::Display for SkipReason {
             SkipReason::ClockSkew { skew_ms } => write!(
                 f,
                 "clock skew {skew_ms} ms beyond the threshold; this replica does not claim"
+            ),
+            SkipReason::Recovering => f.write_str(
+                "the schedule's misfire recovery is under way; the fire is decided when it ends",
             ),
         }
     }
@@ -209,6 +222,9 @@ pub struct Replica {
     ledger: Ledger,
     guard: Arc<ClockGuard>,
     missed: std::sync::Mutex<std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)>>,
+    /// Missed fires not yet recorded in the ledger (see [`missed_fires`]).
+    unrecorded: std::sync::Mutex<Vec<belfry_ledger::MissedFire>>,
+    recovering: Arc<recovering::Recovering>,
     lock_losses: std::sync::Mutex<std::collections::VecDeque<LockLoss>>,
     /// Spans of fires skipped by misfire policies, not yet recorded in the
     /// ledger (it may be unreachable when they are decided).
@@ -404,6 +420,8 @@ impl Replica {
             ledger,
             guard: Arc::new(ClockGuard::new(timing.max_clock_skew).for_instance(instance)),
             missed: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            unrecorded: std::sync::Mutex::new(Vec::new()),
+            recovering: Arc::default(),
             lock_losses: std::sync::Mutex::new(std::collections::VecDeque::new()),
             pending_skips: std::sync::Mutex::new(std::collections::VecDeque::new()),
             dispatcher,

@@ -170,7 +170,13 @@ impl Replica {
             }
             std::mem::take(&mut *missed)
         };
-        if !self.guard.allows_claims() || !self.ledger.ping().await {
+        // Recorded first (see `missed_fires`): what this pass decides stays
+        // in the ledger until it is decided, whatever happens to this
+        // replica meanwhile.
+        let unable = !self.guard.allows_claims()
+            || !self.ledger.ping().await
+            || self.record_missed_once().await.is_err();
+        if unable {
             // Still unable to claim: keep them for the next pass.
             let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
             missed.extend(taken);
@@ -180,6 +186,13 @@ impl Replica {
             }
             return Vec::new();
         }
+        let decided: Vec<belfry_ledger::MissedFire> = taken
+            .iter()
+            .map(|(s, at)| belfry_ledger::MissedFire {
+                job_name: s.name.clone(),
+                scheduled_at: *at,
+            })
+            .collect();
         let mut by_schedule: std::collections::BTreeMap<
             String,
             (Arc<Schedule>, Vec<DateTime<Utc>>),
@@ -202,10 +215,37 @@ impl Replica {
             fires.extend(self.decide(&schedule, &due, now, DueSpan::Listed(&due.latest)));
         }
         let outcomes = self.fire_recovered(fires).await;
-        if let Err(e) = self.record_skipped_once().await {
-            tracing::warn!(error = %e, "cannot record skipped fires yet; retrying");
+        match self.record_skipped_once().await {
+            Ok(_) => self.forget_decided(&decided, &outcomes).await,
+            Err(e) => tracing::warn!(error = %e, "cannot record skipped fires yet; retrying"),
         }
         outcomes
+    }
+
+    /// Forgets the ledger's record of `fires` once every one is decided:
+    /// claimed, or skipped with its span recorded. When a claim among
+    /// `outcomes` failed, that fire is remembered again, and the records
+    /// stay (a later pass or another replica's recovery decides them
+    /// again, which the unique claim makes harmless).
+    async fn forget_decided(&self, fires: &[belfry_ledger::MissedFire], outcomes: &[FireOutcome]) {
+        let undecided = outcomes.iter().any(|o| {
+            matches!(
+                o,
+                FireOutcome::ClaimFailed { .. }
+                    | FireOutcome::Skipped {
+                        reason: crate::SkipReason::ClockSkew { .. }
+                    }
+            )
+        });
+        if undecided || fires.is_empty() {
+            return;
+        }
+        for chunk in fires.chunks(10_000) {
+            if let Err(e) = self.ledger.forget_missed_fires(chunk).await {
+                tracing::warn!(error = %e, "cannot forget decided missed fires; a later recovery finds them decided");
+                return;
+            }
+        }
     }
 
     /// Applies each schedule's misfire policy to the fires missed while no
@@ -223,6 +263,7 @@ impl Replica {
     ) -> Result<Vec<FireOutcome>, SchedulerError> {
         let names: Vec<String> = schedules.iter().map(|s| s.name.clone()).collect();
         let last = self.ledger.last_fires(&names).await?;
+        let within = self.adopt_recorded(schedules, &names, &last, now).await?;
         let mut fires = Vec::new();
         for schedule in schedules {
             // Never ran: only a one-shot whose instant passed has a miss.
@@ -240,9 +281,62 @@ impl Replica {
                 fires.extend(self.decide(schedule, &due, now, DueSpan::Between(from, until)));
             }
         }
-        let outcomes = self.fire_recovered(fires).await;
+        // The spans a policy skipped are stored before the fires it kept
+        // are claimed: a kept fire is newer than what it skipped, and once
+        // its run is stored the next recovery starts after it.
         self.record_skipped_once().await?;
+        let outcomes = self.fire_recovered(fires).await;
+        self.forget_decided(&within, &outcomes).await;
         Ok(outcomes)
+    }
+
+    /// The missed fires recorded in the ledger for `schedules` (see
+    /// `missed_fires`): those at or before a schedule's latest run are left
+    /// undecided by a replica that claimed that run and died, and this
+    /// span's decision does not hold them, so they are remembered as this
+    /// replica's own misses and decided by the next pass. Returns the
+    /// others, inside the span decided now, to forget once it is.
+    ///
+    /// # Errors
+    ///
+    /// [`SchedulerError::Ledger`] when the ledger cannot be read.
+    async fn adopt_recorded(
+        &self,
+        schedules: &[Arc<Schedule>],
+        names: &[String],
+        last: &std::collections::HashMap<String, DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<belfry_ledger::MissedFire>, SchedulerError> {
+        let limit = i64::try_from(MAX_REMEMBERED_MISSES).unwrap_or(i64::MAX);
+        let recorded = self.ledger.missed_fires_of(names, limit).await?;
+        if recorded.is_empty() {
+            return Ok(Vec::new());
+        }
+        let by_name: std::collections::HashMap<&str, &Arc<Schedule>> =
+            schedules.iter().map(|s| (s.name.as_str(), s)).collect();
+        let mut within = Vec::new();
+        let mut adopted = 0_usize;
+        for fire in recorded {
+            let Some(schedule) = by_name.get(fire.job_name.as_str()) else {
+                continue;
+            };
+            if last
+                .get(&fire.job_name)
+                .is_some_and(|l| fire.scheduled_at <= *l)
+            {
+                self.remember_recorded(schedule, fire.scheduled_at);
+                adopted += 1;
+            } else if fire.scheduled_at <= now - schedule.jitter_offset {
+                within.push(fire);
+            }
+        }
+        if adopted > 0 {
+            tracing::warn!(
+                fires = adopted,
+                "missed fires recorded by a replica that did not decide them; deciding them"
+            );
+        }
+        Ok(within)
     }
 
     /// The fires `schedule`'s misfire policy keeps of `due`, judged at

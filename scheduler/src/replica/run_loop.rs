@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use belfry_runtime::shutdown::drain_within;
 use belfry_runtime::SharedClock;
 
+use super::recovering::{RecoveryWait, Scope};
 use super::Replica;
 use crate::claim::FireSource;
 use crate::counters::FireCounters;
@@ -21,8 +22,9 @@ use crate::schedule::Schedule;
 use crate::schedule_sync::ScheduleChange;
 use crate::timer::Timer;
 
-/// How often the recovery of taken shards is tried before it is given up
-/// (every [`RECOVERY_INTERVAL`]: ten minutes).
+/// How often a misfire recovery (at start, of taken shards, of a resumed
+/// schedule) is tried before it is given up (every [`RECOVERY_INTERVAL`]:
+/// ten minutes).
 const TAKEN_RECOVERY_ATTEMPTS: u32 = 120;
 /// How often fires this replica could not claim are looked at again.
 const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
@@ -49,12 +51,7 @@ impl Replica {
                 }
                 // Fires missed while it was paused or absent follow its
                 // misfire policy (nothing happens when it ran recently).
-                let this = self.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = this.recover_after_downtime(&[schedule], now).await {
-                        tracing::warn!(error = %e, "misfire recovery for a changed schedule failed");
-                    }
-                });
+                self.spawn_recovery(vec![schedule], now, "a resumed schedule");
             }
             ScheduleChange::Remove(name) => {
                 if timer.remove(&name) {
@@ -62,9 +59,6 @@ impl Replica {
                 }
             }
             ScheduleChange::Taken(schedules) => {
-                for schedule in &schedules {
-                    timer.upsert(schedule.clone(), now);
-                }
                 tracing::info!(
                     schedules = schedules.len(),
                     "schedules of taken shards added"
@@ -72,25 +66,81 @@ impl Replica {
                 // Whoever held these shards before (a replica that died,
                 // left, or still fires them until it sees the steal), their
                 // missed instants follow the misfire policy; instants
-                // already made are found taken.
-                // Retried: shards often move because the database was flaky,
-                // which is when this read fails, and nobody else recovers
-                // these instants (the previous owner no longer holds them).
-                let this = self.clone();
-                tokio::spawn(async move {
-                    for attempt in 1..=TAKEN_RECOVERY_ATTEMPTS {
-                        match this.recover_after_downtime(&schedules, now).await {
-                            Ok(_) => return,
-                            Err(e) => tracing::warn!(error = %e, attempt,
-                                "misfire recovery for taken shards failed; retrying"),
-                        }
-                        tokio::time::sleep(RECOVERY_INTERVAL).await;
-                    }
-                    tracing::error!(schedules = schedules.len(),
-                        "misfire recovery for taken shards kept failing; their missed instants are not made");
-                });
+                // already made are found taken. The recovery is marked
+                // before the timer holds them, so none of their fires is
+                // claimed ahead of it.
+                let recovery = self.wait_for_recovery(&schedules);
+                for schedule in &schedules {
+                    timer.upsert(schedule.clone(), now);
+                }
+                self.spawn_marked_recovery(schedules, now, "taken shards", recovery);
             }
         }
+    }
+
+    /// Marks the misfire recovery of `schedules` as under way until the
+    /// guard is dropped: meanwhile the timer's fires of them are not
+    /// claimed but remembered as missed (and recorded in the ledger before
+    /// anything is claimed), to be decided with what the recovery makes
+    /// (see `replica::recovering`). The loop marks each recovery it runs
+    /// (at start, of taken shards, of a resumed schedule) before the timer
+    /// holds its schedules.
+    pub fn wait_for_recovery(&self, schedules: &[Arc<Schedule>]) -> RecoveryWait {
+        self.recovering.begin(Scope::Named(
+            schedules.iter().map(|s| s.name.clone()).collect(),
+        ))
+    }
+
+    /// Recovers `schedules` at `now` in the background (see
+    /// [`Replica::spawn_marked_recovery`]), their timer fires waiting
+    /// meanwhile.
+    fn spawn_recovery(
+        self: &Arc<Self>,
+        schedules: Vec<Arc<Schedule>>,
+        now: DateTime<Utc>,
+        what: &'static str,
+    ) {
+        let recovery = self.wait_for_recovery(&schedules);
+        self.spawn_marked_recovery(schedules, now, what, recovery);
+    }
+
+    /// Applies the misfire policies to what `schedules` missed until `now`
+    /// in the background, then at once to the timer fires that waited for
+    /// it (`recovery` marks them until it is dropped). Retried every
+    /// [`RECOVERY_INTERVAL`]: recoveries often run because the database was
+    /// flaky, which is when this read fails, and nobody else recovers these
+    /// instants (a previous owner no longer holds them). Given up after
+    /// [`TAKEN_RECOVERY_ATTEMPTS`], so the timer fires again.
+    fn spawn_marked_recovery(
+        self: &Arc<Self>,
+        schedules: Vec<Arc<Schedule>>,
+        now: DateTime<Utc>,
+        what: &'static str,
+        recovery: RecoveryWait,
+    ) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            for attempt in 1..=TAKEN_RECOVERY_ATTEMPTS {
+                match this.recover_after_downtime(&schedules, now).await {
+                    Ok(_) => {
+                        // The wait ends, then the fires that waited are
+                        // decided (late by the recovery's duration).
+                        drop(recovery);
+                        FireCounters::add(&this.counters.recoveries, 1);
+                        this.recover_missed_once(this.clock.now()).await;
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, attempt, what,
+                        "misfire recovery failed; retrying"),
+                }
+                tokio::time::sleep(RECOVERY_INTERVAL).await;
+            }
+            tracing::error!(
+                schedules = schedules.len(),
+                what,
+                "misfire recovery kept failing; the instants missed before it are not made"
+            );
+        });
     }
 
     /// Runs the timer loop and the outbox reconciler until `cancel`,
@@ -142,11 +192,11 @@ impl Replica {
         // The keeper frees this replica's shards as soon as `cancel` fires
         // (before the drain), so the others take them at their next pass.
         let keeping = self.spawn_keeper(cancel.clone());
-        let recovering = tokio::spawn(self.clone().recovery_loop(
-            timer.schedules(),
-            clock.clone(),
-            cancel.clone(),
-        ));
+        // Marked before the timer loop starts, so no fire is claimed ahead
+        // of the first recovery (see `recovering`).
+        let first_recovery = self.recovering.begin(Scope::All);
+        self.spawn_marked_recovery(timer.schedules(), clock.now(), "start", first_recovery);
+        let recovering = tokio::spawn(self.clone().recovery_loop(clock.clone(), cancel.clone()));
         let mut inflight = JoinSet::new();
         tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
         self.timer_loop(&mut timer, &clock, &cancel, &mut changes, &mut inflight)
@@ -199,7 +249,7 @@ impl Replica {
                 due.fires.into_iter().map(|f| (f.schedule, f.at)).collect();
             for batch in due_fires.chunks(self.timing.max_batch) {
                 // Everything due now goes out in batches (a lone fire is a
-                // batch of one, sent at once). Waiting for permits (one per
+                // batch of one, sent at once). RecoveryWait for permits (one per
                 // fire) bounds in-flight fires; the timer catches up
                 // afterwards because instants come from the schedule, not
                 // from when this loop gets to them. Shutdown ends the wait:
@@ -294,18 +344,11 @@ impl Replica {
         }
     }
 
-    /// Fires missed while every replica was down, then, every few seconds
-    /// until `cancel`: stuck runs, late runs, fires lost at the lock, fires this
-    /// replica could not claim, and spans the timer skipped.
-    async fn recovery_loop(
-        self: Arc<Self>,
-        schedules: Vec<Arc<Schedule>>,
-        clock: SharedClock,
-        cancel: CancellationToken,
-    ) {
-        if let Err(e) = self.recover_after_downtime(&schedules, clock.now()).await {
-            tracing::error!(error = %e, "misfire recovery after downtime failed; those fires are not made");
-        }
+    /// Every few seconds until `cancel`: stuck runs, late runs, fires lost
+    /// at the lock, fires this replica could not claim, and spans the timer
+    /// skipped. (Fires missed while every replica was down are recovered
+    /// once at start, beside it.)
+    async fn recovery_loop(self: Arc<Self>, clock: SharedClock, cancel: CancellationToken) {
         loop {
             // Either wakes the loop; a cancel between passes ends it.
             tokio::select! {

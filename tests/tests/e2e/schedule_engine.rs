@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use belfry_protocol::ScheduleSpec;
 use belfry_runtime::{SharedClock, SkewedClock, SystemClock};
-use belfry_scheduler::{FireCounters, FireOutcome, Replica, Schedule};
+use belfry_scheduler::{FireCounters, FireOutcome, Replica, Schedule, SkipReason};
 use belfry_testkit::{redis_url, TestEnv};
 use belfry_tests::{every_with, replica, t0};
 use chrono::{DateTime, SubsecRound, Utc};
@@ -200,6 +200,100 @@ belfry_testkit::both_backends! {
         let recovered = r.recover_missed_once(Utc::now()).await;
         assert_eq!(fired(&recovered), 2, "{recovered:?}");
         assert_eq!(FireCounters::get(&r.counters().skipped_clock_skew), 2);
+        env.teardown(&["default"]).await;
+    }
+}
+
+belfry_testkit::both_backends! {
+    /// The fault suite's lost fires (seed 735521175537982): a replica that
+    /// could not claim some fires kept them in memory only, claimed a newer
+    /// fire of the schedule once it could, and died before deciding them;
+    /// the next recovery started from that newer run and never saw them.
+    async fn missed_fires_outlive_a_replica_that_claimed_a_newer_fire_and_died(env: TestEnv) {
+        env.declare_default_group(&["noop"]).await;
+        let s = schedule("outlived", "1s", Some("catch_up"), |_| {});
+        let now = Utc::now().trunc_subsecs(0);
+        let missed: Vec<DateTime<Utc>> = (2..=4).rev().map(|back| now - chrono::Duration::seconds(back)).collect();
+        let newer = now - chrono::Duration::seconds(1);
+        {
+            let first = replica(&env, "first", Some(&redis_url())).await;
+            // It cannot claim (its clock is off): the fires are missed.
+            let skewed: SharedClock = Arc::new(SkewedClock {
+                offset: chrono::Duration::seconds(5),
+            });
+            first.clock_guard().check_once(&env.ledger, &skewed).await.unwrap();
+            for at in &missed {
+                assert!(matches!(first.fire(&s, *at).await, FireOutcome::Skipped { .. }));
+            }
+            // It can again, claims the next fire, and dies before its
+            // recovery pass decides the missed ones.
+            let fixed: SharedClock = Arc::new(SystemClock);
+            first.clock_guard().check_once(&env.ledger, &fixed).await.unwrap();
+            assert!(matches!(first.fire(&s, newer).await, FireOutcome::Dispatched { .. }));
+        }
+        let next = replica(&env, "next", Some(&redis_url())).await;
+        next.recover_after_downtime(std::slice::from_ref(&s), Utc::now()).await.unwrap();
+        let recovered = next.recover_missed_once(Utc::now()).await;
+        assert_eq!(fired(&recovered), missed.len(), "{recovered:?}");
+        let runs = env.all_runs().await;
+        for at in missed.iter().chain([&newer]) {
+            assert_eq!(
+                runs.iter().filter(|r| r.job_name == s.name && r.scheduled_at == *at).count(),
+                1,
+                "{at}: {runs:?}"
+            );
+        }
+        assert!(
+            env.ledger.missed_fires_of(std::slice::from_ref(&s.name), 100).await.unwrap().is_empty(),
+            "decided fires are forgotten"
+        );
+        env.teardown(&["default"]).await;
+    }
+}
+
+belfry_testkit::both_backends! {
+    /// A replica's first recovery starts from each schedule's latest run.
+    /// Its timer claimed a newer fire while that recovery was under way,
+    /// and the replica died: the next recovery started from the newer run,
+    /// and the instants in between were lost. Fires of a schedule under
+    /// recovery now wait for it (the run loop marks every recovery before
+    /// its timer holds the schedules, as here).
+    async fn a_fire_due_during_its_schedules_recovery_waits_for_it(env: TestEnv) {
+        env.declare_default_group(&["noop"]).await;
+        let s = schedule("waited", "1s", Some("catch_up"), |_| {});
+        let now = Utc::now().trunc_subsecs(0);
+        // The last run before every replica went down.
+        let last = now - chrono::Duration::seconds(5);
+        let earlier = replica(&env, "earlier", Some(&redis_url())).await;
+        assert!(matches!(earlier.fire(&s, last).await, FireOutcome::Dispatched { .. }));
+        drop(earlier);
+        let newer = now - chrono::Duration::seconds(1);
+        let waited = {
+            let started = replica(&env, "started", Some(&redis_url())).await;
+            let _recovery = started.wait_for_recovery(std::slice::from_ref(&s));
+            // Its timer is due before the recovery decided anything, and it
+            // dies then.
+            started.fire(&s, newer).await
+        };
+        let next = replica(&env, "next", Some(&redis_url())).await;
+        next.recover_after_downtime(std::slice::from_ref(&s), now).await.unwrap();
+        next.recover_missed_once(Utc::now()).await;
+        let runs = env.all_runs().await;
+        for back in 0..=4 {
+            let at = now - chrono::Duration::seconds(back);
+            assert_eq!(
+                runs.iter().filter(|r| r.job_name == s.name && r.scheduled_at == at).count(),
+                1,
+                "{at}: {runs:?}"
+            );
+        }
+        assert_eq!(
+            waited,
+            FireOutcome::Skipped {
+                reason: SkipReason::Recovering
+            },
+            "a fire of a schedule under recovery waits for it"
+        );
         env.teardown(&["default"]).await;
     }
 }

@@ -747,6 +747,12 @@ async fn a_burst_handed_off_batch_after_batch_is_progress_not_a_stall() {
     let second = hold_claims(&env, &names[5..10], t0).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let running = tokio::spawn(replica.clone().run(timer, clock.clone(), stop.clone()));
+    // Fires due before the first recovery ended would wait for it and go
+    // out with it, not as the timer's batches this test times.
+    eventually("the first recovery ends", WAIT, || async {
+        (belfry_scheduler::FireCounters::get(&replica.counters().recoveries) == 1).then_some(())
+    })
+    .await;
     // The instant comes: the loop wakes and hands off the first batch,
     // whose claims wait for the test's transaction.
     clock.set(t0);
