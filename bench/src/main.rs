@@ -18,6 +18,7 @@
 //! cargo run --release -p belfry-bench -- limits [--runs 60] [--seconds 60]   # builds: -p belfry-server -p belfry-worker too
 //! cargo run --release -p belfry-bench -- follow-ups [--runs 200] [--depth 8]   # builds: -p belfry-server -p belfry-worker too
 //! cargo run --release -p belfry-bench -- run-logs [--jobs 5000] [--rounds 3] [--lines 200]
+//! cargo run --release -p belfry-bench -- schedule-scans [--schedules 1000000] [--deadlines 30] [--rounds 7]
 //! ```
 
 mod dispatch_burst;
@@ -32,6 +33,7 @@ mod processes;
 mod retention_volume;
 mod run_log_cost;
 mod sample;
+mod schedule_scans;
 mod shard_scale;
 mod timer_lateness;
 mod trace_export;
@@ -58,6 +60,10 @@ const COMMANDS: &[(&str, &[&str])] = &[
     ("limits", &["--runs", "--seconds"]),
     ("follow-ups", &["--runs", "--depth"]),
     ("run-logs", &["--jobs", "--rounds", "--lines"]),
+    (
+        "schedule-scans",
+        &["--schedules", "--deadlines", "--rounds"],
+    ),
 ];
 
 fn usage() -> String {
@@ -169,6 +175,14 @@ async fn main() -> anyhow::Result<()> {
         }
         Some("follow-ups") => {
             follow_up_latency::run(flag("--runs", 200)?, flag("--depth", 8)?).await
+        }
+        Some("schedule-scans") => {
+            schedule_scans::run(
+                flag("--schedules", 1_000_000)?,
+                flag("--deadlines", 30)?,
+                flag("--rounds", 7)?,
+            )
+            .await
         }
         Some("limits") => limit_accuracy::run(flag("--runs", 60)?, flag("--seconds", 60)?).await,
         Some("fire-cost") => fire_cost::run(flag("--fires", 2000)?, flag("--rounds", 3)?).await,

@@ -10,17 +10,23 @@
 //! the fires it still has to decide here ([`Ledger::record_missed_fires`]);
 //! whoever recovers the schedule next (a restart, the replica taking its
 //! shard, a resume) takes those older than the schedule's latest run
-//! ([`Ledger::missed_fires_of`]) and decides them under the policy, and a
-//! decided fire is forgotten ([`Ledger::forget_missed_fires`]). Two
-//! replicas deciding the same fire agree: the claim is unique and a
-//! skipped span is recorded once.
+//! ([`Ledger::undecided_missed_fires`]) and decides them under the policy,
+//! and a decided fire is forgotten ([`Ledger::forget_missed_fires`]).
+//!
+//! A record can outlive its decision (the forget failed, or a record was
+//! stored by a replica that decided the fire meanwhile); such a record
+//! must not be decided again, or a fire a policy skipped could run after
+//! all. So the read returns only fires with no run at their instant and no
+//! recorded skip covering it, and removes the others. Records of a deleted
+//! schedule go with it (a trigger), so a schedule created again under its
+//! name does not inherit them.
 
 use chrono::{DateTime, Utc};
 
 use crate::{Ledger, LedgerError};
 
 /// One fire of one schedule that is still to be decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct MissedFire {
     /// The schedule.
     pub job_name: String,
@@ -46,13 +52,15 @@ impl Ledger {
         self.store.record_missed_fires(fires, by).await
     }
 
-    /// The recorded fires of the schedules `job_names` still to be decided,
-    /// oldest first, at most `limit`.
+    /// The recorded fires of the schedules `job_names` still undecided: no
+    /// run at their instant, no skipped fire or skipped span covering it;
+    /// oldest first, at most `limit`. Records of fires decided meanwhile
+    /// are removed in the same statement (see the module docs).
     ///
     /// # Errors
     ///
     /// [`LedgerError::Query`] when the database cannot be reached.
-    pub async fn missed_fires_of(
+    pub async fn undecided_missed_fires(
         &self,
         job_names: &[String],
         limit: i64,
@@ -60,7 +68,7 @@ impl Ledger {
         if job_names.is_empty() {
             return Ok(Vec::new());
         }
-        self.store.missed_fires_of(job_names, limit).await
+        self.store.undecided_missed_fires(job_names, limit).await
     }
 
     /// Forgets `fires`, decided (claimed or skipped with a record); returns

@@ -209,8 +209,8 @@ pub(crate) trait FireHistoryStore {
     /// [`crate::Ledger::record_missed_fires`].
     async fn record_missed_fires(&self, fires: &[MissedFire], by: &str) -> Result<(), LedgerError>;
 
-    /// [`crate::Ledger::missed_fires_of`].
-    async fn missed_fires_of(
+    /// [`crate::Ledger::undecided_missed_fires`].
+    async fn undecided_missed_fires(
         &self,
         job_names: &[String],
         limit: i64,

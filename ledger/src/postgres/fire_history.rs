@@ -303,13 +303,25 @@ impl FireHistoryStore for PgStore {
         Ok(())
     }
 
-    async fn missed_fires_of(
+    async fn undecided_missed_fires(
         &self,
         job_names: &[String],
         limit: i64,
     ) -> Result<Vec<MissedFire>, LedgerError> {
+        // The main query sees the rows as they were before the CTE's
+        // delete, so the decided ones are left out by name.
         let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT job_name, scheduled_at FROM missed_fires WHERE job_name = ANY($1) \
+            "WITH decided AS ( \
+                 DELETE FROM missed_fires m WHERE m.job_name = ANY($1) AND ( \
+                     EXISTS (SELECT 1 FROM job_runs r \
+                             WHERE r.job_name = m.job_name AND r.scheduled_at = m.scheduled_at) \
+                  OR EXISTS (SELECT 1 FROM skipped_fires f \
+                             WHERE f.job_name = m.job_name AND f.scheduled_at = m.scheduled_at) \
+                  OR EXISTS (SELECT 1 FROM skipped_ranges s WHERE s.job_name = m.job_name \
+                             AND s.after_at < m.scheduled_at AND m.scheduled_at <= s.until_at)) \
+                 RETURNING m.job_name, m.scheduled_at) \
+             SELECT job_name, scheduled_at FROM missed_fires WHERE job_name = ANY($1) \
+               AND (job_name, scheduled_at) NOT IN (SELECT job_name, scheduled_at FROM decided) \
              ORDER BY scheduled_at, job_name LIMIT $2",
         )
         .bind(job_names)

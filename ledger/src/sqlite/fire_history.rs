@@ -319,26 +319,42 @@ impl FireHistoryStore for SqliteLedger {
         Ok(())
     }
 
-    async fn missed_fires_of(
+    async fn undecided_missed_fires(
         &self,
         job_names: &[String],
         limit: i64,
     ) -> Result<Vec<MissedFire>, LedgerError> {
         let mut out = Vec::new();
-        // One index probe per name, as `last_fires`.
+        let mut tx = self.write_tx().await?;
+        // One index probe per name, as `last_fires`; the decided ones are
+        // removed first, in the same transaction.
         for name in job_names {
+            sqlx::query(
+                "DELETE FROM missed_fires WHERE job_name = ?1 AND ( \
+                     EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = missed_fires.job_name \
+                             AND r.scheduled_at = missed_fires.scheduled_at) \
+                  OR EXISTS (SELECT 1 FROM skipped_fires f WHERE f.job_name = missed_fires.job_name \
+                             AND f.scheduled_at = missed_fires.scheduled_at) \
+                  OR EXISTS (SELECT 1 FROM skipped_ranges s WHERE s.job_name = missed_fires.job_name \
+                             AND s.after_at < missed_fires.scheduled_at \
+                             AND missed_fires.scheduled_at <= s.until_at))",
+            )
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
             let rows: Vec<DateTime<Utc>> = sqlx::query_scalar(
                 "SELECT scheduled_at FROM missed_fires WHERE job_name = ?1 ORDER BY scheduled_at LIMIT ?2",
             )
             .bind(name)
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
             out.extend(rows.into_iter().map(|scheduled_at| MissedFire {
                 job_name: name.clone(),
                 scheduled_at,
             }));
         }
+        tx.commit().await?;
         out.sort_by(|a, b| (a.scheduled_at, &a.job_name).cmp(&(b.scheduled_at, &b.job_name)));
         out.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         Ok(out)

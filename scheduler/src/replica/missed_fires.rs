@@ -73,6 +73,12 @@ impl Replica {
     ///
     /// [`SchedulerError::Ledger`] when the ledger cannot be reached.
     pub async fn record_skipped_once(&self) -> Result<usize, SchedulerError> {
+        let _storing = self.storing.lock().await;
+        self.store_skipped().await
+    }
+
+    /// [`Replica::record_skipped_once`], its caller holding `storing`.
+    async fn store_skipped(&self) -> Result<usize, SchedulerError> {
         let taken: Vec<belfry_ledger::SkippedRange> = {
             let mut pending = self.pending_skips.lock().unwrap_or_else(|p| p.into_inner());
             pending.drain(..).collect()
@@ -147,6 +153,12 @@ impl Replica {
     /// [`SchedulerError::Ledger`] when the ledger cannot be reached (they
     /// stay queued, in order).
     pub(super) async fn record_missed_once(&self) -> Result<(), SchedulerError> {
+        let _storing = self.storing.lock().await;
+        self.store_missed().await
+    }
+
+    /// [`Replica::record_missed_once`], its caller holding `storing`.
+    async fn store_missed(&self) -> Result<(), SchedulerError> {
         let taken: Vec<MissedFire> = {
             let mut unrecorded = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
             if unrecorded.is_empty() {
@@ -173,15 +185,16 @@ impl Replica {
     /// not hold yet: missed fires ([`Replica::record_missed_once`]) and
     /// spans a policy skipped ([`Replica::record_skipped_once`]). On the
     /// claim path before every claim, so a newer run is never stored ahead
-    /// of them; nothing to do (two uncontended locks) in the usual case.
+    /// of them; nothing to do (three uncontended locks) in the usual case.
     ///
     /// # Errors
     ///
     /// [`SchedulerError::Ledger`] when the ledger cannot be reached (what
     /// was not stored stays queued).
     pub(super) async fn record_undecided_once(&self) -> Result<(), SchedulerError> {
-        self.record_missed_once().await?;
-        self.record_skipped_once().await?;
+        let _storing = self.storing.lock().await;
+        self.store_missed().await?;
+        self.store_skipped().await?;
         Ok(())
     }
 

@@ -224,6 +224,14 @@ pub struct Replica {
     missed: std::sync::Mutex<std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)>>,
     /// Missed fires not yet recorded in the ledger (see [`missed_fires`]).
     unrecorded: std::sync::Mutex<Vec<belfry_ledger::MissedFire>>,
+    /// Held while missed fires or skipped spans are stored: a caller that
+    /// finds its queues empty must still wait for a write another caller
+    /// has in flight before it claims anything newer (or forgets what it
+    /// decided), or a crash could leave a newer run stored ahead of them.
+    storing: tokio::sync::Mutex<()>,
+    /// Cancelled when the run loop stops firing: ends the background
+    /// recoveries.
+    stopping: CancellationToken,
     recovering: Arc<recovering::Recovering>,
     lock_losses: std::sync::Mutex<std::collections::VecDeque<LockLoss>>,
     /// Spans of fires skipped by misfire policies, not yet recorded in the
@@ -421,6 +429,8 @@ impl Replica {
             guard: Arc::new(ClockGuard::new(timing.max_clock_skew).for_instance(instance)),
             missed: std::sync::Mutex::new(std::collections::VecDeque::new()),
             unrecorded: std::sync::Mutex::new(Vec::new()),
+            storing: tokio::sync::Mutex::new(()),
+            stopping: CancellationToken::new(),
             recovering: Arc::default(),
             lock_losses: std::sync::Mutex::new(std::collections::VecDeque::new()),
             pending_skips: std::sync::Mutex::new(std::collections::VecDeque::new()),

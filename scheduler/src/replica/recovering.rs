@@ -46,6 +46,7 @@ pub(super) struct Recovering {
 /// Marks a recovery's schedules as under recovery until dropped (see
 /// [`crate::Replica::wait_for_recovery`]).
 #[derive(Debug)]
+#[must_use = "the wait ends when the guard is dropped"]
 pub struct RecoveryWait {
     set: Arc<Recovering>,
     scope: Scope,

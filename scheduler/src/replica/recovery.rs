@@ -26,6 +26,14 @@ enum DueSpan<'a> {
     Listed(&'a [DateTime<Utc>]),
 }
 
+/// The ledger's record of `schedule`'s fire at `at`.
+fn missed_fire(schedule: &Schedule, at: DateTime<Utc>) -> belfry_ledger::MissedFire {
+    belfry_ledger::MissedFire {
+        job_name: schedule.name.clone(),
+        scheduled_at: at,
+    }
+}
+
 /// The runs of consecutive instants (by the schedule's timetable) among
 /// `instants` (sorted) that are not in `fired`: `(first, last, count)`.
 fn consecutive_runs(
@@ -161,15 +169,34 @@ impl Replica {
 
     /// Applies each schedule's misfire policy to the fires this replica
     /// could not claim (ledger down, clock skewed), once claiming works
-    /// again; returns the outcomes of the fires it made.
+    /// again; returns the outcomes of the fires it made. Fires of a
+    /// schedule whose recovery is under way are left for it (see
+    /// `recovering`): deciding them first would store a run newer than the
+    /// instants that recovery is about to read.
     pub async fn recover_missed_once(&self, now: DateTime<Utc>) -> Vec<FireOutcome> {
-        let taken: std::collections::VecDeque<(Arc<Schedule>, DateTime<Utc>)> = {
+        let taken: Vec<(Arc<Schedule>, DateTime<Utc>)> = {
             let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
             if missed.is_empty() {
                 return Vec::new();
             }
-            std::mem::take(&mut *missed)
+            let all: Vec<(Arc<Schedule>, DateTime<Utc>)> = std::mem::take(&mut *missed).into();
+            let (waiting, taken): (Vec<_>, Vec<_>) = match self.recovering.waiting(&all) {
+                None => (Vec::new(), all),
+                Some(waits) => {
+                    let (w, t): (Vec<_>, Vec<_>) =
+                        all.into_iter().zip(waits).partition(|(_, w)| *w);
+                    (
+                        w.into_iter().map(|(f, _)| f).collect(),
+                        t.into_iter().map(|(f, _)| f).collect(),
+                    )
+                }
+            };
+            missed.extend(waiting);
+            taken
         };
+        if taken.is_empty() {
+            return Vec::new();
+        }
         // Recorded first (see `missed_fires`): what this pass decides stays
         // in the ledger until it is decided, whatever happens to this
         // replica meanwhile.
@@ -186,13 +213,8 @@ impl Replica {
             }
             return Vec::new();
         }
-        let decided: Vec<belfry_ledger::MissedFire> = taken
-            .iter()
-            .map(|(s, at)| belfry_ledger::MissedFire {
-                job_name: s.name.clone(),
-                scheduled_at: *at,
-            })
-            .collect();
+        let decided: Vec<belfry_ledger::MissedFire> =
+            taken.iter().map(|(s, at)| missed_fire(s, *at)).collect();
         let mut by_schedule: std::collections::BTreeMap<
             String,
             (Arc<Schedule>, Vec<DateTime<Utc>>),
@@ -214,35 +236,61 @@ impl Replica {
             };
             fires.extend(self.decide(&schedule, &due, now, DueSpan::Listed(&due.latest)));
         }
-        let outcomes = self.fire_recovered(fires).await;
-        match self.record_skipped_once().await {
-            Ok(_) => self.forget_decided(&decided, &outcomes).await,
-            Err(e) => tracing::warn!(error = %e, "cannot record skipped fires yet; retrying"),
+        // As in `recover_after_downtime`: spans before the fires kept.
+        if let Err(e) = self.record_skipped_once().await {
+            tracing::warn!(error = %e, "cannot record skipped fires yet; retrying");
         }
+        let kept: Vec<belfry_ledger::MissedFire> =
+            fires.iter().map(|(s, at)| missed_fire(s, *at)).collect();
+        let outcomes = self.fire_recovered(fires).await;
+        self.forget_decided(decided, &kept, &outcomes).await;
         outcomes
     }
 
-    /// Forgets the ledger's record of `fires` once every one is decided:
-    /// claimed, or skipped with its span recorded. When a claim among
-    /// `outcomes` failed, that fire is remembered again, and the records
-    /// stay (a later pass or another replica's recovery decides them
-    /// again, which the unique claim makes harmless).
-    async fn forget_decided(&self, fires: &[belfry_ledger::MissedFire], outcomes: &[FireOutcome]) {
-        let undecided = outcomes.iter().any(|o| {
-            matches!(
-                o,
-                FireOutcome::ClaimFailed { .. }
-                    | FireOutcome::Skipped {
-                        reason: crate::SkipReason::ClockSkew { .. }
-                    }
-            )
-        });
-        if undecided || fires.is_empty() {
+    /// Forgets the ledger's records of `fires`, decided by a policy: those
+    /// it skipped once their spans are stored, those it `kept` once claimed.
+    /// A kept fire whose claim failed (its outcome in `outcomes`, in the
+    /// order of `kept`) was remembered again and keeps its record. What
+    /// cannot be forgotten stays; a later read finds it decided and drops
+    /// it (see [`belfry_ledger::Ledger::undecided_missed_fires`]).
+    async fn forget_decided(
+        &self,
+        fires: Vec<belfry_ledger::MissedFire>,
+        kept: &[belfry_ledger::MissedFire],
+        outcomes: &[FireOutcome],
+    ) {
+        if !self
+            .pending_skips
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
+            // A span is not stored yet: its instants must keep their records.
             return;
         }
-        for chunk in fires.chunks(10_000) {
+        let failed: std::collections::HashSet<&belfry_ledger::MissedFire> = kept
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, o)| {
+                matches!(
+                    o,
+                    FireOutcome::ClaimFailed { .. }
+                        | FireOutcome::Skipped {
+                            reason: crate::SkipReason::ClockSkew { .. }
+                                | crate::SkipReason::Recovering
+                        }
+                )
+            })
+            .map(|(f, _)| f)
+            .collect();
+        let decided: Vec<belfry_ledger::MissedFire> =
+            fires.into_iter().filter(|f| !failed.contains(f)).collect();
+        // Under `storing`: a record of one of these whose write is in
+        // flight lands before this forget, not after it.
+        let _storing = self.storing.lock().await;
+        for chunk in decided.chunks(10_000) {
             if let Err(e) = self.ledger.forget_missed_fires(chunk).await {
-                tracing::warn!(error = %e, "cannot forget decided missed fires; a later recovery finds them decided");
+                tracing::warn!(error = %e, "cannot forget decided missed fires; a later read finds them decided and drops them");
                 return;
             }
         }
@@ -251,7 +299,10 @@ impl Replica {
     /// Applies each schedule's misfire policy to the fires missed while no
     /// replica was running: the instants between the schedule's latest run
     /// in the ledger and `now`. Every replica does this at start; the claim
-    /// path makes each recovered fire happen once.
+    /// path makes each recovered fire happen once. Missed fires recorded in
+    /// the ledger before a schedule's latest run are taken over (see
+    /// `missed_fires`); missed fires this replica remembers inside the span
+    /// decided here are decided by it.
     ///
     /// # Errors
     ///
@@ -263,8 +314,10 @@ impl Replica {
     ) -> Result<Vec<FireOutcome>, SchedulerError> {
         let names: Vec<String> = schedules.iter().map(|s| s.name.clone()).collect();
         let last = self.ledger.last_fires(&names).await?;
-        let within = self.adopt_recorded(schedules, &names, &last, now).await?;
+        let mut within = self.adopt_recorded(schedules, &names, &last, now).await?;
         let mut fires = Vec::new();
+        let mut spans: std::collections::HashMap<&str, (DateTime<Utc>, DateTime<Utc>)> =
+            std::collections::HashMap::new();
         for schedule in schedules {
             // Never ran: only a one-shot whose instant passed has a miss.
             let from = match last.get(&schedule.name) {
@@ -276,23 +329,58 @@ impl Replica {
             };
             // Lateness counts from each fire's wake-up, as in the timer.
             let until = now - schedule.jitter_offset;
+            spans.insert(schedule.name.as_str(), (from, until));
             let due = crate::misfire::due_between(schedule, from, until, schedule.misfire.keep());
             if due.total > 0 {
                 fires.extend(self.decide(schedule, &due, now, DueSpan::Between(from, until)));
             }
         }
+        within.extend(self.drop_remembered_within(&spans));
         // The spans a policy skipped are stored before the fires it kept
         // are claimed: a kept fire is newer than what it skipped, and once
         // its run is stored the next recovery starts after it.
         self.record_skipped_once().await?;
+        let kept: Vec<belfry_ledger::MissedFire> =
+            fires.iter().map(|(s, at)| missed_fire(s, *at)).collect();
         let outcomes = self.fire_recovered(fires).await;
-        self.forget_decided(&within, &outcomes).await;
+        self.forget_decided(within, &kept, &outcomes).await;
         Ok(outcomes)
     }
 
+    /// Drops the missed fires this replica remembers (and has still to
+    /// record) that lie inside a span decided now (`spans`: each schedule's
+    /// `(after, until]`): that decision holds them, and a second one on
+    /// the list could fire an instant the span's decision skipped. Returns
+    /// them, to forget their records once the decision is stored.
+    fn drop_remembered_within(
+        &self,
+        spans: &std::collections::HashMap<&str, (DateTime<Utc>, DateTime<Utc>)>,
+    ) -> Vec<belfry_ledger::MissedFire> {
+        let inside = |name: &str, at: DateTime<Utc>| {
+            spans
+                .get(name)
+                .is_some_and(|(after, until)| *after < at && at <= *until)
+        };
+        let mut dropped = Vec::new();
+        {
+            let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());
+            missed.retain(|(s, at)| {
+                let keep = !inside(&s.name, *at);
+                if !keep {
+                    dropped.push(missed_fire(s, *at));
+                }
+                keep
+            });
+        }
+        let mut unrecorded = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
+        unrecorded.retain(|f| !inside(&f.job_name, f.scheduled_at));
+        dropped
+    }
+
     /// The missed fires recorded in the ledger for `schedules` (see
-    /// `missed_fires`): those at or before a schedule's latest run are left
-    /// undecided by a replica that claimed that run and died, and this
+    /// `missed_fires`) and still undecided: those at or before a
+    /// schedule's latest run (or of a schedule that never ran, which has no
+    /// span) are left by a replica that claimed that run and died, and this
     /// span's decision does not hold them, so they are remembered as this
     /// replica's own misses and decided by the next pass. Returns the
     /// others, inside the span decided now, to forget once it is.
@@ -308,7 +396,7 @@ impl Replica {
         now: DateTime<Utc>,
     ) -> Result<Vec<belfry_ledger::MissedFire>, SchedulerError> {
         let limit = i64::try_from(MAX_REMEMBERED_MISSES).unwrap_or(i64::MAX);
-        let recorded = self.ledger.missed_fires_of(names, limit).await?;
+        let recorded = self.ledger.undecided_missed_fires(names, limit).await?;
         if recorded.is_empty() {
             return Ok(Vec::new());
         }
@@ -320,10 +408,13 @@ impl Replica {
             let Some(schedule) = by_name.get(fire.job_name.as_str()) else {
                 continue;
             };
-            if last
-                .get(&fire.job_name)
-                .is_some_and(|l| fire.scheduled_at <= *l)
-            {
+            let before_span = match last.get(&fire.job_name) {
+                Some(l) => fire.scheduled_at <= *l,
+                // A one-shot that never ran has a span (its instant); a
+                // recurring schedule that never ran has none.
+                None => schedule.first_instant().is_none(),
+            };
+            if before_span {
                 self.remember_recorded(schedule, fire.scheduled_at);
                 adopted += 1;
             } else if fire.scheduled_at <= now - schedule.jitter_offset {

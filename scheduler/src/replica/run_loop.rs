@@ -26,6 +26,10 @@ use crate::timer::Timer;
 /// schedule) is tried before it is given up (every [`RECOVERY_INTERVAL`]:
 /// ten minutes).
 const TAKEN_RECOVERY_ATTEMPTS: u32 = 120;
+/// The longest one attempt of a misfire recovery may take (a recovery at
+/// start reads the latest run of a third of a million schedules in
+/// seconds; a hung connection would otherwise keep their fires waiting).
+const RECOVERY_ATTEMPT_BOUND: Duration = Duration::from_secs(300);
 /// How often fires this replica could not claim are looked at again.
 const RECOVERY_INTERVAL: Duration = Duration::from_secs(5);
 /// How long after losing a fire at the lock this replica checks that the
@@ -119,10 +123,18 @@ impl Replica {
         recovery: RecoveryWait,
     ) {
         let this = self.clone();
+        let stopping = self.stopping.clone();
         tokio::spawn(async move {
             for attempt in 1..=TAKEN_RECOVERY_ATTEMPTS {
-                match this.recover_after_downtime(&schedules, now).await {
-                    Ok(_) => {
+                // Bounded, so a hung connection cannot keep the schedules'
+                // fires waiting for ever; ended by the replica's stop, so a
+                // stopped replica claims nothing more.
+                let attempted = tokio::select! {
+                    _ = stopping.cancelled() => return,
+                    r = tokio::time::timeout(RECOVERY_ATTEMPT_BOUND, this.recover_after_downtime(&schedules, now)) => r,
+                };
+                match attempted {
+                    Ok(Ok(_)) => {
                         // The wait ends, then the fires that waited are
                         // decided (late by the recovery's duration).
                         drop(recovery);
@@ -130,10 +142,16 @@ impl Replica {
                         this.recover_missed_once(this.clock.now()).await;
                         return;
                     }
-                    Err(e) => tracing::warn!(error = %e, attempt, what,
+                    Ok(Err(e)) => tracing::warn!(error = %e, attempt, what,
                         "misfire recovery failed; retrying"),
+                    Err(_) => tracing::warn!(bound = ?RECOVERY_ATTEMPT_BOUND, attempt, what,
+                        "misfire recovery did not finish in its bound; retrying"),
                 }
-                tokio::time::sleep(RECOVERY_INTERVAL).await;
+                // Either ends the pause; a stop ends the task.
+                tokio::select! {
+                    _ = stopping.cancelled() => return,
+                    _ = tokio::time::sleep(RECOVERY_INTERVAL) => {}
+                }
             }
             tracing::error!(
                 schedules = schedules.len(),
@@ -201,7 +219,18 @@ impl Replica {
         tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
         self.timer_loop(&mut timer, &clock, &cancel, &mut changes, &mut inflight)
             .await;
+        self.stopping.cancel();
         self.drain(inflight).await;
+        // What the drained fires could not claim is stored before the
+        // process ends, for whoever recovers their schedules next.
+        match tokio::time::timeout(self.timing.shutdown_timeout, self.record_undecided_once()).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "missed fires not stored at shutdown; the next recovery starts from each schedule's latest run")
+            }
+            Err(_) => tracing::warn!("missed fires not stored within the shutdown timeout"),
+        }
         let _ = reconciling.await;
         let _ = guarding.await;
         let _ = recovering.await;
@@ -249,7 +278,7 @@ impl Replica {
                 due.fires.into_iter().map(|f| (f.schedule, f.at)).collect();
             for batch in due_fires.chunks(self.timing.max_batch) {
                 // Everything due now goes out in batches (a lone fire is a
-                // batch of one, sent at once). RecoveryWait for permits (one per
+                // batch of one, sent at once). Waiting for permits (one per
                 // fire) bounds in-flight fires; the timer catches up
                 // afterwards because instants come from the schedule, not
                 // from when this loop gets to them. Shutdown ends the wait:

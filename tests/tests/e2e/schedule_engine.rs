@@ -244,8 +244,8 @@ belfry_testkit::both_backends! {
             );
         }
         assert!(
-            env.ledger.missed_fires_of(std::slice::from_ref(&s.name), 100).await.unwrap().is_empty(),
-            "decided fires are forgotten"
+            env.ledger.undecided_missed_fires(std::slice::from_ref(&s.name), 100).await.unwrap().is_empty(),
+            "no record left undecided"
         );
         env.teardown(&["default"]).await;
     }
@@ -295,6 +295,112 @@ belfry_testkit::both_backends! {
             "a fire of a schedule under recovery waits for it"
         );
         env.teardown(&["default"]).await;
+    }
+}
+
+belfry_testkit::both_backends! {
+    /// Review of the fix: the recovery pass (every 5 s) decided the fires
+    /// that waited for a recovery still under way (one whose first attempt
+    /// failed), storing a run newer than the instants that recovery was
+    /// about to read.
+    async fn the_recovery_pass_leaves_waiting_fires_to_their_recovery(env: TestEnv) {
+        env.declare_default_group(&["noop"]).await;
+        let s = schedule("left-waiting", "1s", Some("catch_up"), |_| {});
+        let r = replica(&env, "waiting", Some(&redis_url())).await;
+        let at = Utc::now().trunc_subsecs(0) - chrono::Duration::seconds(1);
+        let recovery = r.wait_for_recovery(std::slice::from_ref(&s));
+        assert_eq!(
+            r.fire(&s, at).await,
+            FireOutcome::Skipped { reason: SkipReason::Recovering }
+        );
+        let early = r.recover_missed_once(Utc::now()).await;
+        assert!(early.is_empty(), "decided before its recovery ended: {early:?}");
+        assert!(env.all_runs().await.is_empty());
+        drop(recovery);
+        let made = r.recover_missed_once(Utc::now()).await;
+        assert_eq!(fired(&made), 1, "{made:?}");
+        env.teardown(&["default"]).await;
+    }
+}
+
+belfry_testkit::both_backends! {
+    /// Review of the fix: a recorded missed fire of a schedule that never
+    /// ran was forgotten undecided (no span holds it), and a record that
+    /// outlived its decision (its instant inside a recorded skipped span)
+    /// was decided again, running a fire the policy had skipped.
+    async fn recorded_missed_fires_are_decided_once_and_only_if_undecided(env: TestEnv) {
+        env.declare_default_group(&["noop"]).await;
+        let s = schedule("never-ran", "1s", Some("catch_up"), |_| {});
+        let now = Utc::now().trunc_subsecs(0);
+        let undecided = now - chrono::Duration::seconds(3);
+        let skipped = now - chrono::Duration::seconds(2);
+        env.ledger
+            .record_missed_fires(
+                &[
+                    belfry_ledger::MissedFire { job_name: s.name.clone(), scheduled_at: undecided },
+                    belfry_ledger::MissedFire { job_name: s.name.clone(), scheduled_at: skipped },
+                ],
+                "died",
+            )
+            .await
+            .unwrap();
+        env.ledger
+            .record_skipped_ranges(&[belfry_ledger::SkippedRange {
+                job_name: s.name.clone(),
+                after: skipped - chrono::Duration::seconds(1),
+                until: skipped,
+                skipped: 1,
+                reason: "skipped by misfire policy skip".into(),
+                recorded_by: "died".into(),
+            }])
+            .await
+            .unwrap();
+        let next = replica(&env, "next", Some(&redis_url())).await;
+        next.recover_after_downtime(std::slice::from_ref(&s), now).await.unwrap();
+        next.recover_missed_once(Utc::now()).await;
+        let runs: Vec<DateTime<Utc>> = env
+            .all_runs()
+            .await
+            .into_iter()
+            .filter(|r| r.job_name == s.name)
+            .map(|r| r.scheduled_at)
+            .collect();
+        assert_eq!(runs, vec![undecided], "only the undecided record runs");
+        assert!(next
+            .ledger()
+            .undecided_missed_fires(std::slice::from_ref(&s.name), 100)
+            .await
+            .unwrap()
+            .is_empty());
+        env.teardown(&["default"]).await;
+    }
+}
+
+belfry_testkit::both_backends! {
+    /// A schedule deleted and created again under its name must not
+    /// inherit (and fire) the missed fires recorded for the one deleted.
+    async fn a_deleted_schedules_missed_fires_go_with_it(env: TestEnv) {
+        let spec = ScheduleSpec {
+            name: "recreated".into(),
+            every: Some("1s".into()),
+            job_type: "noop".into(),
+            ..ScheduleSpec::default()
+        };
+        let s = Schedule::from_spec(&spec).unwrap();
+        env.ledger.upsert_schedule(&s.to_stored_row(&spec)).await.unwrap();
+        let missed = belfry_ledger::MissedFire {
+            job_name: s.name.clone(),
+            scheduled_at: Utc::now().trunc_subsecs(0) - chrono::Duration::seconds(5),
+        };
+        env.ledger.record_missed_fires(std::slice::from_ref(&missed), "died").await.unwrap();
+        let names = [s.name.clone()];
+        assert_eq!(env.ledger.undecided_missed_fires(&names, 10).await.unwrap(), vec![missed]);
+        assert!(env.ledger.delete_schedule(&s.name).await.unwrap());
+        assert!(
+            env.ledger.undecided_missed_fires(&names, 10).await.unwrap().is_empty(),
+            "the deleted schedule's records are gone"
+        );
+        env.teardown(&[]).await;
     }
 }
 
