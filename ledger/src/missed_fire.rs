@@ -34,6 +34,21 @@ pub struct MissedFire {
     pub scheduled_at: DateTime<Utc>,
 }
 
+/// SQL: whether the `missed_fires` row `alias` is decided: a run at its
+/// instant, or a skipped fire or skipped span covering it. One predicate
+/// for both backends' reads (instants compare alike in both: `timestamptz`
+/// on Postgres, fixed-width text on SQLite).
+pub(crate) fn decided_fire(alias: &str) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM job_runs r \
+                  WHERE r.job_name = {alias}.job_name AND r.scheduled_at = {alias}.scheduled_at) \
+          OR EXISTS (SELECT 1 FROM skipped_fires f \
+                     WHERE f.job_name = {alias}.job_name AND f.scheduled_at = {alias}.scheduled_at) \
+          OR EXISTS (SELECT 1 FROM skipped_ranges s WHERE s.job_name = {alias}.job_name \
+                     AND s.after_at < {alias}.scheduled_at AND {alias}.scheduled_at <= s.until_at))"
+    )
+}
+
 impl Ledger {
     /// Records `fires` as still to be decided, by replica `by` (one
     /// statement on Postgres); a fire already recorded is left as it is.

@@ -12,7 +12,7 @@ use sqlx::Row;
 use super::PgStore;
 use crate::cancel::CancelRequest;
 use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::missed_fire::MissedFire;
+use crate::missed_fire::{decided_fire, MissedFire};
 use crate::overlap::{decide, inserted, skipped, Earlier, EarlierRow, Plan, RAN_OUT_NOTE};
 use crate::runs::{run_columns_of, NewRun, RunRecord};
 use crate::store::FireHistoryStore;
@@ -284,8 +284,7 @@ impl FireHistoryStore for PgStore {
     }
 
     async fn record_missed_fires(&self, fires: &[MissedFire], by: &str) -> Result<(), LedgerError> {
-        let names: Vec<&str> = fires.iter().map(|f| f.job_name.as_str()).collect();
-        let at: Vec<DateTime<Utc>> = fires.iter().map(|f| f.scheduled_at).collect();
+        let (names, at) = fire_columns(fires);
         // In key order: two replicas recording the same fires (a shard
         // held by both during a steal) wait on each other's keys in one
         // order, never in a cycle.
@@ -310,20 +309,15 @@ impl FireHistoryStore for PgStore {
     ) -> Result<Vec<MissedFire>, LedgerError> {
         // The main query sees the rows as they were before the CTE's
         // delete, so the decided ones are left out by name.
-        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
+        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&format!(
             "WITH decided AS ( \
-                 DELETE FROM missed_fires m WHERE m.job_name = ANY($1) AND ( \
-                     EXISTS (SELECT 1 FROM job_runs r \
-                             WHERE r.job_name = m.job_name AND r.scheduled_at = m.scheduled_at) \
-                  OR EXISTS (SELECT 1 FROM skipped_fires f \
-                             WHERE f.job_name = m.job_name AND f.scheduled_at = m.scheduled_at) \
-                  OR EXISTS (SELECT 1 FROM skipped_ranges s WHERE s.job_name = m.job_name \
-                             AND s.after_at < m.scheduled_at AND m.scheduled_at <= s.until_at)) \
+                 DELETE FROM missed_fires m WHERE m.job_name = ANY($1) AND {} \
                  RETURNING m.job_name, m.scheduled_at) \
              SELECT job_name, scheduled_at FROM missed_fires WHERE job_name = ANY($1) \
                AND (job_name, scheduled_at) NOT IN (SELECT job_name, scheduled_at FROM decided) \
              ORDER BY scheduled_at, job_name LIMIT $2",
-        )
+            decided_fire("m")
+        ))
         .bind(job_names)
         .bind(limit)
         .fetch_all(&self.route)
@@ -338,8 +332,7 @@ impl FireHistoryStore for PgStore {
     }
 
     async fn forget_missed_fires(&self, fires: &[MissedFire]) -> Result<u64, LedgerError> {
-        let names: Vec<&str> = fires.iter().map(|f| f.job_name.as_str()).collect();
-        let at: Vec<DateTime<Utc>> = fires.iter().map(|f| f.scheduled_at).collect();
+        let (names, at) = fire_columns(fires);
         let done = sqlx::query(
             "DELETE FROM missed_fires m USING unnest($1::text[], $2::timestamptz[]) AS f(n, a) \
              WHERE m.job_name = f.n AND m.scheduled_at = f.a",
@@ -394,4 +387,12 @@ impl FireHistoryStore for PgStore {
         .fetch_all(pool)
         .await?)
     }
+}
+
+/// `fires` as the two arrays the statements `unnest`: names and instants.
+fn fire_columns(fires: &[MissedFire]) -> (Vec<&str>, Vec<DateTime<Utc>>) {
+    fires
+        .iter()
+        .map(|f| (f.job_name.as_str(), f.scheduled_at))
+        .unzip()
 }

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use super::{now, now_minus, ts, SqliteLedger};
 use crate::cancel::{CancelOutcome, CancelRequest};
 use crate::fire_history::{is_live_claimer, late_claims_sql, live_fire, ExclusiveClaim, LateClaim};
-use crate::missed_fire::MissedFire;
+use crate::missed_fire::{decided_fire, MissedFire};
 use crate::overlap::{decide, inserted, skipped, Earlier, EarlierRow, Plan, RAN_OUT_NOTE};
 use crate::runs::{NewRun, RunRecord, RUN_COLUMNS};
 use crate::store::FireHistoryStore;
@@ -329,16 +329,10 @@ impl FireHistoryStore for SqliteLedger {
         // One index probe per name, as `last_fires`; the decided ones are
         // removed first, in the same transaction.
         for name in job_names {
-            sqlx::query(
-                "DELETE FROM missed_fires WHERE job_name = ?1 AND ( \
-                     EXISTS (SELECT 1 FROM job_runs r WHERE r.job_name = missed_fires.job_name \
-                             AND r.scheduled_at = missed_fires.scheduled_at) \
-                  OR EXISTS (SELECT 1 FROM skipped_fires f WHERE f.job_name = missed_fires.job_name \
-                             AND f.scheduled_at = missed_fires.scheduled_at) \
-                  OR EXISTS (SELECT 1 FROM skipped_ranges s WHERE s.job_name = missed_fires.job_name \
-                             AND s.after_at < missed_fires.scheduled_at \
-                             AND missed_fires.scheduled_at <= s.until_at))",
-            )
+            sqlx::query(&format!(
+                "DELETE FROM missed_fires WHERE job_name = ?1 AND {}",
+                decided_fire("missed_fires")
+            ))
             .bind(name)
             .execute(&mut *tx)
             .await?;

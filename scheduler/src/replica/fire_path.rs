@@ -145,14 +145,12 @@ impl Replica {
             let reason = SkipReason::ClockSkew {
                 skew_ms: self.guard.last_skew_ms(),
             };
-            return fires
-                .iter()
-                .map(|(schedule, at)| {
-                    FireCounters::add(&self.counters.skipped_clock_skew, 1);
-                    self.remember_missed_from(source, schedule, *at);
-                    FireOutcome::Skipped { reason }
-                })
-                .collect();
+            return self.not_claimed(
+                fires,
+                source,
+                &self.counters.skipped_clock_skew,
+                &FireOutcome::Skipped { reason },
+            );
         }
         // Fires this replica could not claim before, and spans a policy
         // skipped, are in the ledger before anything newer is: a newer run
@@ -166,16 +164,12 @@ impl Replica {
                     format!("older missed or skipped fires could not be stored first: {e}");
                 tracing::error!(fires = fires.len(), error = %e,
                     "fires not claimed: older missed or skipped fires could not be stored first; the misfire policy decides once the ledger is back");
-                return fires
-                    .iter()
-                    .map(|(schedule, at)| {
-                        FireCounters::add(&self.counters.claim_errors, 1);
-                        self.remember_missed(schedule, *at);
-                        FireOutcome::ClaimFailed {
-                            reason: reason.clone(),
-                        }
-                    })
-                    .collect();
+                return self.not_claimed(
+                    fires,
+                    source,
+                    &self.counters.claim_errors,
+                    &FireOutcome::ClaimFailed { reason },
+                );
             }
         }
         let claim_spans: Vec<tracing::Span> = fire_spans
@@ -242,6 +236,25 @@ impl Replica {
             }
         }
         settled(outcomes)
+    }
+
+    /// `outcome` for every fire of `fires`, none claimed: each counted in
+    /// `counter` and remembered as missed for its misfire policy.
+    fn not_claimed(
+        &self,
+        fires: &[(Arc<Schedule>, DateTime<Utc>)],
+        source: FireSource,
+        counter: &std::sync::atomic::AtomicU64,
+        outcome: &FireOutcome,
+    ) -> Vec<FireOutcome> {
+        fires
+            .iter()
+            .map(|(schedule, at)| {
+                FireCounters::add(counter, 1);
+                self.remember_missed_from(source, schedule, *at);
+                outcome.clone()
+            })
+            .collect()
     }
 
     /// Publishes runs this replica just claimed, each under its fire's (or

@@ -6,7 +6,7 @@
 //!
 //! Fires it could not claim are also recorded in the ledger
 //! (`missed_fires`, see [`belfry_ledger::MissedFire`]) before this replica
-//! claims anything newer ([`Replica::record_missed_once`] on the claim
+//! claims anything newer ([`Replica::record_undecided_once`] on the claim
 //! path), and forgotten there once decided. Memory alone was not enough: a
 //! replica that claimed a newer fire of the schedule and then died took
 //! the older ones with it, since recovery starts from a schedule's latest
@@ -27,6 +27,14 @@ use crate::SchedulerError;
 
 /// Most missed fires remembered for recovery.
 pub(super) const MAX_REMEMBERED_MISSES: usize = 100_000;
+
+/// The ledger's record of `schedule`'s fire at `at`.
+pub(super) fn missed_fire(schedule: &Schedule, at: DateTime<Utc>) -> MissedFire {
+    MissedFire {
+        job_name: schedule.name.clone(),
+        scheduled_at: at,
+    }
+}
 
 /// Keeps the newest [`MAX_REMEMBERED_MISSES`] fires still to be recorded,
 /// as the memory they are part of does.
@@ -120,10 +128,7 @@ impl Replica {
     pub(super) fn remember_missed(&self, schedule: &Arc<Schedule>, at: DateTime<Utc>) {
         {
             let mut unrecorded = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
-            unrecorded.push(MissedFire {
-                job_name: schedule.name.clone(),
-                scheduled_at: at,
-            });
+            unrecorded.push(missed_fire(schedule, at));
             bound_unrecorded(&mut unrecorded);
         }
         self.remember_recorded(schedule, at);
@@ -142,22 +147,8 @@ impl Replica {
         missed.push_back((schedule.clone(), at));
     }
 
-    /// Records the missed fires not yet in the ledger; nothing to do (one
-    /// uncontended lock) when there are none, the usual case. On the claim
-    /// path before every claim: a newer run of a schedule must never be
-    /// stored while an older missed fire of it is known to this replica
-    /// only.
-    ///
-    /// # Errors
-    ///
-    /// [`SchedulerError::Ledger`] when the ledger cannot be reached (they
-    /// stay queued, in order).
-    pub(super) async fn record_missed_once(&self) -> Result<(), SchedulerError> {
-        let _storing = self.storing.lock().await;
-        self.store_missed().await
-    }
-
-    /// [`Replica::record_missed_once`], its caller holding `storing`.
+    /// Records the missed fires not yet in the ledger (they stay queued, in
+    /// order, when it cannot be reached); its caller holds `storing`.
     async fn store_missed(&self) -> Result<(), SchedulerError> {
         let taken: Vec<MissedFire> = {
             let mut unrecorded = self.unrecorded.lock().unwrap_or_else(|p| p.into_inner());
@@ -182,10 +173,10 @@ impl Replica {
     }
 
     /// Stores what this replica knows of older fires and the ledger does
-    /// not hold yet: missed fires ([`Replica::record_missed_once`]) and
-    /// spans a policy skipped ([`Replica::record_skipped_once`]). On the
-    /// claim path before every claim, so a newer run is never stored ahead
-    /// of them; nothing to do (three uncontended locks) in the usual case.
+    /// not hold yet: missed fires and spans a policy skipped
+    /// ([`Replica::record_skipped_once`]). On the claim path before every
+    /// claim, so a newer run is never stored ahead of them; nothing to do
+    /// (three uncontended locks) in the usual case.
     ///
     /// # Errors
     ///

@@ -29,6 +29,13 @@ pub(super) enum Scope {
     Named(Vec<String>),
 }
 
+impl Scope {
+    /// The scope of a recovery of `schedules`.
+    pub(super) fn of(schedules: &[Arc<Schedule>]) -> Self {
+        Scope::Named(schedules.iter().map(|s| s.name.clone()).collect())
+    }
+}
+
 #[derive(Debug, Default)]
 struct Pending {
     /// Recoveries of every schedule under way.

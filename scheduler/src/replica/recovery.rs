@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::missed_fires::MAX_REMEMBERED_MISSES;
+use super::missed_fires::{missed_fire, MAX_REMEMBERED_MISSES};
 use super::{FireOutcome, Replica};
 use crate::claim::FireSource;
 use crate::counters::FireCounters;
@@ -24,14 +24,6 @@ enum DueSpan<'a> {
     Between(DateTime<Utc>, DateTime<Utc>),
     /// Exactly these instants (sorted).
     Listed(&'a [DateTime<Utc>]),
-}
-
-/// The ledger's record of `schedule`'s fire at `at`.
-fn missed_fire(schedule: &Schedule, at: DateTime<Utc>) -> belfry_ledger::MissedFire {
-    belfry_ledger::MissedFire {
-        job_name: schedule.name.clone(),
-        scheduled_at: at,
-    }
 }
 
 /// The runs of consecutive instants (by the schedule's timetable) among
@@ -180,18 +172,15 @@ impl Replica {
                 return Vec::new();
             }
             let all: Vec<(Arc<Schedule>, DateTime<Utc>)> = std::mem::take(&mut *missed).into();
-            let (waiting, taken): (Vec<_>, Vec<_>) = match self.recovering.waiting(&all) {
-                None => (Vec::new(), all),
-                Some(waits) => {
-                    let (w, t): (Vec<_>, Vec<_>) =
-                        all.into_iter().zip(waits).partition(|(_, w)| *w);
-                    (
-                        w.into_iter().map(|(f, _)| f).collect(),
-                        t.into_iter().map(|(f, _)| f).collect(),
-                    )
+            let waits = self.recovering.waiting(&all).unwrap_or_default();
+            let mut taken = Vec::with_capacity(all.len());
+            for (i, fire) in all.into_iter().enumerate() {
+                if waits.get(i).copied().unwrap_or(false) {
+                    missed.push_back(fire);
+                } else {
+                    taken.push(fire);
                 }
-            };
-            missed.extend(waiting);
+            }
             taken
         };
         if taken.is_empty() {
@@ -202,7 +191,7 @@ impl Replica {
         // replica meanwhile.
         let unable = !self.guard.allows_claims()
             || !self.ledger.ping().await
-            || self.record_missed_once().await.is_err();
+            || self.record_undecided_once().await.is_err();
         if unable {
             // Still unable to claim: keep them for the next pass.
             let mut missed = self.missed.lock().unwrap_or_else(|p| p.into_inner());

@@ -25,7 +25,7 @@ use crate::timer::Timer;
 /// How often a misfire recovery (at start, of taken shards, of a resumed
 /// schedule) is tried before it is given up (every [`RECOVERY_INTERVAL`]:
 /// ten minutes).
-const TAKEN_RECOVERY_ATTEMPTS: u32 = 120;
+const RECOVERY_ATTEMPTS: u32 = 120;
 /// The longest one attempt of a misfire recovery may take (a recovery at
 /// start reads the latest run of a third of a million schedules in
 /// seconds; a hung connection would otherwise keep their fires waiting).
@@ -55,7 +55,8 @@ impl Replica {
                 }
                 // Fires missed while it was paused or absent follow its
                 // misfire policy (nothing happens when it ran recently).
-                self.spawn_recovery(vec![schedule], now, "a resumed schedule");
+                let schedules = vec![schedule];
+                self.spawn_recovery(Scope::of(&schedules), schedules, now, "a resumed schedule");
             }
             ScheduleChange::Remove(name) => {
                 if timer.remove(&name) {
@@ -71,13 +72,12 @@ impl Replica {
                 // left, or still fires them until it sees the steal), their
                 // missed instants follow the misfire policy; instants
                 // already made are found taken. The recovery is marked
-                // before the timer holds them, so none of their fires is
+                // before this loop fires again, so none of their fires is
                 // claimed ahead of it.
-                let recovery = self.wait_for_recovery(&schedules);
                 for schedule in &schedules {
                     timer.upsert(schedule.clone(), now);
                 }
-                self.spawn_marked_recovery(schedules, now, "taken shards", recovery);
+                self.spawn_recovery(Scope::of(&schedules), schedules, now, "taken shards");
             }
         }
     }
@@ -90,42 +90,30 @@ impl Replica {
     /// (at start, of taken shards, of a resumed schedule) before the timer
     /// holds its schedules.
     pub fn wait_for_recovery(&self, schedules: &[Arc<Schedule>]) -> RecoveryWait {
-        self.recovering.begin(Scope::Named(
-            schedules.iter().map(|s| s.name.clone()).collect(),
-        ))
-    }
-
-    /// Recovers `schedules` at `now` in the background (see
-    /// [`Replica::spawn_marked_recovery`]), their timer fires waiting
-    /// meanwhile.
-    fn spawn_recovery(
-        self: &Arc<Self>,
-        schedules: Vec<Arc<Schedule>>,
-        now: DateTime<Utc>,
-        what: &'static str,
-    ) {
-        let recovery = self.wait_for_recovery(&schedules);
-        self.spawn_marked_recovery(schedules, now, what, recovery);
+        self.recovering.begin(Scope::of(schedules))
     }
 
     /// Applies the misfire policies to what `schedules` missed until `now`
     /// in the background, then at once to the timer fires that waited for
-    /// it (`recovery` marks them until it is dropped). Retried every
+    /// it. `scope` is marked as under recovery before this returns (so the
+    /// caller's timer claims none of its fires ahead of it) and until the
+    /// recovery ends or is given up. Retried every
     /// [`RECOVERY_INTERVAL`]: recoveries often run because the database was
     /// flaky, which is when this read fails, and nobody else recovers these
     /// instants (a previous owner no longer holds them). Given up after
-    /// [`TAKEN_RECOVERY_ATTEMPTS`], so the timer fires again.
-    fn spawn_marked_recovery(
+    /// [`RECOVERY_ATTEMPTS`], so the timer fires again.
+    fn spawn_recovery(
         self: &Arc<Self>,
+        scope: Scope,
         schedules: Vec<Arc<Schedule>>,
         now: DateTime<Utc>,
         what: &'static str,
-        recovery: RecoveryWait,
     ) {
+        let recovery = self.recovering.begin(scope);
         let this = self.clone();
         let stopping = self.stopping.clone();
         tokio::spawn(async move {
-            for attempt in 1..=TAKEN_RECOVERY_ATTEMPTS {
+            for attempt in 1..=RECOVERY_ATTEMPTS {
                 // Bounded, so a hung connection cannot keep the schedules'
                 // fires waiting for ever; ended by the replica's stop, so a
                 // stopped replica claims nothing more.
@@ -212,8 +200,7 @@ impl Replica {
         let keeping = self.spawn_keeper(cancel.clone());
         // Marked before the timer loop starts, so no fire is claimed ahead
         // of the first recovery (see `recovering`).
-        let first_recovery = self.recovering.begin(Scope::All);
-        self.spawn_marked_recovery(timer.schedules(), clock.now(), "start", first_recovery);
+        self.spawn_recovery(Scope::All, timer.schedules(), clock.now(), "start");
         let recovering = tokio::spawn(self.clone().recovery_loop(clock.clone(), cancel.clone()));
         let mut inflight = JoinSet::new();
         tracing::info!(instance = %self.instance, schedules = timer.len(), "scheduler replica running");
