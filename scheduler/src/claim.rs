@@ -336,24 +336,46 @@ impl Claimer {
         }
         // Both kinds at once: the exclusive claims are decided one by one,
         // each under its own schedule's advisory lock, so they do not wait
-        // for the batch (nor it for them).
-        let decided =
-            futures::future::join_all(exclusive.into_iter().map(|(i, policy, counted, run)| {
-                let span = claim_spans[i].clone();
-                async move { (i, self.insert(&run, policy, counted, true).await, run) }
-                    .instrument(span)
-            }));
+        // for the batch (nor it for them). Different schedules' claims run
+        // side by side; one schedule's run one after the other, oldest
+        // instant first, and stop at the first failure: a newer run stored
+        // beside an older fire's failed claim would hide that fire from the
+        // next recovery if this replica died before remembering it in the
+        // ledger (see `replica::claim_order`).
+        let decided = futures::future::join_all(by_schedule(exclusive).into_iter().map(
+            |claims| async move {
+                let mut decided = Vec::with_capacity(claims.len());
+                let mut failed: Option<String> = None;
+                for (i, policy, counted, run) in claims {
+                    let inserted = match &failed {
+                        Some(reason) => Err(format!(
+                            "not tried: an older fire of the schedule could not be claimed ({reason})"
+                        )),
+                        None => self
+                            .insert(&run, policy, counted, true)
+                            .instrument(claim_spans[i].clone())
+                            .await
+                            .map_err(|e| e.to_string()),
+                    };
+                    if let Err(reason) = &inserted {
+                        failed.get_or_insert_with(|| reason.clone());
+                    }
+                    decided.push((i, inserted, run));
+                }
+                decided
+            },
+        ));
         let (decided, batch) = tokio::join!(decided, self.claim_shared(&runs));
-        for (i, inserted, run) in decided {
+        for (i, inserted, run) in decided.into_iter().flatten() {
             outcomes[i] = Some(match inserted {
                 Ok(ExclusiveClaim::Won) => Ok(self.claimed(run, true)),
                 Ok(ExclusiveClaim::Taken) => Ok(self.claimed(run, false)),
                 Ok(ExclusiveClaim::Buffered) => Ok(ClaimOutcome::Buffered(Box::new(run))),
                 Ok(ExclusiveClaim::Overlapped) => Ok(ClaimOutcome::Overlapped),
                 Ok(ExclusiveClaim::RanOut) => Ok(ClaimOutcome::RanOut),
-                Err(e) => {
+                Err(reason) => {
                     self.release(locked[i], &fires[i].0.name, &keys[i]).await;
-                    Err(e.to_string())
+                    Err(reason)
                 }
             });
         }
@@ -461,6 +483,30 @@ impl Claimer {
             lock.release(name, key).await;
         }
     }
+}
+
+/// One exclusive claim waiting to be decided: the fire's index in its
+/// batch, its schedule's overlap policy, whether it is counted, its run.
+type ExclusiveFire = (usize, OverlapPolicy, bool, NewRun);
+
+/// `claims` grouped by schedule, each group in the order of its instants
+/// (groups in the order their schedules first appear).
+fn by_schedule(claims: Vec<ExclusiveFire>) -> Vec<Vec<ExclusiveFire>> {
+    let mut groups: Vec<Vec<ExclusiveFire>> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for claim in claims {
+        match index.get(&claim.3.job_name) {
+            Some(g) => groups[*g].push(claim),
+            None => {
+                index.insert(claim.3.job_name.clone(), groups.len());
+                groups.push(vec![claim]);
+            }
+        }
+    }
+    for group in &mut groups {
+        group.sort_by_key(|c| c.3.scheduled_at);
+    }
+    groups
 }
 
 /// The `belfry.claim` value of a claim's span (`None`: the claim failed).

@@ -12,6 +12,7 @@ use uuid::Uuid;
 use belfry_dispatch::DispatchOutcome;
 use belfry_ledger::NewRun;
 
+use super::claim_order::ClaimTurn;
 use super::{FireOutcome, Replica, SkipReason};
 use crate::claim::{ClaimOutcome, FireSource};
 use crate::counters::FireCounters;
@@ -64,6 +65,20 @@ impl Replica {
         fires: &[(Arc<Schedule>, DateTime<Utc>)],
         source: FireSource,
     ) -> Vec<FireOutcome> {
+        let turn = self.claim_order.enter(fires);
+        self.fire_batch_in_turn(fires, source, turn).await
+    }
+
+    /// [`Replica::fire_batch`] for a batch whose place in the claim order
+    /// was taken when it was handed off (the timer loop takes it before it
+    /// spawns the batch, so batches claim a schedule's fires in the order of
+    /// its instants; see [`super::claim_order`]).
+    pub(super) async fn fire_batch_in_turn(
+        &self,
+        fires: &[(Arc<Schedule>, DateTime<Utc>)],
+        source: FireSource,
+        turn: ClaimTurn,
+    ) -> Vec<FireOutcome> {
         if fires.is_empty() {
             return Vec::new();
         }
@@ -86,9 +101,12 @@ impl Replica {
             None
         };
         let outcomes = match waits {
-            None => self.claim_and_dispatch(fires, source, &fire_spans).await,
+            None => {
+                self.claim_and_dispatch(fires, source, &fire_spans, turn)
+                    .await
+            }
             Some(waits) => {
-                self.claim_unless_recovering(fires, source, &fire_spans, &waits)
+                self.claim_unless_recovering(fires, source, &fire_spans, &waits, turn)
                     .await
             }
         };
@@ -108,6 +126,7 @@ impl Replica {
         source: FireSource,
         fire_spans: &[tracing::Span],
         waits: &[bool],
+        turn: ClaimTurn,
     ) -> Vec<FireOutcome> {
         let mut outcomes: Vec<Option<FireOutcome>> = vec![None; fires.len()];
         let mut rest = Vec::new();
@@ -127,7 +146,9 @@ impl Replica {
             }
         }
         if !rest.is_empty() {
-            let claimed = self.claim_and_dispatch(&rest, source, &rest_spans).await;
+            let claimed = self
+                .claim_and_dispatch(&rest, source, &rest_spans, turn)
+                .await;
             for (i, outcome) in rest_at.into_iter().zip(claimed) {
                 outcomes[i] = Some(outcome);
             }
@@ -135,11 +156,14 @@ impl Replica {
         settled(outcomes)
     }
 
+    /// Claims `fires` once every batch handed off before `turn` has decided
+    /// its claims of the same schedules, then dispatches the ones won.
     async fn claim_and_dispatch(
         &self,
         fires: &[(Arc<Schedule>, DateTime<Utc>)],
         source: FireSource,
         fire_spans: &[tracing::Span],
+        mut turn: ClaimTurn,
     ) -> Vec<FireOutcome> {
         if !self.guard.allows_claims() {
             let reason = SkipReason::ClockSkew {
@@ -152,6 +176,10 @@ impl Replica {
                 &FireOutcome::Skipped { reason },
             );
         }
+        // An older fire of one of these schedules still being claimed by an
+        // earlier batch is decided first: won, or failed and remembered, so
+        // the step below stores it before this batch claims a newer one.
+        turn.wait().await;
         // Fires this replica could not claim before, and spans a policy
         // skipped, are in the ledger before anything newer is: a newer run
         // of their schedule would otherwise hide them from the next
@@ -215,6 +243,10 @@ impl Replica {
                 }
             };
         }
+        // Every claim is decided and every failed fire remembered: later
+        // batches of these schedules may claim (they store the remembered
+        // fires first). The dispatch below does not hold them back.
+        turn.release();
         if outcomes
             .iter()
             .any(|o| matches!(o, Some(FireOutcome::ClaimFailed { .. })))

@@ -10,6 +10,8 @@
 //! - this file: the replica, its settings, and its wiring to the services;
 //! - [`fire_path`]: a fire (or a batch of them) from claim to dispatch, and
 //!   the operator's manual trigger and backfill, which go the same way;
+//! - [`claim_order`]: claims of one schedule stored in the order of its
+//!   instants, however many batches are in flight;
 //! - [`missed_fires`]: what this replica remembers about fires it could not
 //!   make (missed, lost at the lock, skipped by a policy) until it can act,
 //!   and the record of missed fires it keeps in the ledger meanwhile;
@@ -22,6 +24,7 @@
 //! - [`run_loop`]: the loop a process runs, and its background loops.
 
 mod buffer_release;
+mod claim_order;
 mod fire_path;
 mod follow_ups;
 mod late_claims;
@@ -233,6 +236,8 @@ pub struct Replica {
     /// recoveries.
     stopping: CancellationToken,
     recovering: Arc<recovering::Recovering>,
+    /// The order in which batches in flight claim fires of a schedule.
+    claim_order: Arc<claim_order::ClaimOrder>,
     lock_losses: std::sync::Mutex<std::collections::VecDeque<LockLoss>>,
     /// Spans of fires skipped by misfire policies, not yet recorded in the
     /// ledger (it may be unreachable when they are decided).
@@ -432,6 +437,7 @@ impl Replica {
             storing: tokio::sync::Mutex::new(()),
             stopping: CancellationToken::new(),
             recovering: Arc::default(),
+            claim_order: Arc::default(),
             lock_losses: std::sync::Mutex::new(std::collections::VecDeque::new()),
             pending_skips: std::sync::Mutex::new(std::collections::VecDeque::new()),
             dispatcher,

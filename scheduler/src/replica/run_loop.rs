@@ -276,13 +276,20 @@ impl Replica {
                     _ = cancel.cancelled() => return,
                     p = permits.clone().acquire_many_owned(wanted) => match p { Ok(p) => p, Err(_) => return },
                 };
+                // The batch's place in the claim order is taken here, in
+                // the order the timer yields instants, not when its task
+                // first runs: a later batch of the same schedule then waits
+                // for this one's claims (see `claim_order`).
+                let turn = self.claim_order.enter(batch);
                 let this = self.clone();
                 let batch = batch.to_vec();
                 let batch_clock = clock.clone();
                 inflight.spawn(async move {
                     let _permit = permit;
                     let started = batch_clock.now();
-                    let outcomes = this.fire_batch(&batch, FireSource::Timer).await;
+                    let outcomes = this
+                        .fire_batch_in_turn(&batch, FireSource::Timer, turn)
+                        .await;
                     // How long claims take now sets how long the loop may
                     // wait for permits before it counts as stalled.
                     this.progress.batch_done(started, batch_clock.now());

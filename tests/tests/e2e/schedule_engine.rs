@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use belfry_protocol::ScheduleSpec;
 use belfry_runtime::{SharedClock, SkewedClock, SystemClock};
-use belfry_scheduler::{FireCounters, FireOutcome, Replica, Schedule, SkipReason};
+use belfry_scheduler::{FireCounters, FireOutcome, FireSource, Replica, Schedule, SkipReason};
 use belfry_testkit::{redis_url, TestEnv};
 use belfry_tests::{every_with, replica, t0};
 use chrono::{DateTime, SubsecRound, Utc};
@@ -249,6 +249,134 @@ belfry_testkit::both_backends! {
         );
         env.teardown(&["default"]).await;
     }
+}
+
+/// A schedule's last run 3 s ago and its next two instants, the older of
+/// which the ledger refuses to record (a trigger raising on its insert, as a
+/// database failing one statement would).
+async fn older_refused(env: &TestEnv, s: &Schedule) -> (DateTime<Utc>, DateTime<Utc>) {
+    let now = Utc::now().trunc_subsecs(0);
+    let (older, newer) = (
+        now - chrono::Duration::seconds(2),
+        now - chrono::Duration::seconds(1),
+    );
+    past_run(env, s, now - chrono::Duration::seconds(3)).await;
+    let pool = env.ledger.pg_pool().expect("a Postgres ledger");
+    let key = belfry_protocol::run_key(&s.name, older).unwrap();
+    sqlx::query(&format!(
+        "CREATE FUNCTION refuse_one_fire() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.run_key = '{key}' THEN RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("CREATE TRIGGER refuse_one_fire BEFORE INSERT ON job_runs FOR EACH ROW EXECUTE FUNCTION refuse_one_fire()")
+        .execute(pool)
+        .await
+        .unwrap();
+    (older, newer)
+}
+
+/// After the replica that tried the fires died: the ledger accepts every
+/// fire again, the next replica recovers `s`, and the count of runs at each
+/// of `instants`.
+async fn runs_after_the_next_recovery(
+    env: &TestEnv,
+    s: &Arc<Schedule>,
+    instants: &[DateTime<Utc>],
+) -> Vec<usize> {
+    let pool = env.ledger.pg_pool().expect("a Postgres ledger");
+    sqlx::query("DROP TRIGGER refuse_one_fire ON job_runs")
+        .execute(pool)
+        .await
+        .unwrap();
+    let next = replica(env, "next", Some(&redis_url())).await;
+    next.recover_after_downtime(std::slice::from_ref(s), Utc::now())
+        .await
+        .unwrap();
+    next.recover_missed_once(Utc::now()).await;
+    let runs = env.all_runs().await;
+    instants
+        .iter()
+        .map(|at| {
+            runs.iter()
+                .filter(|r| r.job_name == s.name && r.scheduled_at == *at)
+                .count()
+        })
+        .collect()
+}
+
+/// Two timer batches of one schedule in flight at once (a one-second
+/// schedule whose claims take longer than a second): the older batch's
+/// claim failed after the newer one's run was stored, and the replica died
+/// before storing the older fire as missed; the next recovery started from
+/// the newer run and the older fire was lost. A batch now waits for the
+/// claims of its schedules in batches handed off before it
+/// (`replica::claim_order`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_batch_of_a_schedule_waits_for_the_older_batchs_claims() {
+    let env = belfry_testkit::service_env!("noop");
+    let s = schedule("in-order", "1s", Some("catch_up"), |_| {});
+    let (older, newer) = older_refused(&env, &s).await;
+    {
+        let dying = replica(&env, "dying", Some(&redis_url())).await;
+        let first = [(s.clone(), older)];
+        let second = [(s.clone(), newer)];
+        // Handed off in this order, in flight together.
+        let (a, b) = tokio::join!(
+            dying.fire_batch(&first, FireSource::Timer),
+            dying.fire_batch(&second, FireSource::Timer)
+        );
+        assert!(matches!(a[..], [FireOutcome::ClaimFailed { .. }]), "{a:?}");
+        assert!(matches!(b[..], [FireOutcome::Dispatched { .. }]), "{b:?}");
+        // It dies here, before any pass or stop stores what it remembers.
+    }
+    assert_eq!(
+        runs_after_the_next_recovery(&env, &s, &[older, newer]).await,
+        vec![1, 1],
+        "the older fire is not lost"
+    );
+    env.teardown(&["default"]).await;
+}
+
+/// One batch holding two fires of a schedule decided one by one (its
+/// `remaining_runs` counts each claim down; a `catch_up` recovery batch
+/// holds such fires): the claims ran side by side, the older failed and the
+/// newer was stored, and a replica dying then lost the older fire. A
+/// schedule's claims in a batch now run oldest first and stop at the first
+/// failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batchs_decided_claims_of_one_schedule_stop_at_the_first_failure() {
+    let env = belfry_testkit::service_env!("noop");
+    let s = schedule("counted-in-order", "1s", Some("catch_up"), |spec| {
+        spec.remaining_runs = Some(100);
+    });
+    let (older, newer) = older_refused(&env, &s).await;
+    let outcomes = {
+        let dying = replica(&env, "dying", Some(&redis_url())).await;
+        dying
+            .fire_batch(
+                &[(s.clone(), older), (s.clone(), newer)],
+                FireSource::Recovery,
+            )
+            .await
+    };
+    assert_eq!(
+        runs_after_the_next_recovery(&env, &s, &[older, newer]).await,
+        vec![1, 1],
+        "the older fire is not lost"
+    );
+    assert!(
+        matches!(
+            outcomes[..],
+            [
+                FireOutcome::ClaimFailed { .. },
+                FireOutcome::ClaimFailed { .. }
+            ]
+        ),
+        "the newer claim is not tried: {outcomes:?}"
+    );
+    env.teardown(&["default"]).await;
 }
 
 belfry_testkit::both_backends! {
