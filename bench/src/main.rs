@@ -21,6 +21,7 @@
 //! cargo run --release -p belfry-bench -- schedule-scans [--schedules 1000000] [--deadlines 30] [--rounds 7]
 //! ```
 
+mod autovacuum_stand_in;
 mod dispatch_burst;
 mod embedded_mode;
 mod failover;

@@ -366,6 +366,7 @@ impl Claimer {
             },
         ));
         let (decided, batch) = tokio::join!(decided, self.claim_shared(&runs));
+        let mut unrecorded = Vec::new();
         for (i, inserted, run) in decided.into_iter().flatten() {
             outcomes[i] = Some(match inserted {
                 Ok(ExclusiveClaim::Won) => Ok(self.claimed(run, true)),
@@ -374,11 +375,20 @@ impl Claimer {
                 Ok(ExclusiveClaim::Overlapped) => Ok(ClaimOutcome::Overlapped),
                 Ok(ExclusiveClaim::RanOut) => Ok(ClaimOutcome::RanOut),
                 Err(reason) => {
-                    self.release(locked[i], &fires[i].0.name, &keys[i]).await;
+                    unrecorded.push(i);
                     Err(reason)
                 }
             });
         }
+        if batch.is_err() {
+            unrecorded.extend(run_index.iter().copied());
+        }
+        // Nothing of these is recorded: give their locks back (at once) so
+        // other replicas are not turned away from fires nobody owns.
+        let releases = unrecorded
+            .iter()
+            .map(|i| self.release(locked[*i], &fires[*i].0.name, &keys[*i]));
+        futures::future::join_all(releases).await;
         match batch {
             Ok(won) => {
                 for (run, i) in runs.into_iter().zip(run_index) {
@@ -387,12 +397,6 @@ impl Claimer {
                 }
             }
             Err(e) => {
-                // Nothing of the batch is recorded: give the locks back so
-                // other replicas are not turned away from fires nobody owns.
-                let releases = run_index
-                    .iter()
-                    .map(|i| self.release(locked[*i], &fires[*i].0.name, &keys[*i]));
-                futures::future::join_all(releases).await;
                 let reason = e.to_string();
                 for i in run_index {
                     outcomes[i] = Some(Err(reason.clone()));

@@ -868,6 +868,18 @@ fn parse_period(raw: &str) -> Result<Duration, String> {
     Ok(Duration::seconds(secs))
 }
 
+/// A schedule named `name` firing every second (the replica's unit tests).
+#[cfg(test)]
+pub(crate) fn every_second(name: &str) -> std::sync::Arc<Schedule> {
+    let spec = ScheduleSpec {
+        name: name.into(),
+        every: Some("1s".into()),
+        job_type: "noop".into(),
+        ..Default::default()
+    };
+    std::sync::Arc::new(Schedule::from_spec(&spec).unwrap())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,13 +59,22 @@ impl Replica {
     /// could not be claimed is remembered for its misfire policy); every
     /// fire is the root of its own `fire` span and trace. `source` says
     /// whether the lock is taken and how the runs are recorded (see
-    /// [`FireSource`]).
+    /// [`FireSource`]). The batch claims after the batches this replica
+    /// handed off before it have decided their claims of the same schedules
+    /// (see [`super::claim_order`]).
     pub async fn fire_batch(
         &self,
         fires: &[(Arc<Schedule>, DateTime<Utc>)],
         source: FireSource,
     ) -> Vec<FireOutcome> {
-        let turn = self.claim_order.enter(fires);
+        // A backfill's runs are not live fires: recovery neither starts from
+        // them nor remembers their failures, so their order protects
+        // nothing, and a long backfill must not hold the timer back.
+        let turn = if source == FireSource::Backfill {
+            self.claim_order.enter(&[])
+        } else {
+            self.claim_order.enter(fires)
+        };
         self.fire_batch_in_turn(fires, source, turn).await
     }
 
@@ -82,6 +91,13 @@ impl Replica {
         if fires.is_empty() {
             return Vec::new();
         }
+        // An older fire of one of these schedules still being claimed by an
+        // earlier batch is decided first: won, or failed and remembered, so
+        // the claim path's first step stores it before this batch claims a
+        // newer one. Waited for before anything else, so the clock guard and
+        // the recovery marks below are read as they are when this batch
+        // claims, however long the wait.
+        turn.wait().await;
         FireCounters::add(&self.counters.fires, fires.len() as u64);
         // Each fire is the root of its run's trace: claim and publish are
         // its children, and the worker's spans continue under the publish
@@ -126,7 +142,7 @@ impl Replica {
         source: FireSource,
         fire_spans: &[tracing::Span],
         waits: &[bool],
-        turn: ClaimTurn,
+        mut turn: ClaimTurn,
     ) -> Vec<FireOutcome> {
         let mut outcomes: Vec<Option<FireOutcome>> = vec![None; fires.len()];
         let mut rest = Vec::new();
@@ -145,6 +161,9 @@ impl Replica {
                 rest_at.push(i);
             }
         }
+        // The schedules left to their recovery are remembered: later
+        // batches of theirs need not wait for this one's claims.
+        turn.narrow(&rest);
         if !rest.is_empty() {
             let claimed = self
                 .claim_and_dispatch(&rest, source, &rest_spans, turn)
@@ -156,8 +175,9 @@ impl Replica {
         settled(outcomes)
     }
 
-    /// Claims `fires` once every batch handed off before `turn` has decided
-    /// its claims of the same schedules, then dispatches the ones won.
+    /// Claims `fires` (their batch's `turn` come: see
+    /// [`Replica::fire_batch_in_turn`]), ends the turn once every claim is
+    /// decided, then dispatches the ones won.
     async fn claim_and_dispatch(
         &self,
         fires: &[(Arc<Schedule>, DateTime<Utc>)],
@@ -176,10 +196,6 @@ impl Replica {
                 &FireOutcome::Skipped { reason },
             );
         }
-        // An older fire of one of these schedules still being claimed by an
-        // earlier batch is decided first: won, or failed and remembered, so
-        // the step below stores it before this batch claims a newer one.
-        turn.wait().await;
         // Fires this replica could not claim before, and spans a policy
         // skipped, are in the ledger before anything newer is: a newer run
         // of their schedule would otherwise hide them from the next
@@ -243,9 +259,10 @@ impl Replica {
                 }
             };
         }
-        // Every claim is decided and every failed fire remembered: later
-        // batches of these schedules may claim (they store the remembered
-        // fires first). The dispatch below does not hold them back.
+        // Every claim is decided and every failed fire remembered (a timer
+        // or recovery fire; see `remember_missed_from`): later batches of
+        // these schedules may claim, storing the remembered fires first.
+        // The dispatch below does not hold them back.
         turn.release();
         if outcomes
             .iter()

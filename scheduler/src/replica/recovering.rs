@@ -121,14 +121,8 @@ mod tests {
     use super::*;
 
     fn fire(name: &str) -> (Arc<Schedule>, DateTime<Utc>) {
-        let spec = belfry_protocol::ScheduleSpec {
-            name: name.into(),
-            every: Some("1s".into()),
-            job_type: "noop".into(),
-            ..Default::default()
-        };
         (
-            Arc::new(Schedule::from_spec(&spec).unwrap()),
+            crate::schedule::every_second(name),
             DateTime::<Utc>::UNIX_EPOCH,
         )
     }
