@@ -494,21 +494,16 @@ impl Claimer {
 type ExclusiveFire = (usize, OverlapPolicy, bool, NewRun);
 
 /// `claims` grouped by schedule, each group in the order of its instants
-/// (groups in the order their schedules first appear).
-fn by_schedule(claims: Vec<ExclusiveFire>) -> Vec<Vec<ExclusiveFire>> {
+/// (the groups' order does not matter: they are decided side by side).
+fn by_schedule(mut claims: Vec<ExclusiveFire>) -> Vec<Vec<ExclusiveFire>> {
+    claims
+        .sort_by(|a, b| (&a.3.job_name, a.3.scheduled_at).cmp(&(&b.3.job_name, b.3.scheduled_at)));
     let mut groups: Vec<Vec<ExclusiveFire>> = Vec::new();
-    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for claim in claims {
-        match index.get(&claim.3.job_name) {
-            Some(g) => groups[*g].push(claim),
-            None => {
-                index.insert(claim.3.job_name.clone(), groups.len());
-                groups.push(vec![claim]);
-            }
+        match groups.last_mut() {
+            Some(group) if group[0].3.job_name == claim.3.job_name => group.push(claim),
+            _ => groups.push(vec![claim]),
         }
-    }
-    for group in &mut groups {
-        group.sort_by_key(|c| c.3.scheduled_at);
     }
     groups
 }

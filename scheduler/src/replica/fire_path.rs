@@ -175,7 +175,7 @@ impl Replica {
         settled(outcomes)
     }
 
-    /// Claims `fires` (their batch's `turn` come: see
+    /// Claims `fires` (their batch's `turn` already waited for, see
     /// [`Replica::fire_batch_in_turn`]), ends the turn once every claim is
     /// decided, then dispatches the ones won.
     async fn claim_and_dispatch(
